@@ -1,0 +1,116 @@
+//! Subcommands and the flags every subcommand shares.
+
+mod config_cmd;
+mod demo;
+mod dev;
+mod migrate;
+
+use clap::{Args, Parser, Subcommand};
+use outbox_relay::config::{Config, RelayMode};
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+
+/// Reliable event delivery: MySQL/MariaDB outbox → RocketMQ, at least once, ordered per key.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Settings that override the config file and the environment.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// TOML config file.
+    #[arg(long, short = 'c', global = true, env = "OUTBOX_RELAY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Overrides `mysql.url`.
+    #[arg(long, global = true)]
+    pub mysql_url: Option<String>,
+    /// Overrides `rocketmq.namesrv_addr`.
+    #[arg(long, global = true)]
+    pub namesrv_addr: Option<String>,
+    /// Overrides `relay.mode`.
+    #[arg(long, global = true, value_enum)]
+    pub mode: Option<ModeArg>,
+    /// Overrides `relay.shards`.
+    #[arg(long, global = true)]
+    pub shards: Option<usize>,
+    /// Overrides `relay.checkpoint_dir`.
+    #[arg(long, global = true)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Overrides `metrics.listen` (`""` disables the endpoint).
+    #[arg(long, global = true)]
+    pub metrics_listen: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ModeArg {
+    Cdc,
+    Poll,
+}
+
+impl GlobalArgs {
+    /// The flags that were given, as a partial config tree.
+    fn overrides(&self) -> Value {
+        let mut tree = Map::new();
+        let mut set = |section: &str, key: &str, value: Value| {
+            tree.entry(section)
+                .or_insert_with(|| json!({}))
+                .as_object_mut()
+                .expect("sections are objects")
+                .insert(key.to_string(), value);
+        };
+        if let Some(url) = &self.mysql_url {
+            set("mysql", "url", json!(url));
+        }
+        if let Some(addr) = &self.namesrv_addr {
+            set("rocketmq", "namesrv_addr", json!(addr));
+        }
+        if let Some(mode) = self.mode {
+            let mode = match mode {
+                ModeArg::Cdc => RelayMode::Cdc,
+                ModeArg::Poll => RelayMode::Poll,
+            };
+            set("relay", "mode", json!(mode));
+        }
+        if let Some(shards) = self.shards {
+            set("relay", "shards", json!(shards));
+        }
+        if let Some(dir) = &self.checkpoint_dir {
+            set("relay", "checkpoint_dir", json!(dir));
+        }
+        if let Some(listen) = &self.metrics_listen {
+            set("metrics", "listen", json!(listen));
+        }
+        Value::Object(tree)
+    }
+
+    /// File ← environment ← these flags.
+    pub fn load_config(&self) -> anyhow::Result<Config> {
+        Ok(Config::load(self.config.as_deref(), self.overrides())?)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the outbox tables (idempotent).
+    Migrate(migrate::MigrateArgs),
+    /// Check or print the effective configuration (passwords masked).
+    Config(config_cmd::ConfigArgs),
+    /// Enqueue sample events with the producer API, as business code would.
+    Demo(demo::DemoArgs),
+    /// Local MariaDB + RocketMQ for development (`dev up`).
+    Dev(dev::DevArgs),
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Migrate(args) => migrate::run(&cli.global, args).await,
+        Command::Config(args) => config_cmd::run(&cli.global, args),
+        Command::Demo(args) => demo::run(&cli.global, args).await,
+        Command::Dev(args) => dev::run(&cli.global, args).await,
+    }
+}

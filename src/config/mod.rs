@@ -1,0 +1,380 @@
+//! Configuration: one TOML file, overridden by `OUTBOX_RELAY_<SECTION>__<KEY>` environment
+//! variables, overridden by command-line flags.
+//!
+//! Guarantee: an unknown key (in the file or in an `OUTBOX_RELAY_…` variable) and a missing
+//! required value are errors that name the key; nothing is silently ignored.
+
+mod table;
+
+pub use table::TableName;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Prefix of environment overrides; `__` separates section and key:
+/// `OUTBOX_RELAY_MYSQL__URL`, `OUTBOX_RELAY_RELAY__SHARDS`. (`OUTBOX_RELAY_CONFIG` names the
+/// file itself.)
+pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
+
+/// A configuration problem, phrased so the user knows what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    #[error(
+        "missing required setting `{key}`: set it in the config file, \
+         with {env}, or with {flag}"
+    )]
+    Missing {
+        key: &'static str,
+        env: String,
+        flag: &'static str,
+    },
+    #[error("config file {path} not found; pass an existing file with --config or omit it")]
+    FileNotFound { path: PathBuf },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub mysql: MysqlConfig,
+    pub outbox: OutboxConfig,
+    pub rocketmq: RocketMqConfig,
+    pub relay: RelayConfig,
+    pub retry: RetryConfig,
+    pub sweeper: SweeperConfig,
+    pub poll: PollConfig,
+    pub metrics: MetricsConfig,
+}
+
+/// `[mysql]`: the database that holds the outbox tables.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MysqlConfig {
+    /// `mysql://user:password@host:port/database` (required).
+    pub url: Option<String>,
+    /// Server id the relay uses as a replica when it reads the binlog; unique in the topology.
+    pub server_id: u32,
+    /// How often the server sends a heartbeat on an idle binlog stream.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Connect and query timeout.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for MysqlConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            server_id: 4_207_001,
+            heartbeat: Duration::from_secs(5),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// `[outbox]`: which tables hold events and what an event may be.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutboxConfig {
+    /// Outbox tables, `table` (in the URL's database) or `schema.table`.
+    pub tables: Vec<String>,
+    /// Largest payload accepted, in bytes of JSON text.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            tables: vec!["outbox_event".to_string()],
+            max_payload_bytes: crate::producer::DEFAULT_MAX_PAYLOAD_BYTES,
+        }
+    }
+}
+
+/// `[rocketmq]`: where events are published.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RocketMqConfig {
+    /// Name server address(es), `host:port[;host:port]` (required to send).
+    pub namesrv_addr: Option<String>,
+    /// Producer group of the relay.
+    pub producer_group: String,
+    /// Timeout of one send; a timed-out send is retried (the consumer de-duplicates).
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
+}
+
+impl Default for RocketMqConfig {
+    fn default() -> Self {
+        Self {
+            namesrv_addr: None,
+            producer_group: "outbox-relay".to_string(),
+            send_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// How the relay finds new rows.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RelayMode {
+    /// Tail the binlog (default): milliseconds of latency.
+    #[default]
+    Cdc,
+    /// Poll the table: for servers without binlog access.
+    Poll,
+}
+
+/// `[relay]`: the pipeline.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelayConfig {
+    pub mode: RelayMode,
+    /// Ordered senders; events of one `biz_key` always use the same one.
+    pub shards: usize,
+    /// Where the checkpoint (sled) lives.
+    pub checkpoint_dir: PathBuf,
+    /// Name of this relay deployment; instances with the same name share one checkpoint
+    /// mirror and elect one leader.
+    pub name: String,
+    /// This instance's identity in `owner` columns and leader leases; default `host-pid`.
+    pub instance_id: Option<String>,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            mode: RelayMode::Cdc,
+            shards: 8,
+            checkpoint_dir: PathBuf::from("outbox-relay-state"),
+            name: "default".to_string(),
+            instance_id: None,
+        }
+    }
+}
+
+/// `[retry]`: what happens after a failed send.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryConfig {
+    /// Attempts after the first before the event is FAILED.
+    pub max_retry: u32,
+    #[serde(with = "humantime_serde")]
+    pub initial_backoff: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_retry: 8,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(300),
+        }
+    }
+}
+
+/// `[sweeper]`: the slow safety net beside the stream.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SweeperConfig {
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// How long a claimed row stays SENDING before another instance may take it back.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    pub batch_size: u32,
+}
+
+impl Default for SweeperConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(5),
+            lease: Duration::from_secs(30),
+            batch_size: 100,
+        }
+    }
+}
+
+/// `[poll]`: poll mode.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PollConfig {
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    pub batch_size: u32,
+}
+
+impl Default for PollConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(500),
+            batch_size: 100,
+        }
+    }
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `host:port` for `/metrics`, `/healthz`, `/readyz`; empty disables it.
+    pub listen: String,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9464".to_string(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads defaults ← `file` (if given) ← environment ← `overrides` (CLI flags, as a partial
+    /// config tree; `None` fields are left out by the caller).
+    pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::FileNotFound {
+                    path: path.to_path_buf(),
+                });
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let config: Config = figment
+            .merge(Env::prefixed(ENV_PREFIX).split("__").ignore(&["config"]))
+            .merge(Serialized::defaults(overrides))
+            .extract()
+            .map_err(|e| ConfigError::Invalid(describe_figment_error(e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Cross-field checks that serde cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.outbox.tables.is_empty() {
+            return invalid("`outbox.tables` is empty: name at least one outbox table".into());
+        }
+        for table in &self.outbox.tables {
+            TableName::parse(table)
+                .map_err(|e| ConfigError::Invalid(format!("`outbox.tables`: {e}")))?;
+        }
+        if self.relay.shards == 0 || self.relay.shards > 1024 {
+            return invalid(format!(
+                "`relay.shards` = {} is out of range: use 1 to 1024",
+                self.relay.shards
+            ));
+        }
+        if self.retry.initial_backoff > self.retry.max_backoff {
+            return invalid("`retry.initial_backoff` is larger than `retry.max_backoff`".into());
+        }
+        if self.sweeper.batch_size == 0 || self.poll.batch_size == 0 {
+            return invalid("`sweeper.batch_size` and `poll.batch_size` must be at least 1".into());
+        }
+        if self.outbox.max_payload_bytes == 0 {
+            return invalid("`outbox.max_payload_bytes` must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// `mysql.url`, or an error saying how to set it.
+    pub fn mysql_url(&self) -> Result<&str, ConfigError> {
+        self.mysql.url.as_deref().ok_or(ConfigError::Missing {
+            key: "mysql.url",
+            env: format!("{ENV_PREFIX}MYSQL__URL"),
+            flag: "--mysql-url",
+        })
+    }
+
+    /// `rocketmq.namesrv_addr`, or an error saying how to set it.
+    pub fn namesrv_addr(&self) -> Result<&str, ConfigError> {
+        self.rocketmq
+            .namesrv_addr
+            .as_deref()
+            .ok_or(ConfigError::Missing {
+                key: "rocketmq.namesrv_addr",
+                env: format!("{ENV_PREFIX}ROCKETMQ__NAMESRV_ADDR"),
+                flag: "--namesrv-addr",
+            })
+    }
+
+    /// The configured outbox tables, parsed.
+    pub fn outbox_tables(&self) -> Vec<TableName> {
+        self.outbox
+            .tables
+            .iter()
+            .map(|t| TableName::parse(t).expect("validated by Config::validate"))
+            .collect()
+    }
+
+    /// `relay.instance_id`, else `hostname-pid`.
+    pub fn instance_id(&self) -> String {
+        self.relay.instance_id.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/etc/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_else(|_| "relay".to_string());
+            format!("{host}-{}", std::process::id())
+        })
+    }
+
+    /// The configuration as TOML with the database password masked (for `config show`).
+    pub fn to_redacted_toml(&self) -> String {
+        let mut copy = self.clone();
+        copy.mysql.url = copy.mysql.url.as_deref().map(redact_url_password);
+        toml::to_string_pretty(&copy).expect("config serialises to TOML")
+    }
+}
+
+/// `mysql://user:secret@host/db` → `mysql://user:***@host/db`.
+pub fn redact_url_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+/// figment's errors already name the key and the source; add a hint for unknown keys.
+fn describe_figment_error(error: figment::Error) -> String {
+    let mut lines = Vec::new();
+    for e in error {
+        let mut line = e.to_string();
+        if let figment::error::Kind::UnknownField(field, expected) = &e.kind {
+            let path = e.path.join(".");
+            let section = path.rsplit_once('.').map(|(s, _)| s).unwrap_or("");
+            line = format!(
+                "unknown key `{}{field}`{} (known keys here: {})",
+                if section.is_empty() {
+                    String::new()
+                } else {
+                    format!("{section}.")
+                },
+                e.metadata
+                    .as_ref()
+                    .map(|m| format!(" in {}", m.name))
+                    .unwrap_or_default(),
+                expected.join(", ")
+            );
+        }
+        lines.push(line);
+    }
+    lines.join("; ")
+}
+
+#[cfg(test)]
+mod tests;

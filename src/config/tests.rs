@@ -1,0 +1,145 @@
+use super::*;
+use std::io::Write;
+
+fn write_toml(text: &str) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    file
+}
+
+#[test]
+fn defaults_match_the_documented_policy() {
+    let c = Config::default();
+    assert_eq!(c.retry.max_retry, 8);
+    assert_eq!(c.retry.initial_backoff, Duration::from_secs(1));
+    assert_eq!(c.retry.max_backoff, Duration::from_secs(300));
+    assert_eq!(c.sweeper.interval, Duration::from_secs(5));
+    assert_eq!(c.poll.interval, Duration::from_millis(500));
+    assert_eq!(c.poll.batch_size, 100);
+    assert_eq!(c.outbox.max_payload_bytes, 4 * 1024 * 1024);
+    assert_eq!(c.relay.mode, RelayMode::Cdc);
+    assert_eq!(c.outbox.tables, vec!["outbox_event".to_string()]);
+}
+
+#[test]
+fn file_then_flags_override_in_order() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "relay.toml",
+            r#"
+            [mysql]
+            url = "mysql://relay:pw@db:3306/app"
+            [relay]
+            shards = 4
+            mode = "poll"
+            [sweeper]
+            interval = "10s"
+            "#,
+        )?;
+        jail.set_env("OUTBOX_RELAY_RELAY__SHARDS", "16");
+        let c = Config::load(
+            Some(Path::new("relay.toml")),
+            serde_json::json!({"rocketmq": {"namesrv_addr": "ns:9876"}}),
+        )
+        .unwrap();
+        assert_eq!(c.mysql_url().unwrap(), "mysql://relay:pw@db:3306/app");
+        assert_eq!(c.relay.shards, 16, "env overrides the file");
+        assert_eq!(c.relay.mode, RelayMode::Poll);
+        assert_eq!(c.sweeper.interval, Duration::from_secs(10));
+        assert_eq!(c.namesrv_addr().unwrap(), "ns:9876");
+
+        let c = Config::load(
+            Some(Path::new("relay.toml")),
+            serde_json::json!({"relay": {"shards": 2}}),
+        )
+        .unwrap();
+        assert_eq!(c.relay.shards, 2, "flags override the environment");
+        Ok(())
+    });
+}
+
+#[test]
+fn unknown_key_in_file_is_an_error_naming_it() {
+    let file = write_toml("[relay]\nshardz = 4\n");
+    let err = Config::load(Some(file.path()), serde_json::json!({})).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("relay.shardz"), "{text}");
+    assert!(text.contains("shards"), "lists the known keys: {text}");
+}
+
+#[test]
+fn unknown_section_and_unknown_env_key_are_errors() {
+    let file = write_toml("[mysqll]\nurl = \"x\"\n");
+    let text = Config::load(Some(file.path()), serde_json::json!({}))
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("mysqll"), "{text}");
+
+    figment::Jail::expect_with(|jail| {
+        jail.set_env("OUTBOX_RELAY_MYSQL__URLL", "mysql://x/y");
+        let text = Config::load(None, serde_json::json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("mysql.urll"), "{text}");
+        Ok(())
+    });
+}
+
+#[test]
+fn missing_required_values_name_the_key_and_how_to_set_it() {
+    let c = Config::load(None, serde_json::json!({})).unwrap();
+    let text = c.mysql_url().unwrap_err().to_string();
+    assert!(
+        text.contains("mysql.url") && text.contains("OUTBOX_RELAY_MYSQL__URL"),
+        "{text}"
+    );
+    let text = c.namesrv_addr().unwrap_err().to_string();
+    assert!(
+        text.contains("rocketmq.namesrv_addr") && text.contains("--namesrv-addr"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_values_are_rejected_with_the_key() {
+    let file = write_toml("[relay]\nshards = 0\n");
+    let text = Config::load(Some(file.path()), serde_json::json!({}))
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("relay.shards"), "{text}");
+
+    let file = write_toml("[outbox]\ntables = [\"a;b\"]\n");
+    let text = Config::load(Some(file.path()), serde_json::json!({}))
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("outbox.tables"), "{text}");
+
+    let file = write_toml("[sweeper]\ninterval = \"soon\"\n");
+    let text = Config::load(Some(file.path()), serde_json::json!({}))
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("interval"), "{text}");
+}
+
+#[test]
+fn missing_file_is_a_clear_error() {
+    let err = Config::load(
+        Some(Path::new("/nonexistent/relay.toml")),
+        serde_json::json!({}),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/relay.toml"));
+}
+
+#[test]
+fn redacted_output_hides_the_password() {
+    let mut c = Config::default();
+    c.mysql.url = Some("mysql://relay:s3cret@db:3306/app".into());
+    let text = c.to_redacted_toml();
+    assert!(!text.contains("s3cret"), "{text}");
+    assert!(text.contains("relay:***@db:3306/app"), "{text}");
+    assert_eq!(
+        redact_url_password("mysql://root@h/db"),
+        "mysql://root@h/db"
+    );
+}

@@ -1,0 +1,228 @@
+//! A real MariaDB server (`mariadbd` from Debian's `mariadb-server`) with the binlog settings
+//! the relay needs: ROW format, FULL row image, FULL row metadata, GTID strict mode.
+
+use super::process::{find_executable, free_port, port_is_open, wait_until_ready, ServerProcess};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// How to start a [`MariaDb`].
+#[derive(Debug, Clone)]
+pub struct MariaDbOptions {
+    /// Root directory: `data/` (initialised by `mariadb-install-db` when empty), `tmp/`, the
+    /// socket, the pid file and `mariadbd.log` go in it.
+    pub dir: PathBuf,
+    /// TCP port on 127.0.0.1; `None` picks a free one.
+    pub port: Option<u16>,
+    /// Extra `mariadbd` flags, e.g. `--max-binlog-size=65536` to force rotations.
+    pub extra_args: Vec<String>,
+}
+
+impl MariaDbOptions {
+    /// Defaults: a free port and no extra flags.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            port: None,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// A running MariaDB; stopped (`SIGTERM`, then `SIGKILL`) when dropped.
+///
+/// The server accepts `root` without a password on `127.0.0.1:<port>` only.
+#[derive(Debug)]
+pub struct MariaDb {
+    options: MariaDbOptions,
+    port: u16,
+    process: Option<ServerProcess>,
+}
+
+const SEARCH_DIRS: [&str; 2] = ["/usr/sbin", "/usr/bin"];
+
+fn tool(name: &str) -> io::Result<PathBuf> {
+    let dirs: Vec<PathBuf> = SEARCH_DIRS.iter().map(PathBuf::from).collect();
+    find_executable(name, "OUTBOX_RELAY_MARIADB_BIN", &dirs)
+}
+
+fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+impl MariaDb {
+    /// Initialises the data directory if needed, starts `mariadbd` and waits until it answers.
+    pub fn start(options: MariaDbOptions) -> io::Result<Self> {
+        std::fs::create_dir_all(options.dir.join("tmp"))?;
+        let dir = std::fs::canonicalize(&options.dir)?;
+        let options = MariaDbOptions { dir, ..options };
+        let data_dir = options.dir.join("data");
+        if !data_dir.join("mysql").exists() {
+            install_system_tables(&data_dir)?;
+        }
+        let port = match options.port {
+            Some(port) => port,
+            None => free_port()?,
+        };
+        let mut server = Self {
+            options,
+            port,
+            process: None,
+        };
+        server.start_process()?;
+        server.allow_root_over_tcp()?;
+        Ok(server)
+    }
+
+    fn socket_path(&self) -> PathBuf {
+        self.options.dir.join("mariadbd.sock")
+    }
+
+    fn start_process(&mut self) -> io::Result<()> {
+        let dir = &self.options.dir;
+        let mut command = Command::new(tool("mariadbd")?);
+        command
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", self.data_dir().display()))
+            .arg(format!("--port={}", self.port))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--socket={}", self.socket_path().display()))
+            .arg(format!("--pid-file={}", dir.join("mariadbd.pid").display()))
+            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
+            .arg(format!(
+                "--log-bin={}",
+                self.data_dir().join("binlog").display()
+            ))
+            .args([
+                "--binlog-format=ROW",
+                "--binlog-row-image=FULL",
+                "--binlog-row-metadata=FULL",
+                "--server-id=1",
+                "--gtid-strict-mode=1",
+                "--skip-name-resolve",
+                "--max-connections=1000",
+                "--innodb-buffer-pool-size=256M",
+                "--character-set-server=utf8mb4",
+                "--collation-server=utf8mb4_general_ci",
+            ]);
+        if running_as_root() {
+            command.arg("--user=root");
+        }
+        command.args(&self.options.extra_args);
+        let mut process = ServerProcess::start("mariadbd", command, &dir.join("mariadbd.log"))?;
+        let socket = self.socket_path();
+        let port = self.port;
+        wait_until_ready(&mut process, Duration::from_secs(60), "MariaDB", || {
+            socket.exists() && port_is_open(port)
+        })?;
+        self.process = Some(process);
+        Ok(())
+    }
+
+    /// `mariadb-install-db` creates `root@localhost` (socket only, since we skip name
+    /// resolution); add `root@127.0.0.1` so TCP clients can connect.
+    fn allow_root_over_tcp(&self) -> io::Result<()> {
+        self.run_sql_as_root(
+            "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; \
+             GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;",
+        )
+    }
+
+    /// Runs SQL with the `mariadb` command-line client over the Unix socket.
+    pub fn run_sql_as_root(&self, sql: &str) -> io::Result<()> {
+        let output = Command::new(tool("mariadb")?)
+            .arg("--no-defaults")
+            .arg(format!("--socket={}", self.socket_path().display()))
+            .args(["--user=root", "--batch", "-e", sql])
+            .output()?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "mariadb client failed on `{sql}`: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )))
+        }
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The data directory (binlogs are `binlog.NNNNNN` in it).
+    pub fn data_dir(&self) -> PathBuf {
+        self.options.dir.join("data")
+    }
+
+    /// A `mysql://` URL for `root` and `database` (empty for none).
+    pub fn url(&self, database: &str) -> String {
+        format!("mysql://root@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Creates a new, empty database named `<prefix>_<pid>_<n>` and returns its URL.
+    pub fn create_database(&self, prefix: &str) -> io::Result<String> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "{prefix}_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        self.run_sql_as_root(&format!("CREATE DATABASE `{name}`"))?;
+        Ok(self.url(&name))
+    }
+
+    /// Graceful shutdown (`SIGTERM`); the data directory is kept for [`MariaDb::restart`].
+    pub fn stop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.stop(Duration::from_secs(30));
+        }
+    }
+
+    /// Crash (`SIGKILL`); InnoDB recovers on the next start.
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+    }
+
+    /// Starts the server again on the same port and data directory.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.stop();
+        self.start_process()
+    }
+
+    /// True while the server process runs.
+    pub fn is_running(&mut self) -> bool {
+        self.process.as_mut().is_some_and(ServerProcess::is_running)
+    }
+}
+
+fn install_system_tables(data_dir: &Path) -> io::Result<()> {
+    let mut command = Command::new(tool("mariadb-install-db")?);
+    command
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", data_dir.display()))
+        .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
+    if running_as_root() {
+        command.arg("--user=root");
+    }
+    let output = command.output().map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("cannot run mariadb-install-db: {e}; run scripts/setup.sh to install MariaDB"),
+        )
+    })?;
+    if !output.status.success() {
+        return Err(io::Error::other(format!(
+            "mariadb-install-db failed for {}:\n{}{}",
+            data_dir.display(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    Ok(())
+}

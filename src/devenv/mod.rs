@@ -1,0 +1,77 @@
+//! Local servers for development, tests and benchmarks: a real MariaDB and a real RocketMQ
+//! namesrv + broker, each on free loopback ports with its own data directory.
+//!
+//! Nothing here is used by the relay in production. It exists so that `outbox-relay dev up`,
+//! the integration tests in `tests/` and `bench/` all start the servers the same way.
+//!
+//! Guarantee: every server started here dies with the process that started it (see
+//! [`process`]), and its data directory lives under [`scratch_root`] where stale directories of
+//! dead processes are removed by the next start.
+
+pub mod mariadb;
+pub mod process;
+pub mod rocketmq;
+pub mod topic_reader;
+
+pub use mariadb::{MariaDb, MariaDbOptions};
+pub use rocketmq::RocketMq;
+pub use topic_reader::{ReceivedMessage, TopicReader};
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Where tool caches live: `$OUTBOX_RELAY_CACHE`, else `$HOME/.cache/outbox-relay`.
+/// `scripts/setup.sh` installs the RocketMQ binaries under `<cache>/rocketmq/bin`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("OUTBOX_RELAY_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
+    PathBuf::from(home).join(".cache").join("outbox-relay")
+}
+
+/// The parent of every scratch directory: `$TMPDIR/outbox-relay-devenv`.
+pub fn scratch_root() -> PathBuf {
+    std::env::temp_dir().join("outbox-relay-devenv")
+}
+
+/// A fresh directory `<scratch_root>/<pid>-<n>-<label>` for one server's data.
+///
+/// Directories left by processes that no longer exist (a test binary killed with `SIGKILL`, say)
+/// are removed first, so repeated runs do not fill the disk.
+pub fn scratch_dir(label: &str) -> io::Result<PathBuf> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let root = scratch_root();
+    std::fs::create_dir_all(&root)?;
+    remove_stale_scratch_dirs(&root);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = root.join(format!("{}-{n}-{label}", std::process::id()));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn remove_stale_scratch_dirs(root: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill(pid, 0) only probes whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! # outbox-relay
+//!
+//! Reliable event delivery with the transactional outbox: business code writes its change and an
+//! `outbox_event` row in one MySQL transaction ([`producer`]); the relay publishes each row to
+//! Apache RocketMQ, at least once and in order per `biz_key`; consumers de-duplicate by
+//! `event_id`.
+//!
+//! Modules follow the pipeline: [`config`] and [`schema`] set it up, [`producer`] is the
+//! business-side API, [`db`] holds MySQL connection helpers, and [`devenv`] starts real local
+//! servers for development, tests and benchmarks.
+
+#![recursion_limit = "256"]
+
+pub mod config;
+pub mod db;
+pub mod devenv;
+pub mod producer;
+pub mod schema;
+
+pub use config::Config;
+pub use producer::{EnqueueError, EventId, NewEvent, Outbox, Payload};

@@ -1,0 +1,279 @@
+//! Schema migrations: the SQL files in `migrations/`, applied in order by `outbox-relay migrate`.
+//!
+//! Guarantees: each migration is applied at most once per database (recorded in
+//! `outbox_schema_history` with a SHA-256 of its text); a migration whose file changed after it
+//! was applied is an error, not a silent drift; concurrent `migrate` runs serialise on a
+//! MySQL named lock. Files use `CREATE TABLE IF NOT EXISTS`, so a half-applied migration (DDL is
+//! not transactional in MySQL) can simply be run again.
+
+use crate::config::TableName;
+use mysql_async::prelude::*;
+use mysql_async::Conn;
+use sha2::{Digest, Sha256};
+
+/// One SQL file of `migrations/`.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    pub version: u32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+macro_rules! migration {
+    ($version:literal, $name:literal) => {
+        Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../../migrations/", $name, ".sql")),
+        }
+    };
+}
+
+/// Every migration this build knows, in order.
+pub const MIGRATIONS: &[Migration] = &[
+    migration!(1, "0001_outbox_event"),
+    migration!(2, "0002_event_dedup"),
+    migration!(3, "0003_outbox_audit"),
+    migration!(4, "0004_relay_state"),
+];
+
+/// The table every configured outbox table is shaped like.
+pub const DEFAULT_OUTBOX_TABLE: &str = "outbox_event";
+
+const HISTORY_TABLE: &str = "outbox_schema_history";
+const LOCK_NAME: &str = "outbox_relay.migrate";
+
+/// Why migrating failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("database error while migrating: {0}")]
+    Database(#[from] mysql_async::Error),
+    #[error(
+        "migration {version} ({name}) was applied with different SQL (checksum {applied} in \
+         {HISTORY_TABLE}, {expected} in this build); do not edit applied migrations, add a new one"
+    )]
+    ChecksumMismatch {
+        version: u32,
+        name: String,
+        applied: String,
+        expected: String,
+    },
+    #[error(
+        "the database has migration {version} ({name}) that this outbox-relay does not know; \
+         it is older than the schema: upgrade outbox-relay"
+    )]
+    UnknownVersion { version: u32, name: String },
+    #[error("another `outbox-relay migrate` holds the migration lock; try again when it ends")]
+    Locked,
+    #[error("migration {version} ({name}) failed on `{statement}`: {source}")]
+    Statement {
+        version: u32,
+        name: &'static str,
+        statement: String,
+        source: mysql_async::Error,
+    },
+}
+
+/// What [`migrate`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct MigrationReport {
+    /// Migrations applied by this run, `(version, name)`.
+    pub applied: Vec<(u32, &'static str)>,
+    /// Migrations that were already there.
+    pub already_applied: usize,
+    /// Extra outbox tables created like `outbox_event`.
+    pub created_tables: Vec<String>,
+}
+
+/// SHA-256 of a migration's text, hex.
+pub fn checksum(sql: &str) -> String {
+    Sha256::digest(sql.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The statements of a migration file: `--` comment lines dropped, split at `;` ending a line.
+pub fn statements(sql: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in sql.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with("--") || trimmed.is_empty() {
+            continue;
+        }
+        current.push_str(line);
+        current.push('\n');
+        if trimmed.ends_with(';') {
+            let statement = current.trim().trim_end_matches(';').trim().to_string();
+            if !statement.is_empty() {
+                out.push(statement);
+            }
+            current.clear();
+        }
+    }
+    let rest = current.trim();
+    if !rest.is_empty() {
+        out.push(rest.to_string());
+    }
+    out
+}
+
+/// Applies every migration not yet applied to the connection's current database, then creates
+/// each configured outbox table that does not exist yet `LIKE outbox_event`.
+pub async fn migrate(
+    conn: &mut Conn,
+    outbox_tables: &[TableName],
+) -> Result<MigrationReport, MigrateError> {
+    let locked: Option<i64> = conn
+        .exec_first("SELECT GET_LOCK(?, 60)", (LOCK_NAME,))
+        .await?;
+    if locked != Some(1) {
+        return Err(MigrateError::Locked);
+    }
+    let result = migrate_locked(conn, outbox_tables).await;
+    let _: Option<i64> = conn
+        .exec_first("SELECT RELEASE_LOCK(?)", (LOCK_NAME,))
+        .await?;
+    result
+}
+
+async fn migrate_locked(
+    conn: &mut Conn,
+    outbox_tables: &[TableName],
+) -> Result<MigrationReport, MigrateError> {
+    conn.query_drop(format!(
+        "CREATE TABLE IF NOT EXISTS {HISTORY_TABLE} (
+           version    INT          NOT NULL,
+           name       VARCHAR(255) NOT NULL,
+           checksum   CHAR(64)     NOT NULL,
+           applied_at DATETIME(3)  NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+           PRIMARY KEY (version)
+         ) ENGINE = InnoDB"
+    ))
+    .await?;
+    let applied: Vec<(u32, String, String)> = conn
+        .query(format!(
+            "SELECT version, name, checksum FROM {HISTORY_TABLE} ORDER BY version"
+        ))
+        .await?;
+    let mut report = MigrationReport::default();
+    for (version, name, sum) in &applied {
+        let Some(known) = MIGRATIONS.iter().find(|m| m.version == *version) else {
+            return Err(MigrateError::UnknownVersion {
+                version: *version,
+                name: name.clone(),
+            });
+        };
+        let expected = checksum(known.sql);
+        if *sum != expected {
+            return Err(MigrateError::ChecksumMismatch {
+                version: *version,
+                name: name.clone(),
+                applied: sum.clone(),
+                expected,
+            });
+        }
+        report.already_applied += 1;
+    }
+    for migration in MIGRATIONS {
+        if applied.iter().any(|(v, _, _)| *v == migration.version) {
+            continue;
+        }
+        for statement in statements(migration.sql) {
+            conn.query_drop(&statement)
+                .await
+                .map_err(|source| MigrateError::Statement {
+                    version: migration.version,
+                    name: migration.name,
+                    statement: statement.lines().next().unwrap_or_default().to_string(),
+                    source,
+                })?;
+        }
+        conn.exec_drop(
+            format!("INSERT INTO {HISTORY_TABLE} (version, name, checksum) VALUES (?, ?, ?)"),
+            (migration.version, migration.name, checksum(migration.sql)),
+        )
+        .await?;
+        tracing::info!(
+            version = migration.version,
+            name = migration.name,
+            "applied migration"
+        );
+        report.applied.push((migration.version, migration.name));
+    }
+    for table in outbox_tables {
+        if table.schema.is_none() && table.table == DEFAULT_OUTBOX_TABLE {
+            continue;
+        }
+        let exists: Option<i64> = conn
+            .exec_first(
+                "SELECT COUNT(*) FROM information_schema.tables \
+                 WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
+                (table.schema.as_deref(), table.table.as_str()),
+            )
+            .await?;
+        if exists.unwrap_or(0) == 0 {
+            conn.query_drop(format!(
+                "CREATE TABLE {} LIKE {DEFAULT_OUTBOX_TABLE}",
+                table.sql()
+            ))
+            .await?;
+            report.created_tables.push(table.to_string());
+        }
+    }
+    Ok(report)
+}
+
+/// `(version, name, applied)` for every known migration, for `outbox-relay migrate --status`.
+pub async fn status(conn: &mut Conn) -> Result<Vec<(u32, &'static str, bool)>, MigrateError> {
+    let exists: Option<i64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = DATABASE() AND table_name = ?",
+            (HISTORY_TABLE,),
+        )
+        .await?;
+    let applied: Vec<u32> = if exists.unwrap_or(0) > 0 {
+        conn.query(format!("SELECT version FROM {HISTORY_TABLE}"))
+            .await?
+    } else {
+        Vec::new()
+    };
+    Ok(MIGRATIONS
+        .iter()
+        .map(|m| (m.version, m.name, applied.contains(&m.version)))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_increasing_and_names_match_versions() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version as usize, i + 1);
+            assert!(m.name.starts_with(&format!("{:04}_", m.version)));
+            assert!(!statements(m.sql).is_empty(), "{} has no statement", m.name);
+        }
+    }
+
+    #[test]
+    fn statements_skip_comments_and_split_at_line_end_semicolons() {
+        let sql = "-- a comment; with a semicolon\nCREATE TABLE a (x INT);\n\n  -- more\nCREATE TABLE b (\n  y INT -- trailing\n);\nSELECT 1";
+        let got = statements(sql);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0], "CREATE TABLE a (x INT)");
+        assert!(got[1].starts_with("CREATE TABLE b (") && got[1].ends_with(')'));
+        assert_eq!(got[2], "SELECT 1");
+    }
+
+    #[test]
+    fn checksum_is_stable_hex_sha256() {
+        assert_eq!(
+            checksum(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
+}

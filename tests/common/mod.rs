@@ -1,0 +1,61 @@
+//! Shared fixtures for integration tests: one real MariaDB per test binary (started on first
+//! use, killed when the binary exits), and a fresh database per test.
+#![allow(dead_code)]
+
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Pool};
+use outbox_relay::config::{Config, TableName};
+use outbox_relay::devenv::{scratch_dir, MariaDb, MariaDbOptions};
+use std::sync::OnceLock;
+
+/// The binary's MariaDB. Tests must not stop it; a test that restarts MariaDB starts its own.
+pub fn mariadb() -> &'static MariaDb {
+    static SERVER: OnceLock<MariaDb> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let dir = scratch_dir("mariadb").expect("scratch dir");
+        MariaDb::start(MariaDbOptions::new(dir)).expect("MariaDB must start (run scripts/setup.sh)")
+    })
+}
+
+/// A test's own database on the shared server, migrated, with a pool and a config pointing at it.
+pub struct TestDb {
+    pub url: String,
+    pub pool: Pool,
+    pub config: Config,
+}
+
+impl TestDb {
+    /// A new empty database, not migrated.
+    pub async fn empty(prefix: &str) -> Self {
+        let url = mariadb().create_database(prefix).expect("create database");
+        let mut config = Config::default();
+        config.mysql.url = Some(url.clone());
+        let pool = outbox_relay::db::pool(&config).expect("pool");
+        TestDb { url, pool, config }
+    }
+
+    /// A new database with every migration applied.
+    pub async fn migrated(prefix: &str) -> Self {
+        let db = Self::empty(prefix).await;
+        let mut conn = db.conn().await;
+        outbox_relay::schema::migrate(&mut conn, &db.config.outbox_tables())
+            .await
+            .expect("migrate");
+        db
+    }
+
+    pub async fn conn(&self) -> Conn {
+        self.pool.get_conn().await.expect("connection")
+    }
+
+    /// `SELECT COUNT(*)` of a table.
+    pub async fn count(&self, table: &str) -> u64 {
+        let table = TableName::parse(table).expect("table name");
+        self.conn()
+            .await
+            .query_first(format!("SELECT COUNT(*) FROM {}", table.sql()))
+            .await
+            .expect("count")
+            .unwrap_or_default()
+    }
+}
