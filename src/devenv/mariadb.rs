@@ -45,7 +45,7 @@ const SEARCH_DIRS: [&str; 2] = ["/usr/sbin", "/usr/bin"];
 
 fn tool(name: &str) -> io::Result<PathBuf> {
     let dirs: Vec<PathBuf> = SEARCH_DIRS.iter().map(PathBuf::from).collect();
-    find_executable(name, "OUTBOX_RELAY_MARIADB_BIN", &dirs)
+    find_executable(name, "OUTBOX_DEVENV_MARIADB_BIN", &dirs)
 }
 
 fn running_as_root() -> bool {

@@ -21,10 +21,10 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Where tool caches live: `$OUTBOX_RELAY_CACHE`, else `$HOME/.cache/outbox-relay`.
+/// Where tool caches live: `$OUTBOX_DEVENV_CACHE`, else `$HOME/.cache/outbox-relay`.
 /// `scripts/setup.sh` installs the RocketMQ binaries under `<cache>/rocketmq/bin`.
 pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("OUTBOX_RELAY_CACHE") {
+    if let Some(dir) = std::env::var_os("OUTBOX_DEVENV_CACHE") {
         return PathBuf::from(dir);
     }
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());

@@ -1,0 +1,102 @@
+//! The `outbox-relay` binary: configuration errors a user sees, and `migrate` end to end.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Output};
+
+fn outbox_relay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(args)
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .output()
+        .expect("run outbox-relay")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn migrate_without_a_database_url_says_which_key_to_set() {
+    let out = outbox_relay(&["migrate"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("mysql.url"), "{err}");
+    assert!(err.contains("OUTBOX_RELAY_MYSQL__URL"), "{err}");
+}
+
+#[test]
+fn an_unknown_config_key_fails_naming_the_key() {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    writeln!(
+        file,
+        "[mysql]\nurl = \"mysql://root@127.0.0.1:1/x\"\n[sweeper]\nintervall = \"5s\""
+    )
+    .unwrap();
+    let out = outbox_relay(&["-c", file.path().to_str().unwrap(), "config", "check"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("sweeper.intervall"), "{err}");
+}
+
+#[test]
+fn config_show_masks_the_password() {
+    let out = outbox_relay(&[
+        "--mysql-url",
+        "mysql://relay:hunter2@db:3306/app",
+        "config",
+        "show",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("hunter2"), "{text}");
+    assert!(text.contains("relay:***@db:3306/app"), "{text}");
+}
+
+#[test]
+fn migrate_applies_then_reports_up_to_date() {
+    let url = common::mariadb().create_database("cli_migrate").unwrap();
+    let out = outbox_relay(&["--mysql-url", &url, "migrate"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("applied 0001 0001_outbox_event"), "{text}");
+    assert!(text.contains("4 applied now"), "{text}");
+
+    let out = outbox_relay(&["--mysql-url", &url, "migrate"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("0 applied now, 4 already applied"));
+
+    let out = outbox_relay(&["--mysql-url", &url, "migrate", "--status"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("applied").count(), 4, "{text}");
+}
+
+#[test]
+fn demo_enqueues_events_in_business_transactions() {
+    let url = common::mariadb().create_database("cli_demo").unwrap();
+    assert!(outbox_relay(&["--mysql-url", &url, "migrate"])
+        .status
+        .success());
+    let out = outbox_relay(&["--mysql-url", &url, "demo", "--events", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.matches("enqueued on topic outbox-demo").count(),
+        2,
+        "{text}"
+    );
+}
+
+#[test]
+fn an_unreachable_database_is_a_clear_error() {
+    let out = outbox_relay(&[
+        "--mysql-url",
+        "mysql://root:secret@127.0.0.1:1/app",
+        "migrate",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("cannot connect to MySQL"), "{err}");
+    assert!(!err.contains("secret"), "password leaked: {err}");
+}
