@@ -5,13 +5,17 @@ mod cmd;
 use clap::Parser;
 use std::process::ExitCode;
 
+/// `RUST_LOG` overrides this; the RocketMQ client is chatty at `info`.
+const DEFAULT_LOG_FILTER: &str =
+    "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,rocketmq_remoting=warn";
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = cmd::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -93,7 +93,8 @@ async fn rollback_leaves_neither_row_and_commit_keeps_both() {
 async fn every_bad_input_is_a_typed_error_and_writes_nothing() {
     let db = TestDb::migrated("producer_bad").await;
     let outbox = Outbox::new(TableName::parse("outbox_event").unwrap(), 1024);
-    let cases: Vec<(NewEvent, fn(&EnqueueError) -> bool)> = vec![
+    type IsExpected = fn(&EnqueueError) -> bool;
+    let cases: Vec<(NewEvent, IsExpected)> = vec![
         (NewEvent::new("", "k", json!({})), |e| {
             matches!(e, EnqueueError::InvalidTopic { .. })
         }),

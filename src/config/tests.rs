@@ -1,3 +1,5 @@
+#![allow(clippy::result_large_err)] // figment::Jail closures return figment::Error
+
 use super::*;
 use std::io::Write;
 

@@ -14,7 +14,7 @@ pub mod rocketmq;
 pub mod topic_reader;
 
 pub use mariadb::{MariaDb, MariaDbOptions};
-pub use rocketmq::RocketMq;
+pub use rocketmq::{ClientHost, RocketMq, RocketMqOptions};
 pub use topic_reader::{ReceivedMessage, TopicReader};
 
 use std::io;

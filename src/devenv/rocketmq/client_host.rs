@@ -1,0 +1,120 @@
+//! [`ClientHost`]: a RocketMQ client runtime that can be used from any thread or async runtime.
+//!
+//! `rocketmq-client-rust` 1.0 never creates a runtime of its own: every producer and consumer
+//! needs an `Arc<ClientRuntime>`, which needs a `ChildServiceContext` from a
+//! `rocketmq_runtime::RuntimeOwner` (which owns a Tokio runtime). This file bundles the three.
+
+use std::future::Future;
+use std::io;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use rocketmq_client_rust::{ClientRuntime, ClientRuntimeConfig, TelemetryHandle};
+use rocketmq_runtime::{RuntimeConfig, RuntimeOwner, TaskKind};
+
+/// A private RocketMQ client runtime: its own Tokio runtime (`RuntimeOwner`) and a
+/// `ClientRuntime` on it.
+///
+/// Guarantee: client work runs on this runtime whatever the caller is (plain thread,
+/// `#[tokio::test]` current-thread runtime, another multi-thread runtime), because
+/// [`ClientHost::run`] and [`ClientHost::block_on`] spawn the future here and only wait for its
+/// output. Dropping the host shuts the client runtime down (up to 5 s) and then the Tokio runtime;
+/// do not drop it from inside a future it runs.
+pub struct ClientHost {
+    owner: Option<RuntimeOwner>,
+    client_runtime: Arc<ClientRuntime>,
+    handle: tokio::runtime::Handle,
+}
+
+impl ClientHost {
+    /// Builds the runtimes; `name` prefixes the runtime's thread names.
+    pub fn new(name: &'static str) -> io::Result<Self> {
+        let owner = RuntimeOwner::plan(RuntimeConfig::for_parallelism(name, 2))
+            .map_err(|e| io::Error::other(format!("invalid RocketMQ client runtime config: {e}")))?
+            .build()
+            .map_err(|e| {
+                io::Error::other(format!("cannot build the RocketMQ client runtime: {e}"))
+            })?;
+        let config = ClientRuntimeConfig {
+            shutdown_timeout: Duration::from_secs(5),
+            ..ClientRuntimeConfig::default()
+        };
+        let client_runtime = ClientRuntime::try_new(
+            owner.root_context().component("client"),
+            config,
+            TelemetryHandle::noop(),
+        )
+        .map_err(|e| io::Error::other(format!("cannot create the RocketMQ ClientRuntime: {e}")))?;
+        // RuntimeOwner does not expose its Tokio handle: capture it from a task running there.
+        let (tx, rx) = mpsc::channel();
+        owner
+            .root_context()
+            .component("handle")
+            .spawn("capture-handle", TaskKind::Worker, async move {
+                let _ = tx.send(tokio::runtime::Handle::current());
+            })
+            .map_err(|e| {
+                io::Error::other(format!("cannot spawn on the RocketMQ client runtime: {e}"))
+            })?;
+        let handle = rx.recv_timeout(Duration::from_secs(10)).map_err(|_| {
+            io::Error::other("the RocketMQ client runtime did not run a task within 10 s")
+        })?;
+        Ok(Self {
+            owner: Some(owner),
+            client_runtime,
+            handle,
+        })
+    }
+
+    /// The client runtime to build producers and consumers with.
+    pub fn client_runtime(&self) -> Arc<ClientRuntime> {
+        Arc::clone(&self.client_runtime)
+    }
+
+    /// Runs `future` on this host's runtime and awaits its output from any async context.
+    pub async fn run<F>(&self, future: F) -> io::Result<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handle
+            .spawn(future)
+            .await
+            .map_err(|e| io::Error::other(format!("RocketMQ client task failed: {e}")))
+    }
+
+    /// Runs `future` on this host's runtime and blocks the calling thread until it is done.
+    /// Safe to call from inside another Tokio runtime (it only blocks this thread).
+    pub fn block_on<F>(&self, future: F) -> io::Result<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        self.spawn(async move {
+            let _ = tx.send(future.await);
+        });
+        rx.recv()
+            .map_err(|_| io::Error::other("RocketMQ client task panicked or was cancelled"))
+    }
+
+    pub(super) fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
+        drop(self.handle.spawn(future));
+    }
+}
+
+impl Drop for ClientHost {
+    fn drop(&mut self) {
+        let client_runtime = Arc::clone(&self.client_runtime);
+        let _ = self.block_on(async move { client_runtime.shutdown().await });
+        if let Some(owner) = self.owner.take() {
+            owner.shutdown_background();
+        }
+    }
+}
+
+impl std::fmt::Debug for ClientHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientHost").finish_non_exhaustive()
+    }
+}
