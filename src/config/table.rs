@@ -5,7 +5,7 @@ use std::fmt;
 /// `schema.table` or `table`; each part 1–64 characters of `[A-Za-z0-9_$]`.
 ///
 /// Guarantee: a `TableName` is safe to splice into SQL inside backquotes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TableName {
     pub schema: Option<String>,
     pub table: String,

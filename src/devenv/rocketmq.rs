@@ -12,9 +12,7 @@
 //! [`ClientHost`] is the private client runtime the harness uses for its probes; tests can use it
 //! too, to get an `Arc<ClientRuntime>` that works from plain or async code alike.
 
-mod client_host;
-
-pub use client_host::ClientHost;
+pub use crate::send::ClientHost;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

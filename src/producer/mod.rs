@@ -20,7 +20,7 @@
 //! SQL runs; a rejected event or batch writes nothing, and a failed batch leaves the caller's
 //! transaction usable (it is rolled back to a savepoint).
 
-mod validate;
+pub(crate) mod validate;
 
 pub use validate::{MAX_BIZ_KEY_LEN, MAX_EVENT_ID_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN};
 

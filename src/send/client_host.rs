@@ -98,7 +98,7 @@ impl ClientHost {
             .map_err(|_| io::Error::other("RocketMQ client task panicked or was cancelled"))
     }
 
-    pub(super) fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
+    pub(crate) fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
         drop(self.handle.spawn(future));
     }
 }

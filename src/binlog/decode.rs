@@ -1,0 +1,243 @@
+//! Turning a binlog row image of an outbox table into an event.
+//!
+//! Guarantee: a row becomes either an [`OutboxRow`] that satisfies every producer rule, a
+//! [`RowProblem`] naming the row and the reason (the relay marks it FAILED), or is skipped because
+//! it was not inserted as PENDING. Decoding never panics on bad data.
+
+use crate::config::TableName;
+use crate::producer::validate;
+use mysql_async::binlog::row::BinlogRow;
+use mysql_async::binlog::value::BinlogValue;
+use mysql_async::Value;
+use std::sync::Arc;
+
+/// An outbox INSERT, ready to publish.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRow {
+    pub table: Arc<TableName>,
+    pub id: u64,
+    pub event_id: String,
+    pub biz_key: String,
+    pub topic: String,
+    pub tags: Option<String>,
+    pub headers: Vec<(String, String)>,
+    /// JSON text.
+    pub payload: String,
+}
+
+/// A row that cannot become a message; the relay marks it FAILED with `reason`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowProblem {
+    pub table: Arc<TableName>,
+    pub id: u64,
+    pub event_id: Option<String>,
+    pub reason: String,
+}
+
+/// What one inserted row turned into.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DecodedRow {
+    Event(OutboxRow),
+    Problem(RowProblem),
+    /// Inserted with a status other than PENDING (e.g. a row copied in as SENT).
+    NotPending,
+    /// No usable primary key: nothing can be marked. Logged and counted by the caller.
+    Unidentifiable(String),
+}
+
+/// Where each needed column is in the table's row image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnLayout {
+    id: usize,
+    event_id: usize,
+    biz_key: usize,
+    topic: usize,
+    payload: usize,
+    status: usize,
+    tags: Option<usize>,
+    headers: Option<usize>,
+}
+
+impl ColumnLayout {
+    /// Finds the columns by name (binlog row metadata FULL gives names; without it mysql_common
+    /// names them `@0`, `@1`…, and this fails with a message saying what to change).
+    pub fn from_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
+        let names: Vec<&str> = names.into_iter().collect();
+        let find = |wanted: &str| names.iter().position(|n| n.eq_ignore_ascii_case(wanted));
+        let need = |wanted: &'static str| {
+            find(wanted).ok_or_else(|| {
+                if names.first().is_some_and(|n| n.starts_with('@')) {
+                    "the binlog has no column names: set binlog_row_metadata=FULL on the server"
+                        .to_string()
+                } else {
+                    format!(
+                        "the outbox table has no `{wanted}` column (columns: {})",
+                        names.join(", ")
+                    )
+                }
+            })
+        };
+        Ok(ColumnLayout {
+            id: need("id")?,
+            event_id: need("event_id")?,
+            biz_key: need("biz_key")?,
+            topic: need("topic")?,
+            payload: need("payload")?,
+            status: need("status")?,
+            tags: find("tags"),
+            headers: find("headers"),
+        })
+    }
+
+    /// The layout of the columns of `row`.
+    pub fn of_row(row: &BinlogRow) -> Result<Self, String> {
+        let names: Vec<String> = row
+            .columns_ref()
+            .iter()
+            .map(|c| c.name_str().into_owned())
+            .collect();
+        Self::from_names(names.iter().map(String::as_str))
+    }
+}
+
+/// Limits a row must meet.
+#[derive(Debug, Clone, Copy)]
+pub struct RowLimits {
+    pub max_payload_bytes: usize,
+}
+
+/// Decodes one after-image of an INSERT into `table`.
+pub fn decode_row(
+    table: &Arc<TableName>,
+    layout: &ColumnLayout,
+    row: &BinlogRow,
+    limits: RowLimits,
+) -> DecodedRow {
+    let id = match row.as_ref(layout.id).map(integer) {
+        Some(Ok(id)) if id >= 0 => id as u64,
+        other => {
+            return DecodedRow::Unidentifiable(format!("primary key `id` unusable: {other:?}"))
+        }
+    };
+    let problem = |event_id: Option<String>, reason: String| {
+        DecodedRow::Problem(RowProblem {
+            table: Arc::clone(table),
+            id,
+            event_id,
+            reason,
+        })
+    };
+    match row.as_ref(layout.status).map(integer) {
+        Some(Ok(0)) => {}
+        Some(Ok(_)) => return DecodedRow::NotPending,
+        other => return problem(None, format!("`status` unusable: {other:?}")),
+    }
+    let event_id = match text(row.as_ref(layout.event_id), "event_id") {
+        Ok(Some(v)) => v,
+        Ok(None) => return problem(None, "`event_id` is NULL".into()),
+        Err(e) => return problem(None, e),
+    };
+    let fields = (|| -> Result<OutboxRow, String> {
+        let biz_key = text(row.as_ref(layout.biz_key), "biz_key")?.ok_or("`biz_key` is NULL")?;
+        let topic = text(row.as_ref(layout.topic), "topic")?.ok_or("`topic` is NULL")?;
+        let tags = match layout.tags {
+            Some(i) => text(row.as_ref(i), "tags")?,
+            None => None,
+        };
+        let headers = match layout.headers {
+            Some(i) => json_text(row.as_ref(i), "headers")?,
+            None => None,
+        };
+        let payload =
+            json_text(row.as_ref(layout.payload), "payload")?.ok_or("`payload` is NULL")?;
+        validate::event_id(&event_id).map_err(|e| e.to_string())?;
+        validate::topic(&topic).map_err(|e| e.to_string())?;
+        validate::biz_key(&biz_key).map_err(|e| e.to_string())?;
+        if let Some(t) = &tags {
+            validate::tags(t).map_err(|e| e.to_string())?;
+        }
+        serde_json::from_str::<serde::de::IgnoredAny>(&payload)
+            .map_err(|e| format!("payload is not valid JSON: {e}"))?;
+        if payload.len() > limits.max_payload_bytes {
+            return Err(format!(
+                "payload is {} bytes; the limit is {} (outbox.max_payload_bytes)",
+                payload.len(),
+                limits.max_payload_bytes
+            ));
+        }
+        let headers = match headers {
+            Some(text) => parse_headers(&text)?,
+            None => Vec::new(),
+        };
+        let map: std::collections::BTreeMap<String, String> = headers.iter().cloned().collect();
+        validate::headers(&map).map_err(|e| e.to_string())?;
+        Ok(OutboxRow {
+            table: Arc::clone(table),
+            id,
+            event_id: event_id.clone(),
+            biz_key,
+            topic,
+            tags,
+            headers,
+            payload,
+        })
+    })();
+    match fields {
+        Ok(row) => DecodedRow::Event(row),
+        Err(reason) => problem(Some(event_id), reason),
+    }
+}
+
+fn integer(value: &BinlogValue<'_>) -> Result<i64, String> {
+    match value {
+        BinlogValue::Value(Value::Int(i)) => Ok(*i),
+        BinlogValue::Value(Value::UInt(u)) => {
+            i64::try_from(*u).map_err(|_| format!("{u} too large"))
+        }
+        other => Err(format!("not an integer: {other:?}")),
+    }
+}
+
+fn text(value: Option<&BinlogValue<'_>>, column: &str) -> Result<Option<String>, String> {
+    match value {
+        None | Some(BinlogValue::Value(Value::NULL)) => Ok(None),
+        Some(BinlogValue::Value(Value::Bytes(bytes))) => String::from_utf8(bytes.clone())
+            .map(Some)
+            .map_err(|_| format!("`{column}` is not valid UTF-8")),
+        Some(other) => Err(format!("`{column}` has an unexpected type: {other:?}")),
+    }
+}
+
+/// JSON column text: MariaDB stores JSON as text, MySQL as binary JSON (converted here).
+fn json_text(value: Option<&BinlogValue<'_>>, column: &str) -> Result<Option<String>, String> {
+    match value {
+        Some(BinlogValue::Jsonb(jsonb)) => {
+            let json = serde_json::Value::try_from(jsonb.clone())
+                .map_err(|e| format!("`{column}` binary JSON cannot be converted: {e}"))?;
+            Ok(Some(json.to_string()))
+        }
+        Some(BinlogValue::JsonDiff(_)) => Err(format!(
+            "`{column}` arrived as a partial JSON update: set binlog_row_value_options='' on the server"
+        )),
+        other => text(other, column),
+    }
+}
+
+fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("headers are not valid JSON: {e}"))?;
+    match value {
+        serde_json::Value::Null => Ok(Vec::new()),
+        serde_json::Value::Object(map) => Ok(map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect()),
+        _ => Err("headers must be a JSON object".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,16 @@
+//! Reading the binlog: a replica connection to MySQL or MariaDB that yields the outbox INSERTs of
+//! each committed transaction, in commit order, with the position just past each transaction.
+//!
+//! Guarantee: for every committed transaction after the start position, the reader yields
+//! `TxBegin`, the transaction's outbox rows in binlog order, then `TxEnd` with its position; other
+//! tables and non-INSERT changes are skipped but still move the position.
+
+pub mod decode;
+pub mod gtid;
+pub mod position;
+pub mod reader;
+
+pub use decode::{DecodedRow, OutboxRow, RowProblem};
+pub use gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
+pub use position::{BinlogPosition, TxEnd, TxGtid};
+pub use reader::{BinlogItem, BinlogReader, ReaderOptions, ServerFlavor};

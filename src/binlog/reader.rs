@@ -1,0 +1,452 @@
+//! The replica connection: start-up checks, the dump request, and the event loop that turns
+//! binlog events into [`BinlogItem`]s.
+//!
+//! Guarantees: see the module above. In addition, a lost connection (or a silent one: no event
+//! or heartbeat for `3 × heartbeat`) is re-opened with backoff from the end of the last
+//! transaction read in full; a transaction cut in the middle is announced with
+//! [`BinlogItem::Restart`] and read again from its start.
+
+use super::decode::{decode_row, ColumnLayout, DecodedRow, RowLimits};
+use super::gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
+use super::position::{BinlogPosition, TxEnd, TxGtid};
+use crate::config::TableName;
+use crate::retry::RetryPolicy;
+use futures_util::StreamExt;
+use mysql_async::binlog::events::{Event, EventData, RowsEventData};
+use mysql_async::prelude::*;
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, GnoInterval, Opts, Sid};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+mod checks;
+
+pub use checks::{check_server, ServerInfo, StartupError};
+
+/// What the reader yields, in binlog order.
+#[derive(Debug)]
+pub enum BinlogItem {
+    /// A transaction starts.
+    TxBegin,
+    /// An INSERT into an outbox table, inside the current transaction.
+    Row(DecodedRow),
+    /// The current transaction committed and ends at this position.
+    TxEnd(TxEnd),
+    /// The connection was lost inside a transaction; it will be read again from its start.
+    Restart,
+}
+
+/// Which server the relay reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerFlavor {
+    /// MariaDB: resumes by GTID position (`@slave_connect_state`).
+    MariaDb,
+    /// MySQL with `gtid_mode=ON`: resumes by GTID set (COM_BINLOG_DUMP_GTID).
+    MySqlGtid,
+    /// MySQL without GTIDs: resumes by file and offset.
+    MySqlFilePos,
+}
+
+/// How to read.
+#[derive(Debug, Clone)]
+pub struct ReaderOptions {
+    pub opts: Opts,
+    pub server_id: u32,
+    pub heartbeat: Duration,
+    /// Outbox tables, schema-qualified.
+    pub tables: Vec<TableName>,
+    pub limits: RowLimits,
+    pub flavor: ServerFlavor,
+}
+
+/// Reads the binlog from a position until cancelled. Build with [`BinlogReader::new`].
+pub struct BinlogReader {
+    options: ReaderOptions,
+    tables: Vec<Arc<TableName>>,
+}
+
+/// The per-connection decoding state.
+#[derive(Default)]
+struct StreamState {
+    file: String,
+    in_tx: bool,
+    /// After a BEGIN (or a MariaDB transactional GTID event) until the commit.
+    in_body: bool,
+    gtid: Option<TxGtid>,
+    /// table_id → the outbox table it maps (None: not an outbox table).
+    tables: HashMap<u64, Option<(Arc<TableName>, Option<ColumnLayout>)>>,
+}
+
+/// A reason to stop reading for good (the caller reports it).
+#[derive(Debug, thiserror::Error)]
+pub enum ReaderError {
+    #[error("the binlog position {position} is no longer on the server (purged?): {message}")]
+    PositionGone { position: String, message: String },
+    #[error("the server refused the replication request: {0}; grant REPLICATION SLAVE to the relay's user")]
+    NotAllowed(String),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+const MARIADB_GTID_EVENT: u8 = 162;
+const MARIADB_GTID_STANDALONE: u8 = 1;
+const MARIADB_COMPRESSED_EVENTS: std::ops::RangeInclusive<u8> = 165..=171;
+
+impl BinlogReader {
+    pub fn new(options: ReaderOptions) -> Self {
+        let tables = options.tables.iter().cloned().map(Arc::new).collect();
+        BinlogReader { options, tables }
+    }
+
+    /// Reads from `start` and sends items to `out` until `cancel` fires, `out` closes, or a
+    /// permanent error. Connection errors are retried for ever with backoff.
+    pub async fn run(
+        self,
+        start: BinlogPosition,
+        out: mpsc::Sender<BinlogItem>,
+        cancel: CancellationToken,
+    ) -> Result<(), ReaderError> {
+        let mut position = start;
+        let policy = RetryPolicy::reconnect();
+        let mut failures = 0u32;
+        loop {
+            let mut state = StreamState::default();
+            let result = tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                r = self.stream_once(&mut position, &mut state, &out, &mut failures) => r,
+            };
+            if state.in_tx && out.send(BinlogItem::Restart).await.is_err() {
+                return Ok(());
+            }
+            match result {
+                Ok(()) => return Ok(()), // the consumer side hung up
+                Err(StreamFailure::Permanent(e)) => return Err(e),
+                Err(StreamFailure::Transient(e)) => {
+                    failures += 1;
+                    let delay = policy.delay(failures).unwrap_or(policy.max);
+                    tracing::warn!(error = %e, retry_in = ?delay, position = %position,
+                        "binlog connection lost; reconnecting");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn stream_once(
+        &self,
+        position: &mut BinlogPosition,
+        state: &mut StreamState,
+        out: &mpsc::Sender<BinlogItem>,
+        failures: &mut u32,
+    ) -> Result<(), StreamFailure> {
+        let mut stream = self.open(position).await?;
+        let silence = self.options.heartbeat * 3;
+        loop {
+            let event = match tokio::time::timeout(silence, stream.next()).await {
+                Err(_) => {
+                    return Err(StreamFailure::Transient(format!(
+                        "no event or heartbeat for {silence:?}"
+                    )))
+                }
+                Ok(None) => {
+                    return Err(StreamFailure::Transient(
+                        "the server closed the stream".into(),
+                    ))
+                }
+                Ok(Some(Err(e))) => return Err(classify_stream_error(e, position)),
+                Ok(Some(Ok(event))) => event,
+            };
+            *failures = 0;
+            for item in self.handle_event(&stream, state, &event)? {
+                if let BinlogItem::TxEnd(end) = &item {
+                    position.advance(end);
+                }
+                if out.send(item).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    async fn open(&self, position: &BinlogPosition) -> Result<BinlogStream, StreamFailure> {
+        let transient = |e: mysql_async::Error| StreamFailure::Transient(e.to_string());
+        let mut conn = Conn::new(self.options.opts.clone())
+            .await
+            .map_err(transient)?;
+        let period_ns = self
+            .options
+            .heartbeat
+            .as_nanos()
+            .min(u128::from(u32::MAX) * 1_000_000);
+        conn.query_drop(format!("SET @master_heartbeat_period = {period_ns}"))
+            .await
+            .map_err(transient)?;
+        let mut request = BinlogStreamRequest::new(self.options.server_id);
+        match self.options.flavor {
+            ServerFlavor::MariaDb => {
+                let gtid = position
+                    .mariadb_gtid
+                    .as_ref()
+                    .map(MariaDbGtidPos::to_string)
+                    .unwrap_or_default();
+                conn.query_drop("SET @mariadb_slave_capability = 4")
+                    .await
+                    .map_err(transient)?;
+                conn.exec_drop("SET @slave_connect_state = ?", (gtid,))
+                    .await
+                    .map_err(transient)?;
+                conn.query_drop("SET @slave_gtid_strict_mode = 1")
+                    .await
+                    .map_err(transient)?;
+            }
+            ServerFlavor::MySqlGtid => {
+                request = request.with_gtid().with_gtid_set(sids(
+                    position
+                        .mysql_gtid_set
+                        .as_ref()
+                        .unwrap_or(&MySqlGtidSet::default()),
+                )?);
+            }
+            ServerFlavor::MySqlFilePos => {}
+        }
+        let file = position.file.clone().unwrap_or_default();
+        if self.options.flavor == ServerFlavor::MySqlFilePos {
+            request = request
+                .with_filename(file.as_bytes())
+                .with_pos(position.pos.max(4));
+        }
+        tracing::info!(position = %position, flavor = ?self.options.flavor, "reading the binlog");
+        conn.get_binlog_stream(request)
+            .await
+            .map_err(|e| classify_stream_error(e, position))
+    }
+
+    fn handle_event(
+        &self,
+        stream: &BinlogStream,
+        state: &mut StreamState,
+        event: &Event,
+    ) -> Result<Vec<BinlogItem>, StreamFailure> {
+        let header = event.header();
+        let raw_type = header.event_type_raw();
+        let end_pos = u64::from(header.log_pos());
+        let mut items = Vec::new();
+        if raw_type == MARIADB_GTID_EVENT {
+            let body = event.data();
+            if body.len() < 13 {
+                return Err(StreamFailure::Transient(
+                    "truncated MariaDB GTID event".into(),
+                ));
+            }
+            let seq = u64::from_le_bytes(body[0..8].try_into().expect("8 bytes"));
+            let domain = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
+            let flags = body[12];
+            items.extend(self.begin(
+                state,
+                Some(TxGtid::MariaDb(MariaDbGtid {
+                    domain,
+                    server: header.server_id(),
+                    seq,
+                })),
+            ));
+            state.in_body = flags & MARIADB_GTID_STANDALONE == 0;
+            return Ok(items);
+        }
+        if MARIADB_COMPRESSED_EVENTS.contains(&raw_type) {
+            return Err(StreamFailure::Permanent(ReaderError::Unsupported(
+                "the binlog has compressed events: set log_bin_compress=OFF on the MariaDB server"
+                    .into(),
+            )));
+        }
+        let data = match event.read_data() {
+            Ok(Some(data)) => data,
+            Ok(None) => return Ok(items), // other MariaDB-specific events: nothing to do
+            Err(e) => {
+                return Err(StreamFailure::Transient(format!(
+                    "undecodable binlog event: {e}"
+                )))
+            }
+        };
+        match data {
+            EventData::RotateEvent(rotate) => state.file = rotate.name().into_owned(),
+            EventData::GtidEvent(gtid) => {
+                let source = MySqlSource::from_uuid_bytes(
+                    gtid.sid(),
+                    gtid.tag().map(|t| t.to_string().to_ascii_lowercase()),
+                );
+                items.extend(self.begin(state, Some(TxGtid::MySql(source, gtid.gno()))));
+            }
+            EventData::QueryEvent(query) => {
+                let sql = query.query();
+                let sql = sql.trim();
+                if sql.eq_ignore_ascii_case("BEGIN") {
+                    if !state.in_tx {
+                        items.extend(self.begin(state, None));
+                    }
+                    state.in_body = true;
+                } else if sql.eq_ignore_ascii_case("COMMIT") || sql.eq_ignore_ascii_case("ROLLBACK")
+                {
+                    items.extend(self.end(state, end_pos));
+                } else if !state.in_body {
+                    // A statement on its own (DDL, or a non-transactional change).
+                    if !state.in_tx {
+                        items.extend(self.begin(state, None));
+                    }
+                    items.extend(self.end(state, end_pos));
+                }
+            }
+            EventData::XidEvent(_) => items.extend(self.end(state, end_pos)),
+            EventData::TableMapEvent(tme) => {
+                state.tables.remove(&tme.table_id());
+            }
+            EventData::RowsEvent(rows) => self.rows(stream, state, &rows, &mut items),
+            _ => {}
+        }
+        Ok(items)
+    }
+
+    fn begin(&self, state: &mut StreamState, gtid: Option<TxGtid>) -> Option<BinlogItem> {
+        state.gtid = gtid;
+        state.in_body = false;
+        if state.in_tx {
+            return None;
+        }
+        state.in_tx = true;
+        Some(BinlogItem::TxBegin)
+    }
+
+    fn end(&self, state: &mut StreamState, end_pos: u64) -> Option<BinlogItem> {
+        if !state.in_tx {
+            return None;
+        }
+        state.in_tx = false;
+        state.in_body = false;
+        Some(BinlogItem::TxEnd(TxEnd {
+            gtid: state.gtid.take(),
+            file: state.file.clone(),
+            end_pos,
+        }))
+    }
+
+    fn rows(
+        &self,
+        stream: &BinlogStream,
+        state: &mut StreamState,
+        rows: &RowsEventData<'_>,
+        items: &mut Vec<BinlogItem>,
+    ) {
+        if !matches!(
+            rows,
+            RowsEventData::WriteRowsEvent(_) | RowsEventData::WriteRowsEventV1(_)
+        ) {
+            return; // UPDATEs (our own SENT marks included) and DELETEs are not events
+        }
+        let table_id = rows.table_id();
+        let Some(tme) = stream.get_tme(table_id) else {
+            tracing::warn!(table_id, "rows event without its table map; skipped");
+            return;
+        };
+        let entry = state.tables.entry(table_id).or_insert_with(|| {
+            let db = tme.database_name();
+            let name = tme.table_name();
+            self.tables
+                .iter()
+                .find(|t| t.schema.as_deref() == Some(&*db) && t.table == name)
+                .map(|t| (Arc::clone(t), None))
+        });
+        let Some((table, layout)) = entry else {
+            return;
+        };
+        for row in rows.rows(tme) {
+            let after = match row {
+                Ok((_, Some(after))) => after,
+                Ok((_, None)) => continue,
+                Err(e) => {
+                    items.push(BinlogItem::Row(DecodedRow::Unidentifiable(format!(
+                        "undecodable row of {table}: {e}"
+                    ))));
+                    continue;
+                }
+            };
+            if layout.is_none() {
+                match ColumnLayout::of_row(&after) {
+                    Ok(found) => *layout = Some(found),
+                    Err(reason) => {
+                        items.push(BinlogItem::Row(DecodedRow::Unidentifiable(format!(
+                            "{table}: {reason}"
+                        ))));
+                        continue;
+                    }
+                }
+            }
+            let layout = layout.as_ref().expect("set above");
+            items.push(BinlogItem::Row(decode_row(
+                table,
+                layout,
+                &after,
+                self.options.limits,
+            )));
+        }
+    }
+}
+
+/// Why one streaming attempt ended.
+enum StreamFailure {
+    Transient(String),
+    Permanent(ReaderError),
+}
+
+impl From<ReaderError> for StreamFailure {
+    fn from(e: ReaderError) -> Self {
+        StreamFailure::Permanent(e)
+    }
+}
+
+fn classify_stream_error(error: mysql_async::Error, position: &BinlogPosition) -> StreamFailure {
+    if let mysql_async::Error::Server(server) = &error {
+        match server.code {
+            // ER_MASTER_FATAL_ERROR_READING_BINLOG: purged file or GTID not in any binlog.
+            1236 => {
+                return StreamFailure::Permanent(ReaderError::PositionGone {
+                    position: position.to_string(),
+                    message: server.message.clone(),
+                })
+            }
+            // ER_SPECIFIC_ACCESS_DENIED_ERROR, ER_ACCESS_DENIED_ERROR
+            1227 | 1045 => {
+                return StreamFailure::Permanent(ReaderError::NotAllowed(server.message.clone()))
+            }
+            _ => {}
+        }
+    }
+    StreamFailure::Transient(error.to_string())
+}
+
+fn sids(set: &MySqlGtidSet) -> Result<Vec<Sid<'static>>, StreamFailure> {
+    let mut by_source: Vec<(MySqlSource, Vec<GnoInterval>)> = Vec::new();
+    for (source, start, end) in set.intervals() {
+        match by_source.last_mut() {
+            Some((s, ivs)) if s == source => ivs.push(GnoInterval::new(start, end)),
+            _ => by_source.push((source.clone(), vec![GnoInterval::new(start, end)])),
+        }
+    }
+    by_source
+        .into_iter()
+        .map(|(source, intervals)| {
+            let uuid = uuid::Uuid::parse_str(&source.uuid).expect("validated UUID");
+            let mut sid = Sid::new(*uuid.as_bytes()).with_intervals(intervals);
+            if let Some(tag) = source.tag {
+                let tag = mysql_common::packets::Tag::new(tag).map_err(|e| {
+                    StreamFailure::Permanent(ReaderError::Unsupported(format!("bad GTID tag: {e}")))
+                })?;
+                sid = sid.with_tag(tag);
+            }
+            Ok(sid)
+        })
+        .collect()
+}

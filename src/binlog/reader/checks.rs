@@ -1,0 +1,169 @@
+//! Start-up checks: the server must write the binlog the way the relay reads it, and the relay's
+//! user must be allowed to read it and to mark outbox rows. Each failure says what to change.
+
+use super::ServerFlavor;
+use crate::binlog::position::BinlogPosition;
+use crate::config::TableName;
+use mysql_async::prelude::*;
+use mysql_async::{Conn, Opts, Row};
+
+/// What the checks learned about the server.
+#[derive(Debug, Clone)]
+pub struct ServerInfo {
+    pub version: String,
+    pub flavor: ServerFlavor,
+    /// The server's current end of binlog (where a relay without a checkpoint starts).
+    pub current: BinlogPosition,
+}
+
+/// A server or account the relay cannot work with.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("cannot connect to MySQL: {0}")]
+    Connect(mysql_async::Error),
+    #[error("{0}")]
+    Misconfigured(String),
+    #[error("the relay's user lacks a privilege: {0}")]
+    Privilege(String),
+    #[error("database error during start-up checks: {0}")]
+    Database(#[from] mysql_async::Error),
+}
+
+fn misconfigured(text: String) -> StartupError {
+    StartupError::Misconfigured(text)
+}
+
+async fn variable(conn: &mut Conn, name: &str) -> Result<Option<String>, StartupError> {
+    let row: Option<Row> = conn
+        .exec_first("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE VARIABLE_NAME = ?", (name.to_ascii_uppercase(),))
+        .await
+        .or_else(|_| Ok::<_, mysql_async::Error>(None))?;
+    if let Some(mut row) = row {
+        return Ok(row.take::<Option<String>, _>(0).flatten());
+    }
+    // MySQL 8 keeps global variables in performance_schema.
+    let value: Option<Option<String>> = conn
+        .exec_first("SELECT VARIABLE_VALUE FROM performance_schema.global_variables WHERE VARIABLE_NAME = ?", (name,))
+        .await
+        .unwrap_or(None);
+    Ok(value.flatten())
+}
+
+/// Checks binlog settings and privileges; returns the flavour and current position.
+pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInfo, StartupError> {
+    let mut conn = Conn::new(opts.clone())
+        .await
+        .map_err(StartupError::Connect)?;
+    let version: String = conn
+        .query_first("SELECT VERSION()")
+        .await?
+        .unwrap_or_default();
+    let is_mariadb = version.to_ascii_lowercase().contains("mariadb");
+
+    let log_bin = variable(&mut conn, "log_bin").await?.unwrap_or_default();
+    if !matches!(log_bin.to_ascii_uppercase().as_str(), "ON" | "1") {
+        return Err(misconfigured("the server does not write a binlog: start it with --log-bin (or use relay.mode = \"poll\")".into()));
+    }
+    let expect = [
+        ("binlog_format", "ROW", "set binlog_format=ROW"),
+        ("binlog_row_image", "FULL", "set binlog_row_image=FULL"),
+        (
+            "binlog_row_metadata",
+            "FULL",
+            "set binlog_row_metadata=FULL so the binlog carries column names",
+        ),
+    ];
+    for (name, wanted, fix) in expect {
+        let value = variable(&mut conn, name).await?.unwrap_or_default();
+        if !value.eq_ignore_ascii_case(wanted) {
+            return Err(misconfigured(format!(
+                "{name} is {:?} on the server, the relay needs {wanted}: {fix} (in the server's config, then restart it)",
+                value
+            )));
+        }
+    }
+    if !is_mariadb {
+        let options = variable(&mut conn, "binlog_row_value_options")
+            .await?
+            .unwrap_or_default();
+        if options.to_ascii_uppercase().contains("PARTIAL_JSON") {
+            return Err(misconfigured("binlog_row_value_options=PARTIAL_JSON writes partial JSON updates the relay cannot decode: set it to ''".into()));
+        }
+    }
+
+    // REPLICATION CLIENT (BINLOG MONITOR on MariaDB 10.5+): needed to ask for the position.
+    let status: Result<Option<Row>, _> = conn.query_first("SHOW MASTER STATUS").await;
+    let status = match status {
+        Ok(status) => status,
+        Err(mysql_async::Error::Server(e)) if e.code == 1227 || e.code == 1142 => {
+            return Err(StartupError::Privilege(format!(
+                "{}; grant REPLICATION CLIENT (BINLOG MONITOR on MariaDB) to the relay's user",
+                e.message
+            )))
+        }
+        Err(mysql_async::Error::Server(e)) if e.code == 1064 => {
+            // MySQL 8.4 renamed it.
+            conn.query_first("SHOW BINARY LOG STATUS").await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut current = BinlogPosition::default();
+    if let Some(mut row) = status {
+        current.file = row.take::<Option<String>, _>(0).flatten();
+        current.pos = row.take::<Option<u64>, _>(1).flatten().unwrap_or(4);
+    }
+    let flavor = if is_mariadb {
+        let gtid: String = conn
+            .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
+            .await?
+            .unwrap_or_default();
+        current.mariadb_gtid = Some(gtid.parse().map_err(|e| misconfigured(format!("{e}")))?);
+        ServerFlavor::MariaDb
+    } else {
+        let mode = variable(&mut conn, "gtid_mode").await?.unwrap_or_default();
+        if mode.eq_ignore_ascii_case("ON") {
+            let executed: String = conn
+                .query_first("SELECT @@GLOBAL.gtid_executed")
+                .await?
+                .unwrap_or_default();
+            current.mysql_gtid_set = Some(
+                executed
+                    .parse()
+                    .map_err(|e| misconfigured(format!("{e}")))?,
+            );
+            ServerFlavor::MySqlGtid
+        } else {
+            ServerFlavor::MySqlFilePos
+        }
+    };
+
+    // SELECT and UPDATE on every outbox table, without changing a row.
+    for table in tables {
+        let table = table.sql();
+        for (what, sql) in [
+            ("SELECT", format!("SELECT id FROM {table} LIMIT 0")),
+            (
+                "UPDATE",
+                format!("UPDATE {table} SET status = status WHERE 1 = 0"),
+            ),
+        ] {
+            if let Err(e) = conn.query_drop(&sql).await {
+                return Err(match e {
+                    mysql_async::Error::Server(s) if s.code == 1146 => misconfigured(format!(
+                        "outbox table {table} does not exist: run `outbox-relay migrate` or fix outbox.tables"
+                    )),
+                    mysql_async::Error::Server(s) if s.code == 1142 || s.code == 1143 => {
+                        StartupError::Privilege(format!("{}; grant {what} on {table}", s.message))
+                    }
+                    other => other.into(),
+                });
+            }
+        }
+    }
+    conn.disconnect().await?;
+    Ok(ServerInfo {
+        version,
+        flavor,
+        current,
+    })
+}

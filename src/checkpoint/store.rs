@@ -1,0 +1,167 @@
+//! Where checkpoints are kept: sled on local disk (primary), MySQL (mirror for takeover), memory
+//! (tests).
+//!
+//! [`CheckpointStore`] is the seam over sled (0.34, beta on-disk format): the pipeline names only
+//! the trait, so the store can be swapped without touching it.
+
+use crate::binlog::BinlogPosition;
+use mysql_async::prelude::*;
+use std::path::Path;
+use std::sync::Mutex;
+
+/// A checkpoint store failed; the relay stops rather than run without durable progress.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("checkpoint store at {path}: {source}")]
+    Sled { path: String, source: sled::Error },
+    #[error("stored checkpoint is unreadable: {0}")]
+    Corrupt(String),
+    #[error("checkpoint mirror in MySQL: {0}")]
+    Mysql(#[from] mysql_async::Error),
+}
+
+/// Durable storage of one checkpoint.
+///
+/// Guarantee of an implementation: after `save` returns `Ok`, `load` returns that position (or a
+/// later one) even after a crash of the process or the machine.
+pub trait CheckpointStore: Send + Sync + 'static {
+    /// The last saved position, if any.
+    fn load(&self) -> Result<Option<BinlogPosition>, StoreError>;
+    /// Saves `position` durably (fsync).
+    fn save(&self, position: &BinlogPosition) -> Result<(), StoreError>;
+}
+
+const CHECKPOINT_KEY: &[u8] = b"checkpoint";
+
+/// The sled-backed store in `relay.checkpoint_dir`.
+pub struct SledStore {
+    db: sled::Db,
+    path: String,
+}
+
+impl SledStore {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let path = dir.display().to_string();
+        let db = sled::Config::new()
+            .path(dir)
+            .mode(sled::Mode::LowSpace)
+            .open()
+            .map_err(|source| StoreError::Sled {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(SledStore { db, path })
+    }
+
+    fn err(&self, source: sled::Error) -> StoreError {
+        StoreError::Sled {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+impl CheckpointStore for SledStore {
+    fn load(&self) -> Result<Option<BinlogPosition>, StoreError> {
+        let Some(bytes) = self.db.get(CHECKPOINT_KEY).map_err(|e| self.err(e))? else {
+            return Ok(None);
+        };
+        let text =
+            String::from_utf8(bytes.to_vec()).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        BinlogPosition::from_json(&text)
+            .map(Some)
+            .map_err(StoreError::Corrupt)
+    }
+
+    fn save(&self, position: &BinlogPosition) -> Result<(), StoreError> {
+        self.db
+            .insert(CHECKPOINT_KEY, position.to_json().as_bytes())
+            .map_err(|e| self.err(e))?;
+        self.db.flush().map_err(|e| self.err(e))?;
+        Ok(())
+    }
+}
+
+/// An in-memory store, for tests of pure pipeline logic.
+#[derive(Default)]
+pub struct MemoryStore {
+    position: Mutex<Option<BinlogPosition>>,
+}
+
+impl CheckpointStore for MemoryStore {
+    fn load(&self) -> Result<Option<BinlogPosition>, StoreError> {
+        Ok(self.position.lock().expect("not poisoned").clone())
+    }
+
+    fn save(&self, position: &BinlogPosition) -> Result<(), StoreError> {
+        *self.position.lock().expect("not poisoned") = Some(position.clone());
+        Ok(())
+    }
+}
+
+/// The copy of the checkpoint in `outbox_relay_state`, one row per `relay.name`, so that another
+/// instance (or a replacement machine without the sled directory) can resume.
+#[derive(Debug, Clone)]
+pub struct MysqlMirror {
+    name: String,
+}
+
+impl MysqlMirror {
+    pub fn new(name: impl Into<String>) -> Self {
+        MysqlMirror { name: name.into() }
+    }
+
+    /// The mirrored position, if any.
+    pub async fn load(
+        &self,
+        conn: &mut mysql_async::Conn,
+    ) -> Result<Option<BinlogPosition>, StoreError> {
+        let text: Option<Option<String>> = conn
+            .exec_first(
+                "SELECT checkpoint FROM outbox_relay_state WHERE name = ?",
+                (&self.name,),
+            )
+            .await?;
+        match text.flatten() {
+            Some(text) => BinlogPosition::from_json(&text)
+                .map(Some)
+                .map_err(StoreError::Corrupt),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes `position` to the mirror row.
+    pub async fn save(
+        &self,
+        conn: &mut mysql_async::Conn,
+        position: &BinlogPosition,
+    ) -> Result<(), StoreError> {
+        conn.exec_drop(
+            "INSERT INTO outbox_relay_state (name, checkpoint, checkpoint_at) VALUES (?, ?, NOW(3)) \
+             ON DUPLICATE KEY UPDATE checkpoint = VALUES(checkpoint), checkpoint_at = VALUES(checkpoint_at)",
+            (&self.name, position.to_json()),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sled_store_survives_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut position = BinlogPosition::default();
+        position.mariadb_gtid = Some("0-1-42".parse().unwrap());
+        {
+            let store = SledStore::open(dir.path()).unwrap();
+            assert_eq!(store.load().unwrap(), None);
+            store.save(&position).unwrap();
+        }
+        let store = SledStore::open(dir.path()).unwrap();
+        assert_eq!(store.load().unwrap(), Some(position));
+    }
+}

@@ -1,0 +1,200 @@
+//! The acknowledged low-watermark over transactions in binlog order.
+//!
+//! Guarantee: [`Watermark::position`] is the end of the newest transaction such that it and every
+//! transaction before it in binlog order is closed and has all its events completed (SENT or
+//! terminally FAILED, and recorded). Transactions with no outbox events complete as soon as they
+//! close. Completion order across shards does not matter.
+
+use crate::binlog::{BinlogPosition, TxEnd};
+use std::collections::VecDeque;
+
+/// Sequence number of a transaction in binlog order, as handed out by [`Watermark::begin`].
+pub type TxSeq = u64;
+
+#[derive(Debug)]
+struct Entry {
+    open: bool,
+    remaining: u64,
+    /// `None` for an abandoned transaction (its events complete, but it moves no position).
+    end: Option<TxEnd>,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct Watermark {
+    /// Sequence number of `entries[0]`.
+    front: TxSeq,
+    entries: VecDeque<Entry>,
+    position: BinlogPosition,
+    /// Transactions passed since the start (for metrics and batching decisions).
+    advanced: u64,
+}
+
+impl Watermark {
+    /// Starts at `position` (the checkpoint the reader resumes from).
+    pub fn new(position: BinlogPosition) -> Self {
+        Watermark {
+            front: 0,
+            entries: VecDeque::new(),
+            position,
+            advanced: 0,
+        }
+    }
+
+    /// Opens the next transaction in binlog order.
+    pub fn begin(&mut self) -> TxSeq {
+        self.entries.push_back(Entry {
+            open: true,
+            remaining: 0,
+            end: None,
+        });
+        self.front + self.entries.len() as u64 - 1
+    }
+
+    fn entry(&mut self, seq: TxSeq) -> &mut Entry {
+        let index = seq
+            .checked_sub(self.front)
+            .expect("transaction already passed by the watermark") as usize;
+        &mut self.entries[index]
+    }
+
+    /// Counts one more event of `seq` that must complete before the watermark passes it.
+    pub fn add_event(&mut self, seq: TxSeq) {
+        self.entry(seq).remaining += 1;
+    }
+
+    /// Closes `seq` at `end`; no more events will be added to it.
+    pub fn end(&mut self, seq: TxSeq, end: TxEnd) {
+        let entry = self.entry(seq);
+        entry.open = false;
+        entry.end = Some(end);
+        self.advance();
+    }
+
+    /// Closes `seq` without a position: the reader lost its connection mid-transaction and will
+    /// read the whole transaction again. Its events already dispatched still complete.
+    pub fn abandon(&mut self, seq: TxSeq) {
+        let entry = self.entry(seq);
+        entry.open = false;
+        entry.end = None;
+        self.advance();
+    }
+
+    /// One event of `seq` is done (SENT or FAILED and recorded).
+    pub fn complete(&mut self, seq: TxSeq) {
+        let entry = self.entry(seq);
+        entry.remaining = entry
+            .remaining
+            .checked_sub(1)
+            .expect("more completions than events");
+        self.advance();
+    }
+
+    fn advance(&mut self) {
+        while let Some(front) = self.entries.front() {
+            if front.open || front.remaining > 0 {
+                break;
+            }
+            let entry = self.entries.pop_front().expect("front exists");
+            self.front += 1;
+            if let Some(end) = entry.end {
+                self.position.advance(&end);
+                self.advanced += 1;
+            }
+        }
+    }
+
+    /// The acknowledged position (see the module guarantee).
+    pub fn position(&self) -> &BinlogPosition {
+        &self.position
+    }
+
+    /// Transactions read but not yet passed.
+    pub fn in_flight(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Transactions passed since the start.
+    pub fn advanced(&self) -> u64 {
+        self.advanced
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binlog::TxGtid;
+    use proptest::prelude::*;
+
+    fn end(seq: u64) -> TxEnd {
+        TxEnd {
+            gtid: Some(TxGtid::MariaDb(crate::binlog::MariaDbGtid {
+                domain: 0,
+                server: 1,
+                seq: seq + 1,
+            })),
+            file: "binlog.000001".into(),
+            end_pos: 100 * (seq + 1),
+        }
+    }
+
+    #[test]
+    fn empty_transactions_pass_at_once_and_busy_ones_hold_the_line() {
+        let mut w = Watermark::new(BinlogPosition::default());
+        let a = w.begin();
+        w.add_event(a);
+        w.end(a, end(a));
+        let b = w.begin();
+        w.end(b, end(b)); // no events
+        assert_eq!(w.position().pos, 0, "b may not pass a");
+        w.complete(a);
+        assert_eq!(w.position().pos, 200, "a done -> past b too");
+        assert_eq!(w.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_abandoned_transaction_completes_without_moving_the_position() {
+        let mut w = Watermark::new(BinlogPosition::default());
+        let a = w.begin();
+        w.add_event(a);
+        w.abandon(a);
+        let b = w.begin();
+        w.end(b, end(b));
+        w.complete(a);
+        assert_eq!(w.position().pos, 200);
+        assert_eq!(w.advanced(), 1);
+    }
+
+    proptest! {
+        /// Random transaction sizes, random completion order: after every step the watermark
+        /// is exactly the end of the longest fully completed prefix.
+        #[test]
+        fn never_passes_an_incomplete_transaction(
+            sizes in proptest::collection::vec(0u64..4, 1..40),
+            order_seed in any::<u64>(),
+        ) {
+            let mut w = Watermark::new(BinlogPosition::default());
+            let mut pending: Vec<u64> = Vec::new();
+            let mut remaining = vec![0u64; sizes.len()];
+            for (i, &n) in sizes.iter().enumerate() {
+                let seq = w.begin();
+                prop_assert_eq!(seq, i as u64);
+                for _ in 0..n { w.add_event(seq); pending.push(seq); }
+                remaining[i] = n;
+                w.end(seq, end(seq));
+            }
+            let mut rng = order_seed;
+            while !pending.is_empty() {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let pick = (rng >> 33) as usize % pending.len();
+                let seq = pending.swap_remove(pick);
+                remaining[seq as usize] -= 1;
+                w.complete(seq);
+                let done_prefix = remaining.iter().take_while(|&&r| r == 0).count() as u64;
+                let expected = if done_prefix == 0 { 0 } else { 100 * done_prefix };
+                prop_assert_eq!(w.position().pos, expected);
+            }
+            prop_assert_eq!(w.position().pos, 100 * sizes.len() as u64);
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! `outbox-relay run [--dry-run]`.
+
+use super::GlobalArgs;
+use anyhow::Context;
+use clap::Args;
+use outbox_relay::checkpoint::SledStore;
+use outbox_relay::config::RelayMode;
+use outbox_relay::relay::{self, RunOptions};
+use outbox_relay::send::RocketMqSink;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Decode and print events as JSON lines; send nothing, mark nothing, save no checkpoint.
+    #[arg(long)]
+    dry_run: bool,
+    /// After SIGTERM/SIGINT, how long in-flight events may take to finish.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    drain_timeout: Duration,
+}
+
+pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
+    let config = global.load_config()?;
+    if config.relay.mode == RelayMode::Poll {
+        anyhow::bail!("relay.mode = \"poll\" is not available yet in this build; use \"cdc\"");
+    }
+    let cancel = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(cancel.clone()));
+    if args.dry_run {
+        return relay::dry_run(&config, cancel).await;
+    }
+    config.namesrv_addr()?;
+    std::fs::create_dir_all(&config.relay.checkpoint_dir).with_context(|| {
+        format!(
+            "cannot create relay.checkpoint_dir {}",
+            config.relay.checkpoint_dir.display()
+        )
+    })?;
+    let store = SledStore::open(&config.relay.checkpoint_dir)?;
+    let sink = Arc::new(RocketMqSink::start(&config.rocketmq).await?);
+    let options = RunOptions {
+        drain_timeout: args.drain_timeout,
+        ..RunOptions::default()
+    };
+    let summary =
+        relay::run_cdc(&config, Arc::clone(&sink), Arc::new(store), options, cancel).await;
+    if let Ok(sink) = Arc::try_unwrap(sink) {
+        sink.shutdown().await;
+    }
+    let summary = summary?;
+    eprintln!(
+        "stopped: {} sent, {} failed, checkpoint {}",
+        summary.marked.sent, summary.marked.failed, summary.checkpoint
+    );
+    Ok(())
+}
+
+/// Cancels on the first SIGTERM or SIGINT; a second one exits at once.
+async fn cancel_on_signal(cancel: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::info!("stop requested: draining in-flight events, then writing the final checkpoint");
+    cancel.cancel();
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::warn!("second stop request: exiting without draining");
+    std::process::exit(130);
+}

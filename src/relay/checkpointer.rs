@@ -1,0 +1,76 @@
+//! The checkpointer: persists the watermark to the local store in small groups (never per
+//! event) and mirrors it into MySQL at a lower rate.
+
+use crate::binlog::BinlogPosition;
+use crate::checkpoint::{CheckpointStore, MysqlMirror, Watermark};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// How often the checkpoint is saved.
+#[derive(Debug, Clone)]
+pub struct CheckpointSettings {
+    /// Local (sled, fsync'd) save interval, when the watermark moved.
+    pub save_every: Duration,
+    /// MySQL mirror interval, when the watermark moved.
+    pub mirror_every: Duration,
+}
+
+impl Default for CheckpointSettings {
+    fn default() -> Self {
+        CheckpointSettings {
+            save_every: Duration::from_millis(200),
+            mirror_every: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Saves until `stop`, then saves and mirrors the final position and returns it.
+pub async fn run(
+    watermark: Arc<Mutex<Watermark>>,
+    store: Arc<dyn CheckpointStore>,
+    mirror: MysqlMirror,
+    pool: mysql_async::Pool,
+    settings: CheckpointSettings,
+    stop: CancellationToken,
+) -> anyhow::Result<BinlogPosition> {
+    let current = || watermark.lock().expect("not poisoned").position().clone();
+    let mut saved = current();
+    let mut mirrored = saved.clone();
+    let mut last_mirror = Instant::now();
+    loop {
+        let stopping = tokio::select! {
+            _ = stop.cancelled() => true,
+            _ = tokio::time::sleep(settings.save_every) => false,
+        };
+        let position = current();
+        if position != saved {
+            let (s, p) = (Arc::clone(&store), position.clone());
+            tokio::task::spawn_blocking(move || s.save(&p)).await??;
+            saved = position;
+        }
+        if saved != mirrored && (stopping || last_mirror.elapsed() >= settings.mirror_every) {
+            match mirror_once(&mirror, &pool, &saved).await {
+                Ok(()) => mirrored = saved.clone(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot mirror the checkpoint into MySQL; will retry")
+                }
+            }
+            last_mirror = Instant::now();
+        }
+        if stopping {
+            tracing::info!(checkpoint = %saved, "final checkpoint written");
+            return Ok(saved);
+        }
+    }
+}
+
+async fn mirror_once(
+    mirror: &MysqlMirror,
+    pool: &mysql_async::Pool,
+    position: &BinlogPosition,
+) -> anyhow::Result<()> {
+    let mut conn = pool.get_conn().await?;
+    mirror.save(&mut conn, position).await?;
+    Ok(())
+}

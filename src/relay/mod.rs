@@ -1,0 +1,233 @@
+//! The CDC relay: binlog reader → router → ordered shard senders → marker → watermark →
+//! checkpoint. `outbox-relay run` calls [`run_cdc`].
+//!
+//! Guarantees (the product's contract): every committed outbox INSERT after the start position
+//! is published with `SEND_OK` and marked SENT, or marked FAILED with a reason; events of one
+//! `biz_key` are sent in commit order; the persisted checkpoint never passes an event that is not
+//! recorded as SENT or FAILED, so a crash at any moment loses nothing (it may resend).
+
+mod checkpointer;
+mod dispatch;
+
+pub use checkpointer::CheckpointSettings;
+
+use crate::binlog::decode::RowLimits;
+use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
+use crate::binlog::BinlogPosition;
+use crate::checkpoint::{CheckpointStore, MysqlMirror, Watermark};
+use crate::config::{Config, TableName};
+use crate::mark::{run_marker, MarkStats};
+use crate::retry::RetryPolicy;
+use crate::route::Router;
+use crate::send::{run_shard, ShardOptions, Sink};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Capacity of each channel between stages (backpressure bounds memory).
+const CHANNEL_CAPACITY: usize = 4096;
+
+/// What a finished run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    pub marked: MarkStats,
+    /// The last persisted checkpoint.
+    pub checkpoint: BinlogPosition,
+    /// Rows that could not even be identified (no primary key): logged, not marked.
+    pub unidentifiable: u64,
+}
+
+/// Options beyond the config file.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// After cancellation, how long in-flight events may take to finish.
+    pub drain_timeout: Duration,
+    pub checkpoint: CheckpointSettings,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            drain_timeout: Duration::from_secs(10),
+            checkpoint: CheckpointSettings::default(),
+        }
+    }
+}
+
+/// The configured outbox tables, qualified with the URL's database.
+pub fn qualified_tables(config: &Config) -> anyhow::Result<Vec<TableName>> {
+    let opts = crate::db::opts(config)?;
+    let database = opts.db_name().unwrap_or_default().to_string();
+    Ok(config
+        .outbox_tables()
+        .into_iter()
+        .map(|t| t.in_schema(&database))
+        .collect())
+}
+
+/// Where to start: the sled checkpoint, else the MySQL mirror, else the server's current end.
+async fn start_position(
+    store: &dyn CheckpointStore,
+    mirror: &MysqlMirror,
+    pool: &mysql_async::Pool,
+    current: &BinlogPosition,
+) -> anyhow::Result<BinlogPosition> {
+    if let Some(position) = store.load()? {
+        tracing::info!(%position, "resuming from the local checkpoint");
+        return Ok(position);
+    }
+    let mut conn = pool.get_conn().await?;
+    if let Some(position) = mirror.load(&mut conn).await? {
+        tracing::info!(%position, "no local checkpoint; resuming from the checkpoint mirror in MySQL");
+        return Ok(position);
+    }
+    tracing::warn!(position = %current,
+        "no checkpoint anywhere: starting at the current end of the binlog; older PENDING rows are left to the sweeper");
+    Ok(current.clone())
+}
+
+/// Runs the CDC relay until `cancel` fires (then drains and writes the final checkpoint) or a
+/// permanent error.
+pub async fn run_cdc<S: Sink>(
+    config: &Config,
+    sink: Arc<S>,
+    store: Arc<dyn CheckpointStore>,
+    options: RunOptions,
+    cancel: CancellationToken,
+) -> anyhow::Result<RunSummary> {
+    let opts = crate::db::opts(config)?;
+    let tables = qualified_tables(config)?;
+    let server = check_server(&opts, &tables).await?;
+    tracing::info!(version = %server.version, flavor = ?server.flavor, "server checks passed");
+    let pool = mysql_async::Pool::new(opts.clone());
+    let mirror = MysqlMirror::new(config.relay.name.clone());
+    let start = start_position(&*store, &mirror, &pool, &server.current).await?;
+    let watermark = Arc::new(Mutex::new(Watermark::new(start.clone())));
+
+    let reader = BinlogReader::new(ReaderOptions {
+        opts,
+        server_id: config.mysql.server_id,
+        heartbeat: config.mysql.heartbeat,
+        tables,
+        limits: RowLimits {
+            max_payload_bytes: config.outbox.max_payload_bytes,
+        },
+        flavor: server.flavor,
+    });
+    let (items_tx, items_rx) = mpsc::channel(CHANNEL_CAPACITY);
+    let reader_cancel = cancel.child_token();
+    let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
+
+    let (done_tx, done_rx) = mpsc::channel(CHANNEL_CAPACITY);
+    let shard_cancel = CancellationToken::new();
+    let shard_options = ShardOptions {
+        retry: RetryPolicy::from_config(&config.retry),
+        ..ShardOptions::default()
+    };
+    let mut shard_inputs = Vec::with_capacity(config.relay.shards);
+    let mut shard_tasks = Vec::with_capacity(config.relay.shards);
+    for _ in 0..config.relay.shards {
+        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
+        shard_inputs.push(tx);
+        shard_tasks.push(tokio::spawn(run_shard(
+            Arc::clone(&sink),
+            rx,
+            done_tx.clone(),
+            shard_options.clone(),
+            shard_cancel.clone(),
+        )));
+    }
+    let marker_task = tokio::spawn(run_marker(pool.clone(), done_rx, Arc::clone(&watermark)));
+    let checkpoint_stop = CancellationToken::new();
+    let checkpoint_task = tokio::spawn(checkpointer::run(
+        Arc::clone(&watermark),
+        Arc::clone(&store),
+        mirror,
+        pool.clone(),
+        options.checkpoint.clone(),
+        checkpoint_stop.clone(),
+    ));
+
+    let dispatched = dispatch::run(
+        items_rx,
+        Router::new(config.relay.shards),
+        shard_inputs,
+        done_tx,
+        Arc::clone(&watermark),
+    )
+    .await;
+
+    // The reader stopped (cancelled or failed). Let the shards drain, within the timeout.
+    let reader_result = reader_task.await?;
+    let drain = async {
+        for task in shard_tasks {
+            let _ = task.await;
+        }
+    };
+    if tokio::time::timeout(options.drain_timeout, drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!(timeout = ?options.drain_timeout,
+            "in-flight events did not finish before the drain timeout; they will be sent again after restart");
+        shard_cancel.cancel();
+    }
+    let marked = marker_task.await?;
+    checkpoint_stop.cancel();
+    let checkpoint = checkpoint_task.await??;
+    pool.disconnect().await?;
+    reader_result?;
+    Ok(RunSummary {
+        marked,
+        checkpoint,
+        unidentifiable: dispatched.unidentifiable,
+    })
+}
+
+/// `run --dry-run`: reads from the checkpoint (or the current end) and prints each decoded event
+/// as a JSON line; sends, marks and saves nothing.
+pub async fn dry_run(config: &Config, cancel: CancellationToken) -> anyhow::Result<()> {
+    use crate::binlog::BinlogItem;
+    let opts = crate::db::opts(config)?;
+    let tables = qualified_tables(config)?;
+    let server = check_server(&opts, &tables).await?;
+    let start = match crate::checkpoint::SledStore::open(&config.relay.checkpoint_dir)
+        .ok()
+        .and_then(|s| s.load().ok().flatten())
+    {
+        Some(position) => position,
+        None => server.current.clone(),
+    };
+    eprintln!("dry run from {start}; Ctrl-C to stop");
+    let reader = BinlogReader::new(ReaderOptions {
+        opts,
+        server_id: config.mysql.server_id,
+        heartbeat: config.mysql.heartbeat,
+        tables,
+        limits: RowLimits {
+            max_payload_bytes: config.outbox.max_payload_bytes,
+        },
+        flavor: server.flavor,
+    });
+    let (tx, mut rx) = mpsc::channel(CHANNEL_CAPACITY);
+    let task = tokio::spawn(reader.run(start, tx, cancel));
+    while let Some(item) = rx.recv().await {
+        let line = match item {
+            BinlogItem::Row(crate::binlog::DecodedRow::Event(e)) => serde_json::json!({
+                "table": e.table.to_string(), "id": e.id, "event_id": e.event_id, "biz_key": e.biz_key,
+                "topic": e.topic, "tags": e.tags, "headers": e.headers, "payload": e.payload,
+            }),
+            BinlogItem::Row(crate::binlog::DecodedRow::Problem(p)) => serde_json::json!({
+                "table": p.table.to_string(), "id": p.id, "event_id": p.event_id, "would_fail": p.reason,
+            }),
+            BinlogItem::TxEnd(end) => {
+                serde_json::json!({ "commit": end.file, "end_pos": end.end_pos })
+            }
+            _ => continue,
+        };
+        println!("{line}");
+    }
+    task.await??;
+    Ok(())
+}

@@ -1,0 +1,65 @@
+//! Sending: per-shard ordered senders that publish events through a [`Sink`] and report each
+//! event's final outcome.
+//!
+//! Guarantees: only a `SEND_OK` from the broker makes an event `Sent`; every other answer or
+//! error is retried (if retryable, with backoff, holding back the rest of the shard so a key's
+//! order is kept) or ends `Failed` with the reason. An event is reported exactly once.
+
+mod client_host;
+pub mod rocketmq;
+pub mod shard;
+
+pub use client_host::ClientHost;
+pub use rocketmq::RocketMqSink;
+pub use shard::{run_shard, Completion, Outcome, ShardEvent, ShardOptions};
+
+use std::future::Future;
+
+/// One message to publish, built from an outbox row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboundMessage {
+    pub event_id: String,
+    pub biz_key: String,
+    pub topic: String,
+    pub tags: Option<String>,
+    pub headers: Vec<(String, String)>,
+    pub payload: String,
+}
+
+/// Why a send did not end in `SEND_OK`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// Worth retrying: timeouts (the message may be stored; consumers de-duplicate), flush/slave
+    /// statuses, broker or name server unavailable.
+    #[error("retryable: {0}")]
+    Retryable(String),
+    /// Retrying cannot help: no such topic, message too large, malformed message.
+    #[error("rejected: {0}")]
+    Rejected(String),
+}
+
+impl SendError {
+    /// The reason without the class prefix.
+    pub fn reason(&self) -> &str {
+        match self {
+            SendError::Retryable(r) | SendError::Rejected(r) => r,
+        }
+    }
+}
+
+/// Where events are published. The seam between the pipeline and the broker client.
+///
+/// Guarantee of an implementation: `send` returns `Ok` only when the broker acknowledged every
+/// message of the batch with `SEND_OK`, with one message id per message, in order.
+pub trait Sink: Send + Sync + 'static {
+    /// How many write queues `topic` has (implementations cache the route).
+    fn queue_count(&self, topic: &str) -> impl Future<Output = Result<usize, SendError>> + Send;
+
+    /// Publishes `messages` (all of `topic`) to the queue at `queue_index`, in order.
+    fn send(
+        &self,
+        topic: &str,
+        queue_index: usize,
+        messages: &[OutboundMessage],
+    ) -> impl Future<Output = Result<Vec<String>, SendError>> + Send;
+}

@@ -1,0 +1,269 @@
+//! The RocketMQ sink: synchronous sends to an explicit queue with `rocketmq-client-rust` 1.0.
+//!
+//! Guarantee: `Ok` only for `SEND_OK` (the client returns `FLUSH_DISK_TIMEOUT`,
+//! `FLUSH_SLAVE_TIMEOUT` and `SLAVE_NOT_AVAILABLE` as successes; here they are retryable errors).
+//! Every message carries KEYS = `event_id biz_key`, the user properties `event_id` and `biz_key`,
+//! its tags and its headers.
+
+use super::{ClientHost, OutboundMessage, SendError, Sink};
+use crate::config::RocketMqConfig;
+use rocketmq_client_rust::{
+    ClientError, DefaultMQProducer, MQClientException, SendResult, SendStatus,
+};
+use rocketmq_model::common::message::message_queue::MessageQueue;
+use rocketmq_model::common::message::message_single::Message;
+use rocketmq_model::common::message::MessageTrait;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// How long a topic's queue list is trusted before it is fetched again.
+const ROUTE_TTL: Duration = Duration::from_secs(30);
+/// After this many consecutive "broker unavailable" errors the producer is rebuilt: the client
+/// keeps a per-address circuit breaker open for 30 s after 5 failed connects, even once the
+/// broker is back; a fresh client connects at once.
+const REBUILD_AFTER_UNAVAILABLE: u32 = 3;
+
+/// See the module documentation.
+pub struct RocketMqSink {
+    host: ClientHost,
+    config: RocketMqConfig,
+    namesrv: String,
+    producer: RwLock<DefaultMQProducer>,
+    routes: Mutex<HashMap<String, (Vec<MessageQueue>, Instant)>>,
+    unavailable_in_a_row: AtomicU32,
+}
+
+impl RocketMqSink {
+    /// Starts a producer for `config` (its `namesrv_addr` is required).
+    pub async fn start(config: &RocketMqConfig) -> anyhow::Result<Self> {
+        let namesrv = config
+            .namesrv_addr
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("`rocketmq.namesrv_addr` is required to send"))?;
+        let host = ClientHost::new("outbox-relay-mq")?;
+        let producer = start_producer(&host, config, &namesrv).await?;
+        Ok(RocketMqSink {
+            host,
+            config: config.clone(),
+            namesrv,
+            producer: RwLock::new(producer),
+            routes: Mutex::new(HashMap::new()),
+            unavailable_in_a_row: AtomicU32::new(0),
+        })
+    }
+
+    fn producer(&self) -> DefaultMQProducer {
+        self.producer.read().expect("not poisoned").clone()
+    }
+
+    async fn route(&self, topic: &str) -> Result<Vec<MessageQueue>, SendError> {
+        if let Some((queues, at)) = self.routes.lock().expect("not poisoned").get(topic) {
+            if at.elapsed() < ROUTE_TTL {
+                return Ok(queues.clone());
+            }
+        }
+        let mut producer = self.producer();
+        let owned = topic.to_string();
+        let fetched = self
+            .host
+            .run(async move { producer.fetch_publish_message_queues(&owned).await })
+            .await
+            .map_err(|e| SendError::Retryable(e.to_string()))?;
+        let queues = fetched.map_err(|e| self.classify(&e))?;
+        if queues.is_empty() {
+            return Err(SendError::Rejected(format!(
+                "topic {topic} has no writable queue"
+            )));
+        }
+        self.routes
+            .lock()
+            .expect("not poisoned")
+            .insert(topic.to_string(), (queues.clone(), Instant::now()));
+        Ok(queues)
+    }
+
+    /// Maps a client error to retryable or not, and rebuilds the producer when the broker has
+    /// looked unavailable several times in a row.
+    fn classify(&self, error: &ClientError) -> SendError {
+        let class = error.descriptor().class().as_str().to_string();
+        let code = error.descriptor().code().as_str().to_string();
+        let client_code = error
+            .source_ref::<MQClientException>()
+            .map(MQClientException::response_code);
+        let text = format!("{code} ({class}): {error}");
+        if class == "unavailable" {
+            self.unavailable_in_a_row.fetch_add(1, Ordering::Relaxed);
+        }
+        match (class.as_str(), client_code, error.broker_response_code()) {
+            (_, Some(17), _) | (_, _, Some(17)) => {
+                SendError::Rejected(format!("no such topic: {text}"))
+            }
+            (_, Some(13), _) | (_, _, Some(13)) => {
+                SendError::Rejected(format!("message too large or malformed: {text}"))
+            }
+            ("validation", _, _) => SendError::Rejected(text),
+            _ => SendError::Retryable(text),
+        }
+    }
+
+    async fn rebuild_if_stuck(&self) {
+        if self.unavailable_in_a_row.load(Ordering::Relaxed) < REBUILD_AFTER_UNAVAILABLE {
+            return;
+        }
+        self.unavailable_in_a_row.store(0, Ordering::Relaxed);
+        match start_producer(&self.host, &self.config, &self.namesrv).await {
+            Ok(fresh) => {
+                let mut old =
+                    std::mem::replace(&mut *self.producer.write().expect("not poisoned"), fresh);
+                let _ = self.host.run(async move { old.shutdown().await }).await;
+                self.routes.lock().expect("not poisoned").clear();
+                tracing::info!("rebuilt the RocketMQ producer after repeated connection failures");
+            }
+            Err(e) => tracing::warn!(error = %e, "could not rebuild the RocketMQ producer"),
+        }
+    }
+
+    /// Stops the producer and the client runtime.
+    pub async fn shutdown(self) {
+        let mut producer = self.producer();
+        let _ = self
+            .host
+            .run(async move { producer.shutdown().await })
+            .await;
+        tokio::task::spawn_blocking(move || drop(self.host))
+            .await
+            .ok();
+    }
+}
+
+async fn start_producer(
+    host: &ClientHost,
+    config: &RocketMqConfig,
+    namesrv: &str,
+) -> anyhow::Result<DefaultMQProducer> {
+    let timeout_ms = u32::try_from(config.send_timeout.as_millis()).unwrap_or(u32::MAX);
+    let producer = DefaultMQProducer::builder(host.client_runtime())
+        .producer_group(config.producer_group.as_str())
+        .name_server_addr(namesrv)
+        .send_msg_timeout(timeout_ms)
+        .build();
+    let mut starting = producer.clone();
+    host.run(async move { starting.start().await })
+        .await?
+        .map_err(|e| {
+            anyhow::anyhow!("cannot start the RocketMQ producer (namesrv {namesrv}): {e}")
+        })?;
+    Ok(producer)
+}
+
+/// The broker message for `m`.
+fn build_message(m: &OutboundMessage) -> Result<Message, SendError> {
+    let mut builder = Message::builder()
+        .topic(m.topic.as_str())
+        .body(m.payload.clone().into_bytes())
+        .keys(vec![m.event_id.clone(), m.biz_key.clone()]);
+    if let Some(tags) = &m.tags {
+        builder = builder.tags(tags.as_str());
+    }
+    let mut message = builder
+        .build()
+        .map_err(|e| SendError::Rejected(format!("malformed message: {e}")))?;
+    let properties = [
+        ("event_id", m.event_id.as_str()),
+        ("biz_key", m.biz_key.as_str()),
+    ]
+    .into_iter()
+    .chain(m.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    for (name, value) in properties {
+        message
+            .put_user_property(name.to_string().into(), value.to_string().into())
+            .map_err(|e| SendError::Rejected(format!("property {name:?} refused: {e}")))?;
+    }
+    Ok(message)
+}
+
+/// `SEND_OK` → one id per message; any other status → retryable.
+fn accept(result: SendResult, count: usize) -> Result<Vec<String>, SendError> {
+    if result.send_status != SendStatus::SendOk {
+        return Err(SendError::Retryable(format!(
+            "broker answered {:?}, not SEND_OK",
+            result.send_status
+        )));
+    }
+    let ids: Vec<String> = result
+        .msg_id
+        .map(|ids| ids.as_str().split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    if ids.len() == count {
+        return Ok(ids);
+    }
+    // No per-message ids (should not happen): fall back to the broker's offset id, suffixed.
+    let base = result.offset_msg_id.unwrap_or_else(|| "unknown".into());
+    Ok((0..count)
+        .map(|i| {
+            if count == 1 {
+                base.clone()
+            } else {
+                format!("{base}#{i}")
+            }
+        })
+        .collect())
+}
+
+impl Sink for RocketMqSink {
+    async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {
+        self.route(topic).await.map(|queues| queues.len())
+    }
+
+    async fn send(
+        &self,
+        topic: &str,
+        queue_index: usize,
+        messages: &[OutboundMessage],
+    ) -> Result<Vec<String>, SendError> {
+        self.rebuild_if_stuck().await;
+        let queues = self.route(topic).await?;
+        let queue = queues.get(queue_index).cloned().ok_or_else(|| {
+            SendError::Retryable(format!(
+                "topic {topic} has fewer queues than before; re-routing"
+            ))
+        })?;
+        let built = messages
+            .iter()
+            .map(build_message)
+            .collect::<Result<Vec<_>, _>>()?;
+        let count = built.len();
+        let producer = self.producer();
+        let outcome = self
+            .host
+            .run(async move {
+                if count == 1 {
+                    let message = built.into_iter().next().expect("one message");
+                    producer.send_to_queue(message, queue).await
+                } else {
+                    producer.send_batch_to_queue(built, queue).await.map(Some)
+                }
+            })
+            .await
+            .map_err(|e| SendError::Retryable(e.to_string()))?;
+        match outcome {
+            Ok(Some(result)) => {
+                self.unavailable_in_a_row.store(0, Ordering::Relaxed);
+                accept(result, count)
+            }
+            Ok(None) => Err(SendError::Retryable(
+                "the client returned no send result".into(),
+            )),
+            Err(error) => {
+                let classified = self.classify(&error);
+                if matches!(classified, SendError::Rejected(_)) {
+                    // A changed route may explain it; look again next time.
+                    self.routes.lock().expect("not poisoned").remove(topic);
+                }
+                Err(classified)
+            }
+        }
+    }
+}

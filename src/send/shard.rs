@@ -1,0 +1,274 @@
+//! One ordered sender: takes events of its shard in binlog order, batches consecutive events
+//! bound for the same queue, sends, retries, and reports each event's outcome in order.
+
+use super::{OutboundMessage, SendError, Sink};
+use crate::binlog::OutboxRow;
+use crate::checkpoint::TxSeq;
+use crate::config::TableName;
+use crate::retry::RetryPolicy;
+use crate::route::{index_for, java_string_hash};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// An event routed to a shard.
+#[derive(Debug, Clone)]
+pub struct ShardEvent {
+    pub seq: TxSeq,
+    pub row: OutboxRow,
+    /// `java_string_hash(row.biz_key)`, computed once by the router.
+    pub key_hash: i32,
+}
+
+impl ShardEvent {
+    pub fn new(seq: TxSeq, row: OutboxRow) -> Self {
+        let key_hash = java_string_hash(&row.biz_key);
+        ShardEvent { seq, row, key_hash }
+    }
+}
+
+/// How an event ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The broker answered `SEND_OK`; its message id.
+    Sent { msg_id: String },
+    /// Given up: the reason and how many attempts were made.
+    Failed { reason: String, attempts: u32 },
+}
+
+/// The final outcome of one event, for the SENT/FAILED marker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    pub seq: TxSeq,
+    pub table: Arc<TableName>,
+    pub id: u64,
+    pub event_id: String,
+    pub outcome: Outcome,
+}
+
+/// Tuning of a shard.
+#[derive(Debug, Clone)]
+pub struct ShardOptions {
+    pub retry: RetryPolicy,
+    /// Most messages in one batch send.
+    pub max_batch: usize,
+    /// Most payload bytes in one batch send.
+    pub max_batch_bytes: usize,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions {
+            retry: RetryPolicy {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(300),
+                max_retries: Some(8),
+            },
+            max_batch: 64,
+            max_batch_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// Runs one shard until its input closes (and is drained) or `cancel` fires. Outcomes go to
+/// `done` in the shard's order. A cancelled shard stops between sends; unreported events stay
+/// unacknowledged, so the checkpoint does not pass them.
+pub async fn run_shard<S: Sink>(
+    sink: Arc<S>,
+    mut input: mpsc::Receiver<ShardEvent>,
+    done: mpsc::Sender<Completion>,
+    options: ShardOptions,
+    cancel: CancellationToken,
+) {
+    let mut held: Option<ShardEvent> = None;
+    loop {
+        let first = match held.take() {
+            Some(event) => event,
+            None => tokio::select! {
+                _ = cancel.cancelled() => return,
+                e = input.recv() => match e { Some(e) => e, None => return },
+            },
+        };
+        let queue = match resolve_queue(&*sink, &first, &options, &cancel).await {
+            Ok(queue) => queue,
+            Err(Stop::Cancelled) => return,
+            Err(Stop::Failed(outcome)) => {
+                if report(&done, first, outcome).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        // Add the events already waiting that go to the same topic and queue; the first that
+        // does not is held for the next round, so the shard's order is kept.
+        let mut bytes = first.row.payload.len();
+        let mut batch = vec![first];
+        while batch.len() < options.max_batch && bytes < options.max_batch_bytes {
+            let Ok(next) = input.try_recv() else { break };
+            let fits = bytes + next.row.payload.len() <= options.max_batch_bytes;
+            if fits
+                && next.row.topic == batch[0].row.topic
+                && queue_of(&*sink, &next).await == Some(queue)
+            {
+                bytes += next.row.payload.len();
+                batch.push(next);
+            } else {
+                held = Some(next);
+                break;
+            }
+        }
+        if send_batch(&*sink, batch, queue, &options, &done, &cancel)
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// The queue of `event` if its topic's route is known.
+async fn queue_of<S: Sink>(sink: &S, event: &ShardEvent) -> Option<usize> {
+    let n = sink.queue_count(&event.row.topic).await.ok()?;
+    (n > 0).then(|| index_for(event.key_hash, n))
+}
+
+enum Stop {
+    Cancelled,
+    Failed(Outcome),
+}
+
+/// The queue index of `event`, retrying route look-ups that fail for a retryable reason.
+async fn resolve_queue<S: Sink>(
+    sink: &S,
+    event: &ShardEvent,
+    options: &ShardOptions,
+    cancel: &CancellationToken,
+) -> Result<usize, Stop> {
+    let mut retries = 0;
+    loop {
+        match sink.queue_count(&event.row.topic).await {
+            Ok(n) if n > 0 => return Ok(index_for(event.key_hash, n)),
+            Ok(_) => {
+                return Err(Stop::Failed(failed(
+                    format!("topic {} has no writable queue", event.row.topic),
+                    retries + 1,
+                )))
+            }
+            Err(SendError::Rejected(reason)) => {
+                return Err(Stop::Failed(failed(reason, retries + 1)))
+            }
+            Err(SendError::Retryable(reason)) => {
+                retries += 1;
+                match options.retry.delay(retries) {
+                    Some(delay) => {
+                        tracing::warn!(topic = %event.row.topic, %reason, retry = retries, ?delay, "route look-up failed; retrying");
+                        wait(delay, cancel).await.map_err(|_| Stop::Cancelled)?;
+                    }
+                    None => {
+                        let reason = format!("gave up after {} retries: {reason}", retries - 1);
+                        return Err(Stop::Failed(failed(reason, retries)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn failed(reason: String, attempts: u32) -> Outcome {
+    Outcome::Failed { reason, attempts }
+}
+
+async fn wait(delay: Duration, cancel: &CancellationToken) -> Result<(), ()> {
+    tokio::select! {
+        _ = cancel.cancelled() => Err(()),
+        _ = tokio::time::sleep(delay) => Ok(()),
+    }
+}
+
+async fn report(
+    done: &mpsc::Sender<Completion>,
+    event: ShardEvent,
+    outcome: Outcome,
+) -> Result<(), ()> {
+    if let Outcome::Failed { reason, attempts } = &outcome {
+        tracing::error!(event_id = %event.row.event_id, table = %event.row.table, id = event.row.id,
+            %reason, attempts, "event FAILED");
+    }
+    done.send(Completion {
+        seq: event.seq,
+        table: event.row.table,
+        id: event.row.id,
+        event_id: event.row.event_id,
+        outcome,
+    })
+    .await
+    .map_err(|_| ())
+}
+
+fn message(row: &OutboxRow) -> OutboundMessage {
+    OutboundMessage {
+        event_id: row.event_id.clone(),
+        biz_key: row.biz_key.clone(),
+        topic: row.topic.clone(),
+        tags: row.tags.clone(),
+        headers: row.headers.clone(),
+        payload: row.payload.clone(),
+    }
+}
+
+/// Sends `batch` until every event has an outcome. A batch the broker rejects as a whole is
+/// split and sent one by one, so one poison message does not fail its neighbours.
+async fn send_batch<S: Sink>(
+    sink: &S,
+    batch: Vec<ShardEvent>,
+    queue: usize,
+    options: &ShardOptions,
+    done: &mpsc::Sender<Completion>,
+    cancel: &CancellationToken,
+) -> Result<(), ()> {
+    let messages: Vec<OutboundMessage> = batch.iter().map(|e| message(&e.row)).collect();
+    let topic = batch[0].row.topic.clone();
+    let mut retries = 0u32;
+    loop {
+        match sink.send(&topic, queue, &messages).await {
+            Ok(ids) => {
+                for (event, msg_id) in batch.into_iter().zip(ids) {
+                    report(done, event, Outcome::Sent { msg_id }).await?;
+                }
+                return Ok(());
+            }
+            Err(SendError::Rejected(reason)) if batch.len() > 1 => {
+                tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
+                for event in batch {
+                    Box::pin(send_batch(sink, vec![event], queue, options, done, cancel)).await?;
+                }
+                return Ok(());
+            }
+            Err(SendError::Rejected(reason)) => {
+                let event = batch.into_iter().next().expect("one event");
+                return report(done, event, failed(reason, retries + 1)).await;
+            }
+            Err(SendError::Retryable(reason)) => {
+                retries += 1;
+                match options.retry.delay(retries) {
+                    Some(delay) => {
+                        tracing::warn!(%topic, queue, %reason, retry = retries, ?delay, size = messages.len(),
+                            "send not acknowledged; retrying");
+                        wait(delay, cancel).await?;
+                    }
+                    None => {
+                        let reason = format!("gave up after {} retries: {reason}", retries - 1);
+                        for event in batch {
+                            report(done, event, failed(reason.clone(), retries)).await?;
+                        }
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,273 @@
+//! The shard sender against a scripted sink: what counts as sent, retries, order, batching.
+
+use super::*;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+type Answer = Result<(), SendError>;
+
+/// A sink whose answers are scripted; records every send.
+#[derive(Default)]
+struct ScriptedSink {
+    queues: HashMap<String, usize>,
+    answers: Mutex<VecDeque<Answer>>,
+    /// (topic, queue, event ids) of every send.
+    calls: Mutex<Vec<(String, usize, Vec<String>)>>,
+    /// Event ids rejected whenever they are in a send.
+    poison: Vec<String>,
+}
+
+impl ScriptedSink {
+    fn new(answers: Vec<Answer>) -> Self {
+        ScriptedSink {
+            queues: HashMap::from([("t".to_string(), 4), ("u".to_string(), 4)]),
+            answers: Mutex::new(answers.into()),
+            ..Default::default()
+        }
+    }
+
+    fn calls(&self) -> Vec<(String, usize, Vec<String>)> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Sink for ScriptedSink {
+    async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {
+        self.queues
+            .get(topic)
+            .copied()
+            .ok_or_else(|| SendError::Rejected(format!("no such topic {topic}")))
+    }
+
+    async fn send(
+        &self,
+        topic: &str,
+        queue: usize,
+        messages: &[OutboundMessage],
+    ) -> Result<Vec<String>, SendError> {
+        let ids: Vec<String> = messages.iter().map(|m| m.event_id.clone()).collect();
+        self.calls
+            .lock()
+            .unwrap()
+            .push((topic.into(), queue, ids.clone()));
+        if ids.iter().any(|id| self.poison.contains(id)) {
+            return Err(SendError::Rejected("message too large".into()));
+        }
+        match self.answers.lock().unwrap().pop_front().unwrap_or(Ok(())) {
+            Ok(()) => Ok(ids.iter().map(|id| format!("msg-{id}")).collect()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn event(seq: u64, id: u64, key: &str, topic: &str) -> ShardEvent {
+    ShardEvent::new(
+        seq,
+        OutboxRow {
+            table: Arc::new(TableName::parse("outbox_event").unwrap()),
+            id,
+            event_id: format!("e{id}"),
+            biz_key: key.into(),
+            topic: topic.into(),
+            tags: None,
+            headers: vec![],
+            payload: "{}".into(),
+        },
+    )
+}
+
+/// Feeds `events` (all queued before the shard starts) and collects the completions.
+async fn run(
+    sink: Arc<ScriptedSink>,
+    events: Vec<ShardEvent>,
+    options: ShardOptions,
+) -> Vec<Completion> {
+    let (tx, rx) = mpsc::channel(100);
+    let (done_tx, mut done_rx) = mpsc::channel(100);
+    for e in events {
+        tx.send(e).await.unwrap();
+    }
+    drop(tx);
+    run_shard(sink, rx, done_tx, options, CancellationToken::new()).await;
+    let mut out = Vec::new();
+    while let Some(c) = done_rx.recv().await {
+        out.push(c);
+    }
+    out
+}
+
+fn outcomes(done: &[Completion]) -> Vec<(String, Outcome)> {
+    done.iter()
+        .map(|c| (c.event_id.clone(), c.outcome.clone()))
+        .collect()
+}
+
+fn sent(id: &str) -> Outcome {
+    Outcome::Sent {
+        msg_id: format!("msg-{id}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn flush_slave_timeout_and_timeouts_are_retried_never_taken_as_sent() {
+    let sink = Arc::new(ScriptedSink::new(vec![
+        Err(SendError::Retryable(
+            "broker answered FlushSlaveTimeout, not SEND_OK".into(),
+        )),
+        Err(SendError::Retryable(
+            "transport.response.timeout (timeout)".into(),
+        )),
+        Ok(()),
+    ]));
+    let started = tokio::time::Instant::now();
+    let done = run(
+        Arc::clone(&sink),
+        vec![event(0, 1, "k", "t")],
+        ShardOptions::default(),
+    )
+    .await;
+    assert_eq!(outcomes(&done), vec![("e1".into(), sent("e1"))]);
+    assert_eq!(
+        sink.calls().len(),
+        3,
+        "sent again after each unacknowledged answer"
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(1 + 2),
+        "backoff 1 s then 2 s"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retryable_errors_end_failed_after_max_retry() {
+    let answers = (0..20)
+        .map(|_| Err(SendError::Retryable("broker unavailable".into())))
+        .collect();
+    let sink = Arc::new(ScriptedSink::new(answers));
+    let done = run(
+        Arc::clone(&sink),
+        vec![event(0, 1, "k", "t")],
+        ShardOptions::default(),
+    )
+    .await;
+    match &done[0].outcome {
+        Outcome::Failed { reason, attempts } => {
+            assert_eq!(*attempts, 9, "the first attempt and 8 retries");
+            assert!(
+                reason.contains("gave up after 8 retries") && reason.contains("broker unavailable"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(sink.calls().len(), 9, "the first attempt and 8 retries");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_batch_is_split_so_only_the_poison_event_fails_and_order_holds() {
+    let mut sink = ScriptedSink::new(vec![]);
+    sink.poison = vec!["e2".into()];
+    let sink = Arc::new(sink);
+    let events = vec![
+        event(0, 1, "k", "t"),
+        event(0, 2, "k", "t"),
+        event(1, 3, "k", "t"),
+    ];
+    let done = run(Arc::clone(&sink), events, ShardOptions::default()).await;
+    let got = outcomes(&done);
+    assert_eq!(got[0], ("e1".into(), sent("e1")));
+    assert!(matches!(&got[1].1, Outcome::Failed { reason, .. } if reason.contains("too large")));
+    assert_eq!(got[2], ("e3".into(), sent("e3")));
+    assert_eq!(
+        sink.calls()[0].2,
+        vec!["e1", "e2", "e3"],
+        "first tried as one batch"
+    );
+}
+
+#[tokio::test]
+async fn consecutive_events_for_one_queue_are_batched_and_others_keep_their_turn() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    // "a" and "b" hash to different queues of 4; "u" is another topic.
+    let qa = index_for(java_string_hash("a"), 4);
+    let qb = index_for(java_string_hash("b"), 4);
+    assert_ne!(qa, qb);
+    let events = vec![
+        event(0, 1, "a", "t"),
+        event(0, 2, "a", "t"),
+        event(0, 3, "b", "t"),
+        event(1, 4, "a", "u"),
+        event(1, 5, "a", "u"),
+    ];
+    let done = run(Arc::clone(&sink), events, ShardOptions::default()).await;
+    let ids: Vec<String> = done.iter().map(|c| c.event_id.clone()).collect();
+    assert_eq!(
+        ids,
+        vec!["e1", "e2", "e3", "e4", "e5"],
+        "reported in shard order"
+    );
+    let calls = sink.calls();
+    assert_eq!(
+        calls,
+        vec![
+            ("t".into(), qa, vec!["e1".into(), "e2".into()]),
+            ("t".into(), qb, vec!["e3".into()]),
+            ("u".into(), qa, vec!["e4".into(), "e5".into()]),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_topic_fails_its_event_and_the_next_one_flows() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    let done = run(
+        Arc::clone(&sink),
+        vec![event(0, 1, "k", "nope"), event(0, 2, "k", "t")],
+        ShardOptions::default(),
+    )
+    .await;
+    assert!(
+        matches!(&done[0].outcome, Outcome::Failed { reason, .. } if reason.contains("no such topic"))
+    );
+    assert_eq!(done[1].outcome, sent("e2"));
+}
+
+#[tokio::test]
+async fn batches_respect_the_size_limits() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    let events = (1..=10).map(|i| event(0, i, "a", "t")).collect();
+    let options = ShardOptions {
+        max_batch: 4,
+        ..ShardOptions::default()
+    };
+    run(Arc::clone(&sink), events, options).await;
+    let sizes: Vec<usize> = sink.calls().iter().map(|c| c.2.len()).collect();
+    assert_eq!(sizes, vec![4, 4, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancellation_during_backoff_reports_nothing_for_the_unsent_event() {
+    let answers = (0..20)
+        .map(|_| Err(SendError::Retryable("down".into())))
+        .collect();
+    let sink = Arc::new(ScriptedSink::new(answers));
+    let (tx, rx) = mpsc::channel(10);
+    let (done_tx, mut done_rx) = mpsc::channel(10);
+    tx.send(event(0, 1, "k", "t")).await.unwrap();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run_shard(
+        sink,
+        rx,
+        done_tx,
+        ShardOptions::default(),
+        cancel.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cancel.cancel();
+    task.await.unwrap();
+    assert!(
+        done_rx.recv().await.is_none(),
+        "an unacknowledged event is never reported"
+    );
+}
