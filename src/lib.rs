@@ -12,6 +12,7 @@
 #![recursion_limit = "256"]
 
 pub mod config;
+pub mod consumer;
 pub mod db;
 pub mod devenv;
 pub mod producer;

@@ -1,6 +1,7 @@
 //! Subcommands and the flags every subcommand shares.
 
 mod config_cmd;
+mod consume;
 mod demo;
 mod dev;
 mod migrate;
@@ -104,6 +105,8 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Local MariaDB + RocketMQ for development (`dev up`).
     Dev(dev::DevArgs),
+    /// Example idempotent consumer: settles the demo's OrderPaid events, prints each outcome.
+    Consume(consume::ConsumeArgs),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -112,5 +115,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Config(args) => config_cmd::run(&cli.global, args),
         Command::Demo(args) => demo::run(&cli.global, args).await,
         Command::Dev(args) => dev::run(&cli.global, args).await,
+        Command::Consume(args) => consume::run(&cli.global, args).await,
     }
 }

@@ -35,6 +35,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(2, "0002_event_dedup"),
     migration!(3, "0003_outbox_audit"),
     migration!(4, "0004_relay_state"),
+    migration!(5, "0005_consumer_quarantine"),
 ];
 
 /// The table every configured outbox table is shaped like.

@@ -2,6 +2,9 @@
 //! use, killed when the binary exits), and a fresh database per test.
 #![allow(dead_code)]
 
+pub mod ledger;
+pub mod rocketmq;
+
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
 use outbox_relay::config::{Config, TableName};
@@ -57,5 +60,21 @@ impl TestDb {
             .await
             .expect("count")
             .unwrap_or_default()
+    }
+}
+
+/// Polls `condition` every 20 ms until it holds; panics naming `what` after `timeout`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: std::time::Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    while !condition().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
