@@ -54,8 +54,6 @@ struct SettleOrderPaid {
 
 #[derive(serde::Deserialize)]
 struct OrderPaid {
-    #[serde(rename = "type")]
-    kind: String,
     order_id: u64,
     amount_cents: i64,
 }
@@ -66,16 +64,16 @@ impl Handler for SettleOrderPaid {
         event: &ConsumedEvent,
         tx: &mut Transaction<'static>,
     ) -> anyhow::Result<Outcome> {
-        let paid: OrderPaid = match event.json() {
-            Ok(paid) => paid,
-            Err(e) => return Ok(Outcome::Reject(format!("not an OrderPaid payload: {e}"))),
-        };
-        if paid.kind != "OrderPaid" {
+        if event.event_type.as_deref() != Some("OrderPaid") {
             return Ok(Outcome::Reject(format!(
                 "unknown event type {:?}",
-                paid.kind
+                event.event_type.as_deref().unwrap_or("(none)")
             )));
         }
+        let paid: OrderPaid = match event.json() {
+            Ok(paid) => paid,
+            Err(e) => return Ok(Outcome::Reject(format!("malformed OrderPaid payload: {e}"))),
+        };
         match self.guard.apply(tx, paid.order_id, "SETTLED").await? {
             Transition::Apply => {
                 let event_id = event.dedup_key().unwrap_or_default();

@@ -2,6 +2,7 @@
 //! effect; no unique key, so a duplicate effect would show as a second row). Failures can be
 //! planned per event, and a gate can hold the first attempt inside its transaction.
 
+use super::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::Transaction;
 use outbox_relay::consumer::{ConsumedEvent, Handler, Outcome};
@@ -19,6 +20,17 @@ pub const LEDGER_DDL: &str = "CREATE TABLE ledger (
     seq        BIGINT       NULL,
     handled_by VARCHAR(32)  NOT NULL
   ) ENGINE = InnoDB";
+
+/// A migrated test database with the `ledger` table.
+pub async fn ledger_db(prefix: &str) -> TestDb {
+    let db = TestDb::migrated(prefix).await;
+    db.conn()
+        .await
+        .query_drop(LEDGER_DDL)
+        .await
+        .expect("ledger table");
+    db
+}
 
 /// How a planned failure shows itself, after the business row was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,4 +170,29 @@ impl Handler for Ledger {
         }
         Ok(Outcome::Success)
     }
+}
+
+/// Waits until some transaction is blocked on a row lock (e.g. a second attempt at a dedup key
+/// held by an attempt parked at a [`Gate`]).
+///
+/// Polls every 150 ms: InnoDB refreshes its `information_schema` transaction tables only when
+/// they were not read for 100 ms, so faster polling keeps showing the first snapshot forever.
+pub async fn wait_for_lock_wait(db: &TestDb, timeout: std::time::Duration) {
+    super::wait_until_every(
+        "a transaction waiting for a row lock",
+        timeout,
+        std::time::Duration::from_millis(150),
+        || async {
+            let waiting: Option<u64> = db
+                .conn()
+                .await
+                .query_first(
+                    "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'",
+                )
+                .await
+                .expect("INNODB_TRX");
+            waiting.unwrap_or(0) > 0
+        },
+    )
+    .await;
 }

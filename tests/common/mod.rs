@@ -64,8 +64,27 @@ impl TestDb {
 }
 
 /// Polls `condition` every 20 ms until it holds; panics naming `what` after `timeout`.
-pub async fn wait_until<F, Fut>(what: &str, timeout: std::time::Duration, mut condition: F)
+pub async fn wait_until<F, Fut>(what: &str, timeout: std::time::Duration, condition: F)
 where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    wait_until_every(
+        what,
+        timeout,
+        std::time::Duration::from_millis(20),
+        condition,
+    )
+    .await
+}
+
+/// [`wait_until`] polling every `period`.
+pub async fn wait_until_every<F, Fut>(
+    what: &str,
+    timeout: std::time::Duration,
+    period: std::time::Duration,
+    mut condition: F,
+) where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
@@ -75,6 +94,6 @@ where
             std::time::Instant::now() < deadline,
             "timed out after {timeout:?} waiting for {what}"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(period).await;
     }
 }
