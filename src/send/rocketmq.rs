@@ -8,7 +8,8 @@
 use super::{ClientHost, OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
 use rocketmq_client_rust::{
-    ClientError, DefaultMQProducer, MQClientException, SendResult, SendStatus,
+    ClientError, DefaultMQAdminExt, DefaultMQProducer, MQClientException, RouteAdmin, SendResult,
+    SendStatus,
 };
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
@@ -71,7 +72,10 @@ impl RocketMqSink {
             .run(async move { producer.fetch_publish_message_queues(&owned).await })
             .await
             .map_err(|e| SendError::Retryable(e.to_string()))?;
-        let queues = fetched.map_err(|e| self.classify(&e))?;
+        let queues = match fetched {
+            Ok(queues) => queues,
+            Err(e) => return Err(self.classify_route_error(&e).await),
+        };
         if queues.is_empty() {
             return Err(SendError::Rejected(format!(
                 "topic {topic} has no writable queue"
@@ -92,7 +96,11 @@ impl RocketMqSink {
         let client_code = error
             .source_ref::<MQClientException>()
             .map(MQClientException::response_code);
-        let text = format!("{code} ({class}): {error}");
+        let detail = error
+            .source_ref::<MQClientException>()
+            .map(|e| format!(": {}", e.error_message().unwrap_or_default()))
+            .unwrap_or_default();
+        let text = format!("{code} ({class}){detail}");
         if class == "unavailable" {
             self.unavailable_in_a_row.fetch_add(1, Ordering::Relaxed);
         }
@@ -106,6 +114,43 @@ impl RocketMqSink {
             ("validation", _, _) => SendError::Rejected(text),
             _ => SendError::Retryable(text),
         }
+    }
+
+    /// "No such topic" is final only while the cluster has a live broker: a stopped broker
+    /// unregisters from the name server and its topics look missing until it returns.
+    async fn classify_route_error(&self, error: &ClientError) -> SendError {
+        let classified = self.classify(error);
+        if !is_missing_topic(error) {
+            return classified;
+        }
+        match self.live_brokers().await {
+            Ok(0) => SendError::Retryable(format!(
+                "no broker is registered with the name server (down?); {}",
+                classified.reason()
+            )),
+            Ok(_) => classified,
+            Err(e) => {
+                SendError::Retryable(format!("cannot ask the name server for live brokers: {e}"))
+            }
+        }
+    }
+
+    /// How many brokers the name server knows.
+    async fn live_brokers(&self) -> Result<usize, String> {
+        let mut admin = DefaultMQAdminExt::new(self.host.client_runtime());
+        admin.set_namesrv_addr(self.namesrv.as_str());
+        let info = self
+            .host
+            .run(async move {
+                admin.start().await?;
+                let info = admin.examine_broker_cluster_info().await;
+                admin.shutdown().await;
+                info
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(info.broker_addr_table.map(|t| t.len()).unwrap_or(0))
     }
 
     async fn rebuild_if_stuck(&self) {
@@ -156,6 +201,17 @@ async fn start_producer(
             anyhow::anyhow!("cannot start the RocketMQ producer (namesrv {namesrv}): {e}")
         })?;
     Ok(producer)
+}
+
+/// TOPIC_NOT_EXIST (17), or the client's "Can not find Message Queue for this topic" (-1):
+/// either the topic is missing or no broker serving it is registered right now.
+fn is_missing_topic(error: &ClientError) -> bool {
+    matches!(
+        error
+            .source_ref::<MQClientException>()
+            .map(MQClientException::response_code),
+        Some(17) | Some(-1)
+    ) || error.broker_response_code() == Some(17)
 }
 
 /// The broker message for `m`.
@@ -257,7 +313,7 @@ impl Sink for RocketMqSink {
                 "the client returned no send result".into(),
             )),
             Err(error) => {
-                let classified = self.classify(&error);
+                let classified = self.classify_route_error(&error).await;
                 if matches!(classified, SendError::Rejected(_)) {
                     // A changed route may explain it; look again next time.
                     self.routes.lock().expect("not poisoned").remove(topic);

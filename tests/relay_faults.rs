@@ -1,0 +1,193 @@
+//! Faults: the relay process killed with SIGKILL mid-stream, and the broker stopped mid-stream.
+
+mod common;
+
+use common::relay::{
+    count_status, current_position, relay_config, seed_checkpoint, wait_for, RunningRelay,
+};
+use common::rocketmq::{new_topic, rocketmq};
+use common::TestDb;
+use mysql_async::prelude::*;
+use mysql_async::TxOpts;
+use outbox_relay::binlog::BinlogPosition;
+use outbox_relay::config::Config;
+use outbox_relay::devenv::{scratch_dir, RocketMq, TopicReader};
+use outbox_relay::producer::{NewEvent, Outbox};
+use serde_json::json;
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Writes `count` events in transactions of 5, over 20 keys, pausing `pause` between commits.
+async fn write_slowly(db: &TestDb, topic: &str, count: usize, pause: Duration) {
+    let outbox = Outbox::default();
+    for chunk in 0..count / 5 {
+        let mut tx = db.pool.start_transaction(TxOpts::default()).await.unwrap();
+        let events = (0..5)
+            .map(|i| {
+                NewEvent::new(
+                    topic,
+                    format!("key-{}", (chunk * 5 + i) % 20),
+                    json!({"n": chunk * 5 + i}),
+                )
+            })
+            .collect();
+        outbox.enqueue_batch(&mut tx, events).await.unwrap();
+        tx.commit().await.unwrap();
+        tokio::time::sleep(pause).await;
+    }
+}
+
+fn write_config_file(config: &Config, dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("relay.toml");
+    std::fs::write(&path, toml::to_string(config).unwrap()).unwrap();
+    path
+}
+
+fn spawn_relay_process(config_file: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args([
+            "-c",
+            config_file.to_str().unwrap(),
+            "--metrics-listen",
+            "",
+            "run",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start outbox-relay run")
+}
+
+/// How many times each event_id reached the topic.
+async fn deliveries(namesrv: &str, topic: &str, expected: usize) -> HashMap<String, usize> {
+    let mut reader = TopicReader::new(namesrv, topic).await.unwrap();
+    let messages = reader
+        .read_at_least(expected, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let mut per_event = HashMap::new();
+    for m in &messages {
+        *per_event
+            .entry(m.properties["event_id"].clone())
+            .or_insert(0) += 1;
+    }
+    reader.close().await;
+    per_event
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_stream_then_restart_loses_nothing() {
+    let db = TestDb::migrated("relay_kill").await;
+    let topic = new_topic("relay_kill");
+    let (config, dir) = relay_config(&db);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let file = write_config_file(&config, dir.path());
+
+    let mut relay = spawn_relay_process(&file);
+    const TOTAL: usize = 3000;
+    let writer = {
+        let (pool, topic) = (db.pool.clone(), topic.clone());
+        let db = TestDb {
+            url: db.url.clone(),
+            pool,
+            config: db.config.clone(),
+        };
+        tokio::spawn(
+            async move { write_slowly(&db, &topic, TOTAL, Duration::from_millis(5)).await },
+        )
+    };
+    wait_for("some events SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await >= 300
+    })
+    .await;
+    relay.kill().unwrap(); // SIGKILL
+    relay.wait().unwrap();
+    let sent_at_kill = count_status(&db, 2).await;
+    assert!(sent_at_kill < TOTAL as u64, "killed mid-stream");
+
+    let mut relay = spawn_relay_process(&file);
+    writer.await.unwrap();
+    wait_for(
+        "every row SENT after the restart",
+        Duration::from_secs(120),
+        || async { count_status(&db, 2).await == TOTAL as u64 },
+    )
+    .await;
+    relay.kill().unwrap();
+    relay.wait().unwrap();
+
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, TOTAL).await;
+    assert_eq!(per_event.len(), TOTAL, "every event arrived");
+    let duplicates: usize = per_event.values().map(|n| n - 1).sum();
+    println!(
+        "SIGKILL after {sent_at_kill} of {TOTAL} SENT: 0 lost, {duplicates} duplicates ({:.2}%)",
+        100.0 * duplicates as f64 / TOTAL as f64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
+    let db = TestDb::migrated("relay_outage").await;
+    let mut broker = RocketMq::start(&scratch_dir("outage-broker").unwrap()).unwrap();
+    let topic = "relay_outage";
+    broker.create_topic(topic, 4).unwrap();
+    let (mut config, _dir) = relay_config(&db);
+    config.rocketmq.namesrv_addr = Some(broker.namesrv_addr());
+    config.retry.initial_backoff = Duration::from_millis(200);
+    config.retry.max_backoff = Duration::from_secs(1);
+    config.retry.max_retry = 1000;
+    config.rocketmq.send_timeout = Duration::from_secs(1);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+
+    write_slowly(&db, topic, 50, Duration::ZERO).await;
+    wait_for("50 SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 50
+    })
+    .await;
+
+    broker.stop_broker();
+    let before_outage = current_position(&db).await;
+    write_slowly(&db, topic, 100, Duration::from_millis(20)).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        count_status(&db, 2).await,
+        50,
+        "nothing is SENT while the broker is down"
+    );
+    let mirrored: String = db
+        .conn()
+        .await
+        .exec_first(
+            "SELECT checkpoint FROM outbox_relay_state WHERE name = ?",
+            (&config.relay.name,),
+        )
+        .await
+        .unwrap()
+        .expect("checkpoint mirrored");
+    let mirrored = BinlogPosition::from_json(&mirrored).unwrap();
+    assert_eq!(
+        count_status(&db, 3).await,
+        0,
+        "a broker outage FAILs nothing: it is retryable"
+    );
+    let ours = before_outage.mariadb_gtid.as_ref().unwrap();
+    let persisted = mirrored.mariadb_gtid.as_ref().unwrap();
+    assert!(
+        ours.covers(persisted),
+        "the persisted checkpoint {persisted} passed an unsent event (outage began after {ours})"
+    );
+
+    broker.start_broker().unwrap();
+    wait_for(
+        "all 150 SENT after the broker returns",
+        Duration::from_secs(90),
+        || async { count_status(&db, 2).await == 150 },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.marked.failed, 0);
+    let per_event = deliveries(&broker.namesrv_addr(), topic, 150).await;
+    assert_eq!(per_event.len(), 150, "every event arrived");
+}
