@@ -16,7 +16,7 @@ use outbox_relay::consumer::{
     Transition,
 };
 use outbox_relay::db;
-use outbox_relay::devenv::ClientHost;
+use outbox_relay::send::ClientHost;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;

@@ -39,7 +39,7 @@
 use super::event::ConsumedEvent;
 use super::idempotent::{Disposition, IdempotentProcessor};
 use super::Handler;
-use crate::devenv::ClientHost;
+use crate::send::ClientHost;
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, DefaultMQPushConsumer, MQPushConsumer,
