@@ -9,7 +9,7 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::binlog::BinlogPosition;
+use outbox_relay::binlog::{BinlogPosition, MariaDbGtid};
 use outbox_relay::config::Config;
 use outbox_relay::devenv::{scratch_dir, RocketMq, TopicReader};
 use outbox_relay::producer::{NewEvent, Outbox};
@@ -148,7 +148,23 @@ async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
     .await;
 
     broker.stop_broker();
-    let before_outage = current_position(&db).await;
+    // The first transaction of the outage, and its GTID: the checkpoint must stay before it.
+    let mut conn = db.conn().await;
+    let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
+    Outbox::default()
+        .enqueue(
+            &mut tx,
+            NewEvent::new(topic, "key-0", json!({"first": "of the outage"})),
+        )
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let first_unsent: String = conn
+        .query_first("SELECT @@last_gtid")
+        .await
+        .unwrap()
+        .unwrap();
+    let first_unsent: MariaDbGtid = first_unsent.parse().unwrap();
     write_slowly(&db, topic, 100, Duration::from_millis(20)).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(
@@ -167,27 +183,35 @@ async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
         .unwrap()
         .expect("checkpoint mirrored");
     let mirrored = BinlogPosition::from_json(&mirrored).unwrap();
-    assert_eq!(
-        count_status(&db, 3).await,
-        0,
-        "a broker outage FAILs nothing: it is retryable"
-    );
-    let ours = before_outage.mariadb_gtid.as_ref().unwrap();
-    let persisted = mirrored.mariadb_gtid.as_ref().unwrap();
+    let failed: Vec<(String, Option<String>)> = db
+        .conn()
+        .await
+        .query("SELECT event_id, last_error FROM outbox_event WHERE status = 3")
+        .await
+        .unwrap();
     assert!(
-        ours.covers(persisted),
-        "the persisted checkpoint {persisted} passed an unsent event (outage began after {ours})"
+        failed.is_empty(),
+        "a broker outage FAILs nothing: it is retryable: {failed:?}"
+    );
+    let persisted = mirrored
+        .mariadb_gtid
+        .unwrap()
+        .get(first_unsent.domain)
+        .unwrap();
+    assert!(
+        persisted.seq < first_unsent.seq,
+        "the persisted checkpoint {persisted} passed the unsent transaction {first_unsent}"
     );
 
     broker.start_broker().unwrap();
     wait_for(
-        "all 150 SENT after the broker returns",
+        "all 151 SENT after the broker returns",
         Duration::from_secs(90),
-        || async { count_status(&db, 2).await == 150 },
+        || async { count_status(&db, 2).await == 151 },
     )
     .await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
-    let per_event = deliveries(&broker.namesrv_addr(), topic, 150).await;
-    assert_eq!(per_event.len(), 150, "every event arrived");
+    let per_event = deliveries(&broker.namesrv_addr(), topic, 151).await;
+    assert_eq!(per_event.len(), 151, "every event arrived");
 }

@@ -14,7 +14,7 @@ use rocketmq_client_rust::{
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -33,6 +33,9 @@ pub struct RocketMqSink {
     namesrv: String,
     producer: RwLock<DefaultMQProducer>,
     routes: Mutex<HashMap<String, (Vec<MessageQueue>, Instant)>>,
+    /// Topics that had a route in this process: a later "no such topic" is a broker restart
+    /// more likely than a deleted topic, so it is retried.
+    known_topics: Mutex<HashSet<String>>,
     unavailable_in_a_row: AtomicU32,
 }
 
@@ -51,6 +54,7 @@ impl RocketMqSink {
             namesrv,
             producer: RwLock::new(producer),
             routes: Mutex::new(HashMap::new()),
+            known_topics: Mutex::new(HashSet::new()),
             unavailable_in_a_row: AtomicU32::new(0),
         })
     }
@@ -74,7 +78,7 @@ impl RocketMqSink {
             .map_err(|e| SendError::Retryable(e.to_string()))?;
         let queues = match fetched {
             Ok(queues) => queues,
-            Err(e) => return Err(self.classify_route_error(&e).await),
+            Err(e) => return Err(self.classify_route_error(topic, &e).await),
         };
         if queues.is_empty() {
             return Err(SendError::Rejected(format!(
@@ -85,6 +89,10 @@ impl RocketMqSink {
             .lock()
             .expect("not poisoned")
             .insert(topic.to_string(), (queues.clone(), Instant::now()));
+        self.known_topics
+            .lock()
+            .expect("not poisoned")
+            .insert(topic.to_string());
         Ok(queues)
     }
 
@@ -111,17 +119,29 @@ impl RocketMqSink {
             (_, Some(13), _) | (_, _, Some(13)) => {
                 SendError::Rejected(format!("message too large or malformed: {text}"))
             }
-            ("validation", _, _) => SendError::Rejected(text),
+            // Other client-side refusals are mostly routing trouble ("No route available"):
+            // retried, and FAILED only when the retry policy gives up.
             _ => SendError::Retryable(text),
         }
     }
 
     /// "No such topic" is final only while the cluster has a live broker: a stopped broker
     /// unregisters from the name server and its topics look missing until it returns.
-    async fn classify_route_error(&self, error: &ClientError) -> SendError {
+    async fn classify_route_error(&self, topic: &str, error: &ClientError) -> SendError {
         let classified = self.classify(error);
         if !is_missing_topic(error) {
             return classified;
+        }
+        if self
+            .known_topics
+            .lock()
+            .expect("not poisoned")
+            .contains(topic)
+        {
+            return SendError::Retryable(format!(
+                "topic {topic} had a route moments ago (broker restarting?); {}",
+                classified.reason()
+            ));
         }
         match self.live_brokers().await {
             Ok(0) => SendError::Retryable(format!(
@@ -313,7 +333,7 @@ impl Sink for RocketMqSink {
                 "the client returned no send result".into(),
             )),
             Err(error) => {
-                let classified = self.classify_route_error(&error).await;
+                let classified = self.classify_route_error(topic, &error).await;
                 if matches!(classified, SendError::Rejected(_)) {
                     // A changed route may explain it; look again next time.
                     self.routes.lock().expect("not poisoned").remove(topic);
