@@ -11,12 +11,19 @@
 
 #![recursion_limit = "256"]
 
+pub mod binlog;
+pub mod checkpoint;
 pub mod config;
 pub mod consumer;
 pub mod db;
 pub mod devenv;
+pub mod mark;
 pub mod producer;
+pub mod relay;
+pub mod retry;
+pub mod route;
 pub mod schema;
+pub mod send;
 
 pub use config::Config;
 pub use producer::{EnqueueError, EventId, NewEvent, Outbox, Payload};

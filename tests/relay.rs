@@ -2,7 +2,9 @@
 
 mod common;
 
-use common::relay::{count_status, current_position, relay_config, seed_checkpoint, wait_for, RunningRelay};
+use common::relay::{
+    count_status, current_position, relay_config, seed_checkpoint, wait_for, RunningRelay,
+};
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
@@ -29,7 +31,11 @@ async fn write_events(db: &TestDb, topic: &str, writers: usize, per_writer: usiz
                 let batch: Vec<NewEvent> = (0..size.min(per_writer - written))
                     .map(|i| {
                         let key = (w + writers * ((n * 7 + i * 13) % (keys / writers))) % keys;
-                        NewEvent::new(topic.clone(), format!("key-{key}"), json!({"w": w, "n": n, "i": i}))
+                        NewEvent::new(
+                            topic.clone(),
+                            format!("key-{key}"),
+                            json!({"w": w, "n": n, "i": i}),
+                        )
                     })
                     .collect();
                 written += batch.len();
@@ -68,11 +74,23 @@ async fn every_committed_event_arrives_in_key_order_and_is_marked_sent() {
         .query("SELECT id, event_id, biz_key, msg_id FROM outbox_event ORDER BY id")
         .await
         .unwrap();
-    assert!(rows.iter().all(|r| r.3.as_deref().is_some_and(|m| !m.is_empty())), "a SENT row lacks its msg_id");
+    assert!(
+        rows.iter()
+            .all(|r| r.3.as_deref().is_some_and(|m| !m.is_empty())),
+        "a SENT row lacks its msg_id"
+    );
 
-    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic).await.unwrap();
-    let messages = reader.read_at_least(TOTAL, Duration::from_secs(120)).await.unwrap();
-    let arrived: HashSet<&str> = messages.iter().map(|m| m.properties["event_id"].as_str()).collect();
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)
+        .await
+        .unwrap();
+    let messages = reader
+        .read_at_least(TOTAL, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let arrived: HashSet<&str> = messages
+        .iter()
+        .map(|m| m.properties["event_id"].as_str())
+        .collect();
     let expected: HashSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(arrived, expected, "every event_id arrives");
     println!("duplicates: {}", messages.len() - arrived.len());
@@ -82,8 +100,16 @@ async fn every_committed_event_arrives_in_key_order_and_is_marked_sent() {
     let mut by_key: BTreeMap<&str, Vec<(i32, i64, u64)>> = BTreeMap::new();
     for m in &messages {
         let key = m.properties["biz_key"].as_str();
-        by_key.entry(key).or_default().push((m.queue_id, m.queue_offset, id_of[m.properties["event_id"].as_str()]));
-        assert_eq!(m.keys, vec![m.properties["event_id"].clone(), key.to_string()], "KEYS = event_id biz_key");
+        by_key.entry(key).or_default().push((
+            m.queue_id,
+            m.queue_offset,
+            id_of[m.properties["event_id"].as_str()],
+        ));
+        assert_eq!(
+            m.keys,
+            vec![m.properties["event_id"].clone(), key.to_string()],
+            "KEYS = event_id biz_key"
+        );
     }
     for (key, mut seen) in by_key {
         let queues: HashSet<i32> = seen.iter().map(|s| s.0).collect();
@@ -109,15 +135,27 @@ async fn rows_stay_pending_while_the_relay_is_stopped_and_flow_after_it_starts()
     seed_checkpoint(&config, &current_position(&db).await);
     write_events(&db, &topic, 1, 50, 10).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(count_status(&db, 0).await, 50, "nothing sends them while the relay is down");
+    assert_eq!(
+        count_status(&db, 0).await,
+        50,
+        "nothing sends them while the relay is down"
+    );
 
     let relay = RunningRelay::start(&config).await;
-    wait_for("50 rows SENT", Duration::from_secs(60), || async { count_status(&db, 2).await == 50 }).await;
+    wait_for("50 rows SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 50
+    })
+    .await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.sent, 50);
-    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic).await.unwrap();
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)
+        .await
+        .unwrap();
     let messages = reader.read_all_for(Duration::from_secs(2)).await.unwrap();
-    let ids: HashSet<String> = messages.iter().map(|m| m.properties["event_id"].clone()).collect();
+    let ids: HashSet<String> = messages
+        .iter()
+        .map(|m| m.properties["event_id"].clone())
+        .collect();
     assert_eq!(ids.len(), 50);
     assert_eq!(messages.len(), 50, "one message per event_id");
     reader.close().await;

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::relay::{count_status, current_position, relay_config, seed_checkpoint, wait_for, RunningRelay};
+use common::relay::{
+    count_status, current_position, relay_config, seed_checkpoint, wait_for, RunningRelay,
+};
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
@@ -16,8 +18,14 @@ use std::time::Duration;
 
 async fn write(db: &TestDb, topic: &str, keys: &[&str]) {
     let mut tx = db.pool.start_transaction(TxOpts::default()).await.unwrap();
-    let events = keys.iter().map(|k| NewEvent::new(topic, *k, json!({"k": k}))).collect();
-    Outbox::default().enqueue_batch(&mut tx, events).await.unwrap();
+    let events = keys
+        .iter()
+        .map(|k| NewEvent::new(topic, *k, json!({"k": k})))
+        .collect();
+    Outbox::default()
+        .enqueue_batch(&mut tx, events)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -26,7 +34,11 @@ async fn bad_rows_fail_with_reasons_while_big_transactions_and_rotations_flow() 
     let db = TestDb::migrated("relay_bad").await;
     let topic = new_topic("relay_bad");
     // A legacy schema without the JSON check lets a broken payload in.
-    db.conn().await.query_drop("ALTER TABLE outbox_event MODIFY payload LONGTEXT NOT NULL").await.unwrap();
+    db.conn()
+        .await
+        .query_drop("ALTER TABLE outbox_event MODIFY payload LONGTEXT NOT NULL")
+        .await
+        .unwrap();
     let (config, _dir) = relay_config(&db);
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
@@ -46,25 +58,43 @@ async fn bad_rows_fail_with_reasons_while_big_transactions_and_rotations_flow() 
     conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
     write(&db, &topic, &["c"]).await;
 
-    wait_for("1003 SENT and 2 FAILED", Duration::from_secs(90), || async {
-        count_status(&db, 2).await == 1003 && count_status(&db, 3).await == 2
-    })
+    wait_for(
+        "1003 SENT and 2 FAILED",
+        Duration::from_secs(90),
+        || async { count_status(&db, 2).await == 1003 && count_status(&db, 3).await == 2 },
+    )
     .await;
     let failed: Vec<(String, u8, Option<String>, Option<String>)> = conn
         .query("SELECT event_id, status, last_error, msg_id FROM outbox_event WHERE status = 3 ORDER BY id")
         .await
         .unwrap();
     assert_eq!(failed[0].0, "bad-json");
-    assert!(failed[0].2.as_deref().unwrap().contains("not valid JSON"), "{failed:?}");
+    assert!(
+        failed[0].2.as_deref().unwrap().contains("not valid JSON"),
+        "{failed:?}"
+    );
     assert_eq!(failed[1].0, "no-topic");
-    assert!(failed[1].2.as_deref().unwrap().contains("invalid topic"), "{failed:?}");
-    assert!(failed.iter().all(|f| f.3.is_none()), "a FAILED row has no msg_id");
+    assert!(
+        failed[1].2.as_deref().unwrap().contains("invalid topic"),
+        "{failed:?}"
+    );
+    assert!(
+        failed.iter().all(|f| f.3.is_none()),
+        "a FAILED row has no msg_id"
+    );
     let summary = relay.stop().await;
     assert_eq!((summary.marked.sent, summary.marked.failed), (1003, 2));
 
-    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic).await.unwrap();
-    let messages = reader.read_at_least(1003, Duration::from_secs(60)).await.unwrap();
-    assert!(messages.iter().all(|m| m.properties["event_id"] != "bad-json"));
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)
+        .await
+        .unwrap();
+    let messages = reader
+        .read_at_least(1003, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(messages
+        .iter()
+        .all(|m| m.properties["event_id"] != "bad-json"));
     reader.close().await;
 }
 
@@ -78,16 +108,25 @@ async fn restarts_resume_from_sled_then_from_the_mysql_mirror_without_resending(
     // Run 1.
     let relay = RunningRelay::start(&config).await;
     write(&db, &topic, &["k1", "k2", "k3"]).await;
-    wait_for("3 SENT", Duration::from_secs(60), || async { count_status(&db, 2).await == 3 }).await;
+    wait_for("3 SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 3
+    })
+    .await;
     let first = relay.stop().await;
     assert_eq!(first.marked.sent, 3);
 
     // Written while the relay is down; run 2 resumes from the local (sled) checkpoint.
     write(&db, &topic, &["k1", "k4"]).await;
     let relay = RunningRelay::start(&config).await;
-    wait_for("5 SENT", Duration::from_secs(60), || async { count_status(&db, 2).await == 5 }).await;
+    wait_for("5 SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 5
+    })
+    .await;
     let second = relay.stop().await;
-    assert_eq!(second.marked.sent, 2, "only the new events: resumed from sled");
+    assert_eq!(
+        second.marked.sent, 2,
+        "only the new events: resumed from sled"
+    );
 
     // A replacement machine: no sled directory, same relay name → resumes from the mirror.
     write(&db, &topic, &["k5"]).await;
@@ -96,22 +135,41 @@ async fn restarts_resume_from_sled_then_from_the_mysql_mirror_without_resending(
     let mirror: Option<String> = db
         .conn()
         .await
-        .exec_first("SELECT checkpoint FROM outbox_relay_state WHERE name = ?", (&config.relay.name,))
+        .exec_first(
+            "SELECT checkpoint FROM outbox_relay_state WHERE name = ?",
+            (&config.relay.name,),
+        )
         .await
         .unwrap();
-    assert!(mirror.is_some(), "the final checkpoint is mirrored into MySQL");
+    assert!(
+        mirror.is_some(),
+        "the final checkpoint is mirrored into MySQL"
+    );
     let relay = RunningRelay::start(&fresh).await;
-    wait_for("6 SENT", Duration::from_secs(60), || async { count_status(&db, 2).await == 6 }).await;
+    wait_for("6 SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 6
+    })
+    .await;
     let third = relay.stop().await;
-    assert_eq!(third.marked.sent, 1, "only the new event: resumed from the mirror");
+    assert_eq!(
+        third.marked.sent, 1,
+        "only the new event: resumed from the mirror"
+    );
 
-    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic).await.unwrap();
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)
+        .await
+        .unwrap();
     let messages = reader.read_all_for(Duration::from_secs(2)).await.unwrap();
     let mut per_event: HashMap<String, usize> = HashMap::new();
     for m in &messages {
-        *per_event.entry(m.properties["event_id"].clone()).or_default() += 1;
+        *per_event
+            .entry(m.properties["event_id"].clone())
+            .or_default() += 1;
     }
     assert_eq!(per_event.len(), 6);
-    assert!(per_event.values().all(|&n| n == 1), "graceful restarts resend nothing: {per_event:?}");
+    assert!(
+        per_event.values().all(|&n| n == 1),
+        "graceful restarts resend nothing: {per_event:?}"
+    );
     reader.close().await;
 }

@@ -76,8 +76,11 @@ struct StreamState {
     in_body: bool,
     gtid: Option<TxGtid>,
     /// table_id → the outbox table it maps (None: not an outbox table).
-    tables: HashMap<u64, Option<(Arc<TableName>, Option<ColumnLayout>)>>,
+    tables: HashMap<u64, Option<MappedTable>>,
 }
+
+/// An outbox table seen in a table map, with its column layout once the first row showed it.
+type MappedTable = (Arc<TableName>, Option<ColumnLayout>);
 
 /// A reason to stop reading for good (the caller reports it).
 #[derive(Debug, thiserror::Error)]

@@ -154,8 +154,10 @@ mod tests {
     #[test]
     fn sled_store_survives_reopening() {
         let dir = tempfile::tempdir().unwrap();
-        let mut position = BinlogPosition::default();
-        position.mariadb_gtid = Some("0-1-42".parse().unwrap());
+        let position = BinlogPosition {
+            mariadb_gtid: Some("0-1-42".parse().unwrap()),
+            ..BinlogPosition::default()
+        };
         {
             let store = SledStore::open(dir.path()).unwrap();
             assert_eq!(store.load().unwrap(), None);

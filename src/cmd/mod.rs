@@ -5,6 +5,7 @@ mod consume;
 mod demo;
 mod dev;
 mod migrate;
+mod run;
 
 use clap::{Args, Parser, Subcommand};
 use outbox_relay::config::{Config, RelayMode};
@@ -97,6 +98,8 @@ impl GlobalArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the relay: tail the binlog and publish outbox events to RocketMQ (SIGTERM drains).
+    Run(run::RunArgs),
     /// Create or upgrade the outbox tables (idempotent).
     Migrate(migrate::MigrateArgs),
     /// Check or print the effective configuration (passwords masked).
@@ -111,6 +114,7 @@ pub enum Command {
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Run(args) => run::run(&cli.global, args).await,
         Command::Migrate(args) => migrate::run(&cli.global, args).await,
         Command::Config(args) => config_cmd::run(&cli.global, args),
         Command::Demo(args) => demo::run(&cli.global, args).await,

@@ -66,7 +66,7 @@ fn mysql_tagged_gtids_round_trip() {
 fn mysql_set_rejects_garbage() {
     for bad in [
         "nope:1-2",
-        &format!("{U1}"),
+        U1,
         &format!("{U1}:0-3"),
         &format!("{U1}:5-3"),
         &format!("{U1}:x"),
