@@ -7,7 +7,9 @@ use std::process::ExitCode;
 
 /// `RUST_LOG` overrides this; the RocketMQ client is chatty at `info`.
 const DEFAULT_LOG_FILTER: &str =
-    "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,rocketmq_remoting=warn";
+    "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,rocketmq_remoting=warn,\
+     rocketmq_client_rust::factory::route_update=error,\
+     rocketmq_client_rust::consumer::consumer_impl::default_lite_pull_consumer_impl=off";
 
 #[tokio::main]
 async fn main() -> ExitCode {

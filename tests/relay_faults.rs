@@ -114,8 +114,11 @@ async fn sigkill_mid_stream_then_restart_loses_nothing() {
         || async { count_status(&db, 2).await == TOTAL as u64 },
     )
     .await;
-    relay.kill().unwrap();
-    relay.wait().unwrap();
+    // SIGTERM drains and exits cleanly.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(relay.id() as libc::pid_t, libc::SIGTERM) };
+    let status = relay.wait().unwrap();
+    assert!(status.success(), "SIGTERM is a clean stop: {status:?}");
 
     let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, TOTAL).await;
     assert_eq!(per_event.len(), TOTAL, "every event arrived");

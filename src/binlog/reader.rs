@@ -276,7 +276,7 @@ impl BinlogReader {
             }
         };
         match data {
-            EventData::RotateEvent(rotate) => state.file = rotate.name().into_owned(),
+            EventData::RotateEvent(rotate) => state.file = binlog_file_name(&rotate.name()),
             EventData::GtidEvent(gtid) => {
                 let source = MySqlSource::from_uuid_bytes(
                     gtid.sid(),
@@ -430,6 +430,14 @@ fn classify_stream_error(error: mysql_async::Error, position: &BinlogPosition) -
     StreamFailure::Transient(error.to_string())
 }
 
+/// The file name of a rotate event. MariaDB's artificial rotate at the start of a stream can
+/// carry trailing checksum bytes; file names are `[A-Za-z0-9._-]`, so stop at the first other.
+fn binlog_file_name(raw: &str) -> String {
+    raw.chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .collect()
+}
+
 fn sids(set: &MySqlGtidSet) -> Result<Vec<Sid<'static>>, StreamFailure> {
     let mut by_source: Vec<(MySqlSource, Vec<GnoInterval>)> = Vec::new();
     for (source, start, end) in set.intervals() {
@@ -452,4 +460,18 @@ fn sids(set: &MySqlGtidSet) -> Result<Vec<Sid<'static>>, StreamFailure> {
             Ok(sid)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::binlog_file_name;
+
+    #[test]
+    fn rotate_names_lose_trailing_checksum_bytes() {
+        assert_eq!(
+            binlog_file_name("binlog.000001\u{fffd}\u{fffd}n"),
+            "binlog.000001"
+        );
+        assert_eq!(binlog_file_name("mysql-bin.000042"), "mysql-bin.000042");
+    }
 }

@@ -6,11 +6,18 @@ use super::GlobalArgs;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use mysql_async::prelude::*;
+use outbox_relay::binlog::reader::check_server;
+use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
-use outbox_relay::devenv::{MariaDb, MariaDbOptions, RocketMq};
+use outbox_relay::devenv::{MariaDb, MariaDbOptions, RocketMq, TopicReader};
 use outbox_relay::producer::Outbox;
+use outbox_relay::relay::{self, RunOptions, RunSummary};
+use outbox_relay::send::RocketMqSink;
 use outbox_relay::{db, schema};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
 pub struct DevArgs {
@@ -20,7 +27,8 @@ pub struct DevArgs {
 
 #[derive(Debug, Subcommand)]
 enum DevAction {
-    /// Start MariaDB and RocketMQ, migrate, enqueue sample events; run until Ctrl-C.
+    /// Start MariaDB, RocketMQ and the relay, migrate, pay sample orders and show their events
+    /// arriving in RocketMQ; run until Ctrl-C.
     Up(UpArgs),
 }
 
@@ -35,7 +43,7 @@ struct UpArgs {
     /// Database for the outbox tables.
     #[arg(long, default_value = "outbox_demo")]
     database: String,
-    /// Stop the servers and exit after the sample events instead of waiting for Ctrl-C.
+    /// Stop everything and exit after the sample events instead of waiting for Ctrl-C.
     #[arg(long)]
     exit: bool,
 }
@@ -63,11 +71,11 @@ async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
         args.database
     ))?;
 
-    eprintln!("[2/5] starting RocketMQ namesrv + broker ...");
+    eprintln!("[2/6] starting RocketMQ namesrv + broker ...");
     let rocketmq = RocketMq::start(&dir.join("rocketmq")).context("RocketMQ did not start")?;
 
     let config_path = dir.join("outbox-relay.toml");
-    eprintln!("[3/5] writing {}", config_path.display());
+    eprintln!("[3/6] writing {}", config_path.display());
     write_config(
         &config_path,
         &mariadb.url(&args.database),
@@ -76,7 +84,7 @@ async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
     )?;
     let config = Config::load(Some(&config_path), serde_json::json!({}))?;
 
-    eprintln!("[4/5] applying migrations ...");
+    eprintln!("[4/6] applying migrations, creating topic {DEMO_TOPIC} ...");
     let pool = db::pool(&config)?;
     let mut conn = pool.get_conn().await?;
     let report = schema::migrate(&mut conn, &config.outbox_tables()).await?;
@@ -86,45 +94,135 @@ async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
         report.already_applied
     );
     drop(conn);
+    rocketmq.create_topic(DEMO_TOPIC, 8)?;
 
-    eprintln!("[5/5] enqueueing sample events with the producer API ...");
+    eprintln!(
+        "[5/6] starting the relay (checkpoint in {}) ...",
+        dir.join("state").display()
+    );
+    let relay = start_relay(&config).await?;
+
+    eprintln!(
+        "[6/6] paying {} orders: business row + event in one transaction each ...",
+        3
+    );
     let demo = DemoArgs {
         events: 3,
-        topic: "outbox-demo".into(),
+        topic: DEMO_TOPIC.into(),
     };
     let written = write_demo_events(&pool, &Outbox::from_config(&config), &demo).await?;
-    let mut conn = pool.get_conn().await?;
-    let pending: u64 = conn
-        .query_first("SELECT COUNT(*) FROM outbox_event WHERE status = 0")
-        .await?
-        .unwrap_or_default();
+    let ids: Vec<String> = written.iter().map(|e| e.event_id.clone()).collect();
+    wait_until_sent(&pool, &ids).await?;
+    let mut reader = TopicReader::new(&rocketmq.namesrv_addr(), DEMO_TOPIC).await?;
+    let arrived = reader
+        .read_at_least(ids.len(), Duration::from_secs(30))
+        .await?;
+    reader.close().await;
     for event in &written {
-        println!(
-            "  order {} paid -> event {}",
-            event.order_id, event.event_id
-        );
+        let message = arrived
+            .iter()
+            .find(|m| m.properties.get("event_id") == Some(&event.event_id));
+        match message {
+            Some(m) => println!(
+                "  order {} -> event {} arrived in RocketMQ: topic {} queue {} offset {} msgId {}",
+                event.order_id, event.event_id, m.topic, m.queue_id, m.queue_offset, m.msg_id
+            ),
+            None => println!(
+                "  order {} -> event {} not read back yet",
+                event.order_id, event.event_id
+            ),
+        }
     }
-    println!("  outbox_event now holds {pending} PENDING event(s) for topic outbox-demo");
-    drop(conn);
-    pool.disconnect().await?;
 
     println!();
     println!("MariaDB   {}", mariadb.url(&args.database));
     println!("RocketMQ  namesrv {}", rocketmq.namesrv_addr());
     println!("config    {}", config_path.display());
     println!(
-        "try       outbox-relay -c {} demo --events 5",
+        "try       cargo run -- -c {} demo --events 5",
         config_path.display()
     );
-    if args.exit {
-        return Ok(());
+    println!(
+        "          cargo run -- -c {} consume --topic {DEMO_TOPIC} --group demo",
+        config_path.display()
+    );
+    if !args.exit {
+        println!("\nthe relay and the servers are running; press Ctrl-C to stop them");
+        tokio::signal::ctrl_c().await?;
+        eprintln!("stopping ...");
     }
-    println!("\nservers are running; press Ctrl-C to stop them");
-    tokio::signal::ctrl_c().await?;
-    eprintln!("stopping ...");
+    relay.cancel.cancel();
+    let summary = relay.task.await??;
+    eprintln!(
+        "relay stopped: {} sent, {} failed, checkpoint {}",
+        summary.marked.sent, summary.marked.failed, summary.checkpoint
+    );
+    pool.disconnect().await?;
     drop(rocketmq);
     drop(mariadb);
     Ok(())
+}
+
+const DEMO_TOPIC: &str = "outbox-demo";
+
+/// The relay running inside `dev up`.
+struct DevRelay {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<RunSummary>>,
+}
+
+/// Starts the relay; on the first run its checkpoint is the server's current position, so the
+/// demo events written next are all streamed.
+async fn start_relay(config: &Config) -> anyhow::Result<DevRelay> {
+    std::fs::create_dir_all(&config.relay.checkpoint_dir)?;
+    let store = SledStore::open(&config.relay.checkpoint_dir)?;
+    if store.load()?.is_none() {
+        let tables = relay::qualified_tables(config)?;
+        let server = check_server(&db::opts(config)?, &tables).await?;
+        store.save(&server.current)?;
+    }
+    let sink = Arc::new(RocketMqSink::start(&config.rocketmq).await?);
+    let cancel = CancellationToken::new();
+    let (config, token) = (config.clone(), cancel.clone());
+    let task = tokio::spawn(async move {
+        let result = relay::run_cdc(
+            &config,
+            Arc::clone(&sink),
+            Arc::new(store),
+            RunOptions::default(),
+            token,
+        )
+        .await;
+        if let Ok(sink) = Arc::try_unwrap(sink) {
+            sink.shutdown().await;
+        }
+        result
+    });
+    Ok(DevRelay { cancel, task })
+}
+
+async fn wait_until_sent(pool: &mysql_async::Pool, event_ids: &[String]) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let placeholders = vec!["?"; event_ids.len()].join(", ");
+    let sql = format!(
+        "SELECT COUNT(*) FROM outbox_event WHERE status = 2 AND event_id IN ({placeholders})"
+    );
+    loop {
+        let sent: u64 = pool
+            .get_conn()
+            .await?
+            .exec_first(sql.as_str(), event_ids.to_vec())
+            .await?
+            .unwrap_or_default();
+        if sent == event_ids.len() as u64 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the relay did not mark the demo events SENT within 30 s; see the log above"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn write_config(path: &Path, mysql_url: &str, namesrv: &str, state: &Path) -> anyhow::Result<()> {
