@@ -62,22 +62,25 @@ fn file_then_flags_override_in_order() {
 
 #[test]
 fn unknown_key_in_file_is_an_error_naming_it() {
-    let file = write_toml("[relay]\nshardz = 4\n");
-    let err = Config::load(Some(file.path()), serde_json::json!({})).unwrap_err();
-    let text = err.to_string();
-    assert!(text.contains("relay.shardz"), "{text}");
-    assert!(text.contains("shards"), "lists the known keys: {text}");
+    // Inside a Jail: another test sets OUTBOX_RELAY_* variables, and Jails run one at a time.
+    figment::Jail::expect_with(|_jail| {
+        let file = write_toml("[relay]\nshardz = 4\n");
+        let err = Config::load(Some(file.path()), serde_json::json!({})).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("relay.shardz"), "{text}");
+        assert!(text.contains("shards"), "lists the known keys: {text}");
+        Ok(())
+    });
 }
 
 #[test]
 fn unknown_section_and_unknown_env_key_are_errors() {
-    let file = write_toml("[mysqll]\nurl = \"x\"\n");
-    let text = Config::load(Some(file.path()), serde_json::json!({}))
-        .unwrap_err()
-        .to_string();
-    assert!(text.contains("mysqll"), "{text}");
-
     figment::Jail::expect_with(|jail| {
+        let file = write_toml("[mysqll]\nurl = \"x\"\n");
+        let text = Config::load(Some(file.path()), serde_json::json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("mysqll"), "{text}");
         jail.set_env("OUTBOX_RELAY_MYSQL__URLL", "mysql://x/y");
         let text = Config::load(None, serde_json::json!({}))
             .unwrap_err()
@@ -89,48 +92,60 @@ fn unknown_section_and_unknown_env_key_are_errors() {
 
 #[test]
 fn missing_required_values_name_the_key_and_how_to_set_it() {
-    let c = Config::load(None, serde_json::json!({})).unwrap();
-    let text = c.mysql_url().unwrap_err().to_string();
-    assert!(
-        text.contains("mysql.url") && text.contains("OUTBOX_RELAY_MYSQL__URL"),
-        "{text}"
-    );
-    let text = c.namesrv_addr().unwrap_err().to_string();
-    assert!(
-        text.contains("rocketmq.namesrv_addr") && text.contains("--namesrv-addr"),
-        "{text}"
-    );
+    // Inside a Jail: another test sets OUTBOX_RELAY_* variables, and Jails run one at a time.
+    figment::Jail::expect_with(|_jail| {
+        let c = Config::load(None, serde_json::json!({})).unwrap();
+        let text = c.mysql_url().unwrap_err().to_string();
+        assert!(
+            text.contains("mysql.url") && text.contains("OUTBOX_RELAY_MYSQL__URL"),
+            "{text}"
+        );
+        let text = c.namesrv_addr().unwrap_err().to_string();
+        assert!(
+            text.contains("rocketmq.namesrv_addr") && text.contains("--namesrv-addr"),
+            "{text}"
+        );
+        Ok(())
+    });
 }
 
 #[test]
 fn bad_values_are_rejected_with_the_key() {
-    let file = write_toml("[relay]\nshards = 0\n");
-    let text = Config::load(Some(file.path()), serde_json::json!({}))
-        .unwrap_err()
-        .to_string();
-    assert!(text.contains("relay.shards"), "{text}");
+    // Inside a Jail: another test sets OUTBOX_RELAY_* variables, and Jails run one at a time.
+    figment::Jail::expect_with(|_jail| {
+        let file = write_toml("[relay]\nshards = 0\n");
+        let text = Config::load(Some(file.path()), serde_json::json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("relay.shards"), "{text}");
 
-    let file = write_toml("[outbox]\ntables = [\"a;b\"]\n");
-    let text = Config::load(Some(file.path()), serde_json::json!({}))
-        .unwrap_err()
-        .to_string();
-    assert!(text.contains("outbox.tables"), "{text}");
+        let file = write_toml("[outbox]\ntables = [\"a;b\"]\n");
+        let text = Config::load(Some(file.path()), serde_json::json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("outbox.tables"), "{text}");
 
-    let file = write_toml("[sweeper]\ninterval = \"soon\"\n");
-    let text = Config::load(Some(file.path()), serde_json::json!({}))
-        .unwrap_err()
-        .to_string();
-    assert!(text.contains("interval"), "{text}");
+        let file = write_toml("[sweeper]\ninterval = \"soon\"\n");
+        let text = Config::load(Some(file.path()), serde_json::json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("interval"), "{text}");
+        Ok(())
+    });
 }
 
 #[test]
 fn missing_file_is_a_clear_error() {
-    let err = Config::load(
-        Some(Path::new("/nonexistent/relay.toml")),
-        serde_json::json!({}),
-    )
-    .unwrap_err();
-    assert!(err.to_string().contains("/nonexistent/relay.toml"));
+    // Inside a Jail: another test sets OUTBOX_RELAY_* variables, and Jails run one at a time.
+    figment::Jail::expect_with(|_jail| {
+        let err = Config::load(
+            Some(Path::new("/nonexistent/relay.toml")),
+            serde_json::json!({}),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/relay.toml"));
+        Ok(())
+    });
 }
 
 #[test]
