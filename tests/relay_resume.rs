@@ -173,3 +173,65 @@ async fn restarts_resume_from_sled_then_from_the_mysql_mirror_without_resending(
     );
     reader.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mysql_connections_are_reopened_and_nothing_is_lost() {
+    let db = TestDb::migrated("relay_kill_conn").await;
+    let topic = new_topic("relay_kill_conn");
+    let (config, _dir) = relay_config(&db);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+    let mut admin = db.conn().await;
+    let mut killed = 0;
+    for round in 0..5 {
+        let keys: Vec<String> = (0..40)
+            .map(|i| format!("k{}", (round * 40 + i) % 13))
+            .collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        write(&db, &topic, &keys).await;
+        // Every binlog dump thread (the relay's replica connection) and the relay's SQL
+        // connections to this database except ours.
+        let own: u64 = admin
+            .query_first("SELECT CONNECTION_ID()")
+            .await
+            .unwrap()
+            .unwrap();
+        let database = db.url.rsplit('/').next().unwrap().to_string();
+        let victims: Vec<u64> = admin
+            .exec(
+                "SELECT id FROM information_schema.processlist \
+                 WHERE (command = 'Binlog Dump' OR db = ?) AND id <> ?",
+                (database, own),
+            )
+            .await
+            .unwrap();
+        for id in victims {
+            if admin.query_drop(format!("KILL {id}")).await.is_ok() {
+                killed += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(killed >= 5, "connections were killed ({killed})");
+    wait_for(
+        "200 SENT after connection kills",
+        Duration::from_secs(90),
+        || async { count_status(&db, 2).await == 200 },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.marked.failed, 0);
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)
+        .await
+        .unwrap();
+    let messages = reader
+        .read_at_least(200, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let ids: std::collections::HashSet<&str> = messages
+        .iter()
+        .map(|m| m.properties["event_id"].as_str())
+        .collect();
+    assert_eq!(ids.len(), 200, "every event arrived");
+    reader.close().await;
+}

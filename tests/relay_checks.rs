@@ -1,0 +1,146 @@
+//! Start-up checks and `run --dry-run`. This binary's MariaDB is its own, so the tests may change
+//! global server settings; they run one after another inside one test.
+
+mod common;
+
+use common::relay::{current_position, relay_config, seed_checkpoint};
+use common::TestDb;
+use mysql_async::prelude::*;
+use mysql_async::TxOpts;
+use outbox_relay::binlog::reader::{check_server, StartupError};
+use outbox_relay::producer::{NewEvent, Outbox};
+use outbox_relay::relay::qualified_tables;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+async fn check(db: &TestDb, url: &str) -> Result<(), StartupError> {
+    let mut config = db.config.clone();
+    config.mysql.url = Some(url.to_string());
+    let opts = outbox_relay::db::opts(&config).unwrap();
+    check_server(&opts, &qualified_tables(&config).unwrap())
+        .await
+        .map(|_| ())
+}
+
+async fn set_global(db: &TestDb, sql: &str) {
+    db.conn()
+        .await
+        .query_drop(format!("SET GLOBAL {sql}"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn start_up_checks_name_what_to_change() {
+    let db = TestDb::migrated("relay_checks").await;
+    check(&db, &db.url)
+        .await
+        .expect("a well configured server passes");
+
+    for (setting, restore, expected) in [
+        (
+            "binlog_format = 'STATEMENT'",
+            "binlog_format = 'ROW'",
+            "binlog_format",
+        ),
+        (
+            "binlog_row_image = 'MINIMAL'",
+            "binlog_row_image = 'FULL'",
+            "binlog_row_image=FULL",
+        ),
+        (
+            "binlog_row_metadata = 'MINIMAL'",
+            "binlog_row_metadata = 'FULL'",
+            "binlog_row_metadata=FULL",
+        ),
+    ] {
+        set_global(&db, setting).await;
+        let err = check(&db, &db.url).await.unwrap_err().to_string();
+        set_global(&db, restore).await;
+        assert!(err.contains(expected), "{setting}: {err}");
+    }
+
+    // A user without replication privileges, then one without UPDATE on the outbox.
+    let database = db.url.rsplit('/').next().unwrap().to_string();
+    let mut conn = db.conn().await;
+    conn.query_drop("CREATE USER 'weak'@'127.0.0.1' IDENTIFIED BY 'pw'")
+        .await
+        .unwrap();
+    conn.query_drop(format!(
+        "GRANT SELECT ON `{database}`.* TO 'weak'@'127.0.0.1'"
+    ))
+    .await
+    .unwrap();
+    let weak_url = db.url.replacen("root@", "weak:pw@", 1);
+    let err = check(&db, &weak_url).await.unwrap_err().to_string();
+    assert!(
+        err.contains("REPLICATION CLIENT") || err.contains("BINLOG MONITOR"),
+        "{err}"
+    );
+    conn.query_drop("GRANT BINLOG MONITOR, REPLICATION SLAVE ON *.* TO 'weak'@'127.0.0.1'")
+        .await
+        .unwrap();
+    let err = check(&db, &weak_url).await.unwrap_err().to_string();
+    assert!(err.contains("grant UPDATE"), "{err}");
+    assert!(!err.contains("pw@"), "no password in errors: {err}");
+
+    // The outbox table is missing.
+    let mut missing = db.config.clone();
+    missing.outbox.tables = vec!["no_such_outbox".into()];
+    let opts = outbox_relay::db::opts(&missing).unwrap();
+    let err = check_server(&opts, &qualified_tables(&missing).unwrap())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("outbox-relay migrate"), "{err}");
+}
+
+#[tokio::test]
+async fn dry_run_prints_events_and_changes_nothing() {
+    let db = TestDb::migrated("relay_dry").await;
+    let (config, dir) = relay_config(&db);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let mut tx = db.pool.start_transaction(TxOpts::default()).await.unwrap();
+    let events = (0..3)
+        .map(|i| NewEvent::new("dry-topic", format!("k{i}"), serde_json::json!({"i": i})))
+        .collect();
+    let ids = Outbox::default()
+        .enqueue_batch(&mut tx, events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let file = dir.path().join("relay.toml");
+    std::fs::write(&file, toml::to_string(&config).unwrap()).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["-c", file.to_str().unwrap(), "run", "--dry-run"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut printed = Vec::new();
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if let Some(id) = value.get("event_id").and_then(|v| v.as_str()) {
+            assert_eq!(value["topic"], "dry-topic");
+            printed.push(id.to_string());
+        }
+        if printed.len() == 3 || Instant::now() > deadline {
+            break;
+        }
+    }
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    let ids: Vec<String> = ids.into_iter().map(String::from).collect();
+    assert_eq!(printed, ids);
+    assert_eq!(
+        common::relay::count_status(&db, 0).await,
+        3,
+        "a dry run marks nothing"
+    );
+}
