@@ -10,6 +10,8 @@
 //!
 //! Prints a markdown table for the README.
 
+#![recursion_limit = "256"] // the RocketMQ client futures are deeply nested
+
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use outbox_relay::binlog::BinlogPosition;
@@ -17,10 +19,8 @@ use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
 use outbox_relay::devenv::{scratch_dir, MariaDb, MariaDbOptions, RocketMq, TopicReader};
 use outbox_relay::producer::{NewEvent, Outbox, Payload};
-use outbox_relay::relay::{run_cdc, RunOptions};
-use outbox_relay::send::RocketMqSink;
+use outbox_relay::relay::{RelayHandle, RunOptions};
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
@@ -95,7 +95,7 @@ async fn sent_count(pool: &mysql_async::Pool, topic: &str) -> u64 {
         .unwrap_or_default()
 }
 
-/// Runs the relay from `start` until `done()`; returns the time from start to done.
+/// Runs the relay from `start` until `expected` rows of `topic` are SENT; returns the time taken.
 async fn relay_until(
     config: &Config,
     start: &BinlogPosition,
@@ -103,20 +103,16 @@ async fn relay_until(
     topic: &str,
     expected: u64,
 ) -> Duration {
-    let dir = scratch_dir("bench-checkpoint").unwrap();
     let mut config = config.clone();
-    config.relay.checkpoint_dir = dir.clone();
-    let store = Arc::new(SledStore::open(&dir).unwrap());
-    store.save(start).unwrap();
-    let sink = Arc::new(RocketMqSink::start(&config.rocketmq).await.unwrap());
-    let cancel = CancellationToken::new();
+    config.relay.checkpoint_dir = scratch_dir("bench-checkpoint").unwrap();
+    SledStore::open(&config.relay.checkpoint_dir)
+        .unwrap()
+        .save(start)
+        .unwrap();
     let began = Instant::now();
-    let task = {
-        let (config, sink, cancel) = (config.clone(), Arc::clone(&sink), cancel.clone());
-        tokio::spawn(
-            async move { run_cdc(&config, sink, store, RunOptions::default(), cancel).await },
-        )
-    };
+    let relay = RelayHandle::spawn(&config, RunOptions::default(), CancellationToken::new())
+        .await
+        .unwrap();
     let mut last_report = Instant::now();
     loop {
         let sent = sent_count(pool, topic).await;
@@ -130,11 +126,7 @@ async fn relay_until(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let elapsed = began.elapsed();
-    cancel.cancel();
-    task.await.unwrap().unwrap();
-    if let Ok(sink) = Arc::try_unwrap(sink) {
-        sink.shutdown().await;
-    }
+    relay.stop().await.unwrap();
     elapsed
 }
 

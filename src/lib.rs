@@ -17,6 +17,7 @@ pub mod config;
 pub mod consumer;
 pub mod db;
 pub mod devenv;
+pub mod event;
 pub mod mark;
 pub mod producer;
 pub mod relay;

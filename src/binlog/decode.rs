@@ -5,24 +5,19 @@
 //! it was not inserted as PENDING. Decoding never panics on bad data.
 
 use crate::config::TableName;
+use crate::event::OutboundMessage;
 use crate::producer::validate;
 use mysql_async::binlog::row::BinlogRow;
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::Value;
 use std::sync::Arc;
 
-/// An outbox INSERT, ready to publish.
+/// An outbox INSERT, ready to publish: where it lives and the message it becomes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxRow {
     pub table: Arc<TableName>,
     pub id: u64,
-    pub event_id: String,
-    pub biz_key: String,
-    pub topic: String,
-    pub tags: Option<String>,
-    pub headers: Vec<(String, String)>,
-    /// JSON text.
-    pub payload: String,
+    pub message: OutboundMessage,
 }
 
 /// A row that cannot become a message; the relay marks it FAILED with `reason`.
@@ -174,12 +169,14 @@ pub fn decode_row(
         Ok(OutboxRow {
             table: Arc::clone(table),
             id,
-            event_id: event_id.clone(),
-            biz_key,
-            topic,
-            tags,
-            headers,
-            payload,
+            message: OutboundMessage {
+                event_id: event_id.clone(),
+                biz_key,
+                topic,
+                tags,
+                headers,
+                payload,
+            },
         })
     })();
     match fields {

@@ -11,11 +11,9 @@ use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
 use outbox_relay::devenv::{MariaDb, MariaDbOptions, RocketMq, TopicReader};
 use outbox_relay::producer::Outbox;
-use outbox_relay::relay::{self, RunOptions, RunSummary};
-use outbox_relay::send::RocketMqSink;
+use outbox_relay::relay::{self, RelayHandle, RunOptions};
 use outbox_relay::{db, schema};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -151,8 +149,7 @@ async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
         tokio::signal::ctrl_c().await?;
         eprintln!("stopping ...");
     }
-    relay.cancel.cancel();
-    let summary = relay.task.await??;
+    let summary = relay.stop().await?;
     eprintln!(
         "relay stopped: {} sent, {} failed, checkpoint {}",
         summary.marked.sent, summary.marked.failed, summary.checkpoint
@@ -165,40 +162,19 @@ async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
 
 const DEMO_TOPIC: &str = "outbox-demo";
 
-/// The relay running inside `dev up`.
-struct DevRelay {
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<anyhow::Result<RunSummary>>,
-}
-
 /// Starts the relay; on the first run its checkpoint is the server's current position, so the
 /// demo events written next are all streamed.
-async fn start_relay(config: &Config) -> anyhow::Result<DevRelay> {
+async fn start_relay(config: &Config) -> anyhow::Result<RelayHandle> {
     std::fs::create_dir_all(&config.relay.checkpoint_dir)?;
-    let store = SledStore::open(&config.relay.checkpoint_dir)?;
-    if store.load()?.is_none() {
-        let tables = relay::qualified_tables(config)?;
-        let server = check_server(&db::opts(config)?, &tables).await?;
-        store.save(&server.current)?;
-    }
-    let sink = Arc::new(RocketMqSink::start(&config.rocketmq).await?);
-    let cancel = CancellationToken::new();
-    let (config, token) = (config.clone(), cancel.clone());
-    let task = tokio::spawn(async move {
-        let result = relay::run_cdc(
-            &config,
-            Arc::clone(&sink),
-            Arc::new(store),
-            RunOptions::default(),
-            token,
-        )
-        .await;
-        if let Ok(sink) = Arc::try_unwrap(sink) {
-            sink.shutdown().await;
+    {
+        let store = SledStore::open(&config.relay.checkpoint_dir)?;
+        if store.load()?.is_none() {
+            let tables = relay::qualified_tables(config)?;
+            let server = check_server(&db::opts(config)?, &tables).await?;
+            store.save(&server.current)?;
         }
-        result
-    });
-    Ok(DevRelay { cancel, task })
+    }
+    RelayHandle::spawn(config, RunOptions::default(), CancellationToken::new()).await
 }
 
 async fn wait_until_sent(pool: &mysql_async::Pool, event_ids: &[String]) -> anyhow::Result<()> {

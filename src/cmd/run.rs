@@ -1,13 +1,9 @@
 //! `outbox-relay run [--dry-run]`.
 
 use super::GlobalArgs;
-use anyhow::Context;
 use clap::Args;
-use outbox_relay::checkpoint::SledStore;
 use outbox_relay::config::RelayMode;
-use outbox_relay::relay::{self, RunOptions};
-use outbox_relay::send::RocketMqSink;
-use std::sync::Arc;
+use outbox_relay::relay::{self, RelayHandle, RunOptions};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -32,24 +28,14 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
         return relay::dry_run(&config, cancel).await;
     }
     config.namesrv_addr()?;
-    std::fs::create_dir_all(&config.relay.checkpoint_dir).with_context(|| {
-        format!(
-            "cannot create relay.checkpoint_dir {}",
-            config.relay.checkpoint_dir.display()
-        )
-    })?;
-    let store = SledStore::open(&config.relay.checkpoint_dir)?;
-    let sink = Arc::new(RocketMqSink::start(&config.rocketmq).await?);
     let options = RunOptions {
         drain_timeout: args.drain_timeout,
         ..RunOptions::default()
     };
-    let summary =
-        relay::run_cdc(&config, Arc::clone(&sink), Arc::new(store), options, cancel).await;
-    if let Ok(sink) = Arc::try_unwrap(sink) {
-        sink.shutdown().await;
-    }
-    let summary = summary?;
+    let summary = RelayHandle::spawn(&config, options, cancel)
+        .await?
+        .join()
+        .await?;
     eprintln!(
         "stopped: {} sent, {} failed, checkpoint {}",
         summary.marked.sent, summary.marked.failed, summary.checkpoint

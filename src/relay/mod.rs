@@ -214,10 +214,14 @@ pub async fn dry_run(config: &Config, cancel: CancellationToken) -> anyhow::Resu
     let task = tokio::spawn(reader.run(start, tx, cancel));
     while let Some(item) = rx.recv().await {
         let line = match item {
-            BinlogItem::Row(crate::binlog::DecodedRow::Event(e)) => serde_json::json!({
-                "table": e.table.to_string(), "id": e.id, "event_id": e.event_id, "biz_key": e.biz_key,
-                "topic": e.topic, "tags": e.tags, "headers": e.headers, "payload": e.payload,
-            }),
+            BinlogItem::Row(crate::binlog::DecodedRow::Event(row)) => {
+                let e = row.message;
+                serde_json::json!({
+                    "table": row.table.to_string(), "id": row.id, "event_id": e.event_id,
+                    "biz_key": e.biz_key, "topic": e.topic, "tags": e.tags, "headers": e.headers,
+                    "payload": e.payload,
+                })
+            }
             BinlogItem::Row(crate::binlog::DecodedRow::Problem(p)) => serde_json::json!({
                 "table": p.table.to_string(), "id": p.id, "event_id": p.event_id, "would_fail": p.reason,
             }),
@@ -230,4 +234,51 @@ pub async fn dry_run(config: &Config, cancel: CancellationToken) -> anyhow::Resu
     }
     task.await??;
     Ok(())
+}
+
+/// A relay running on the current Tokio runtime with the RocketMQ sink and the sled store in
+/// `relay.checkpoint_dir`: what `outbox-relay run`, `dev up`, the tests and the benchmark start.
+pub struct RelayHandle {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<RunSummary>>,
+}
+
+impl RelayHandle {
+    /// Starts the producer and the relay; `cancel` stops it (drain, final checkpoint).
+    pub async fn spawn(
+        config: &Config,
+        options: RunOptions,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(&config.relay.checkpoint_dir).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot create relay.checkpoint_dir {}: {e}",
+                config.relay.checkpoint_dir.display()
+            )
+        })?;
+        let store = Arc::new(crate::checkpoint::SledStore::open(
+            &config.relay.checkpoint_dir,
+        )?);
+        let sink = Arc::new(crate::send::RocketMqSink::start(&config.rocketmq).await?);
+        let (config, token) = (config.clone(), cancel.clone());
+        let task = tokio::spawn(async move {
+            let result = run_cdc(&config, Arc::clone(&sink), store, options, token).await;
+            if let Ok(sink) = Arc::try_unwrap(sink) {
+                sink.shutdown().await;
+            }
+            result
+        });
+        Ok(RelayHandle { cancel, task })
+    }
+
+    /// Waits until the relay ends (cancelled, or a permanent error).
+    pub async fn join(self) -> anyhow::Result<RunSummary> {
+        self.task.await?
+    }
+
+    /// Requests a graceful stop and waits for the summary.
+    pub async fn stop(self) -> anyhow::Result<RunSummary> {
+        self.cancel.cancel();
+        self.join().await
+    }
 }

@@ -13,18 +13,9 @@ pub use client_host::ClientHost;
 pub use rocketmq::RocketMqSink;
 pub use shard::{run_shard, Completion, Outcome, ShardEvent, ShardOptions};
 
-use std::future::Future;
+pub use crate::event::OutboundMessage;
 
-/// One message to publish, built from an outbox row.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OutboundMessage {
-    pub event_id: String,
-    pub biz_key: String,
-    pub topic: String,
-    pub tags: Option<String>,
-    pub headers: Vec<(String, String)>,
-    pub payload: String,
-}
+use std::future::Future;
 
 /// Why a send did not end in `SEND_OK`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,6 +51,6 @@ pub trait Sink: Send + Sync + 'static {
         &self,
         topic: &str,
         queue_index: usize,
-        messages: &[OutboundMessage],
+        messages: &[&OutboundMessage],
     ) -> impl Future<Output = Result<Vec<String>, SendError>> + Send;
 }

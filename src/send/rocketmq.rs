@@ -297,7 +297,7 @@ impl Sink for RocketMqSink {
         &self,
         topic: &str,
         queue_index: usize,
-        messages: &[OutboundMessage],
+        messages: &[&OutboundMessage],
     ) -> Result<Vec<String>, SendError> {
         self.rebuild_if_stuck().await;
         let queues = self.route(topic).await?;
@@ -308,7 +308,7 @@ impl Sink for RocketMqSink {
         })?;
         let built = messages
             .iter()
-            .map(build_message)
+            .map(|m| build_message(m))
             .collect::<Result<Vec<_>, _>>()?;
         let count = built.len();
         let producer = self.producer();

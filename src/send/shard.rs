@@ -23,7 +23,7 @@ pub struct ShardEvent {
 
 impl ShardEvent {
     pub fn new(seq: TxSeq, row: OutboxRow) -> Self {
-        let key_hash = java_string_hash(&row.biz_key);
+        let key_hash = java_string_hash(&row.message.biz_key);
         ShardEvent { seq, row, key_hash }
     }
 }
@@ -102,16 +102,16 @@ pub async fn run_shard<S: Sink>(
         };
         // Add the events already waiting that go to the same topic and queue; the first that
         // does not is held for the next round, so the shard's order is kept.
-        let mut bytes = first.row.payload.len();
+        let mut bytes = first.row.message.payload.len();
         let mut batch = vec![first];
         while batch.len() < options.max_batch && bytes < options.max_batch_bytes {
             let Ok(next) = input.try_recv() else { break };
-            let fits = bytes + next.row.payload.len() <= options.max_batch_bytes;
+            let fits = bytes + next.row.message.payload.len() <= options.max_batch_bytes;
             if fits
-                && next.row.topic == batch[0].row.topic
+                && next.row.message.topic == batch[0].row.message.topic
                 && queue_of(&*sink, &next).await == Some(queue)
             {
-                bytes += next.row.payload.len();
+                bytes += next.row.message.payload.len();
                 batch.push(next);
             } else {
                 held = Some(next);
@@ -129,7 +129,7 @@ pub async fn run_shard<S: Sink>(
 
 /// The queue of `event` if its topic's route is known.
 async fn queue_of<S: Sink>(sink: &S, event: &ShardEvent) -> Option<usize> {
-    let n = sink.queue_count(&event.row.topic).await.ok()?;
+    let n = sink.queue_count(&event.row.message.topic).await.ok()?;
     (n > 0).then(|| index_for(event.key_hash, n))
 }
 
@@ -147,11 +147,11 @@ async fn resolve_queue<S: Sink>(
 ) -> Result<usize, Stop> {
     let mut retries = 0;
     loop {
-        match sink.queue_count(&event.row.topic).await {
+        match sink.queue_count(&event.row.message.topic).await {
             Ok(n) if n > 0 => return Ok(index_for(event.key_hash, n)),
             Ok(_) => {
                 return Err(Stop::Failed(failed(
-                    format!("topic {} has no writable queue", event.row.topic),
+                    format!("topic {} has no writable queue", event.row.message.topic),
                     retries + 1,
                 )))
             }
@@ -162,7 +162,7 @@ async fn resolve_queue<S: Sink>(
                 retries += 1;
                 match options.retry.delay(retries) {
                     Some(delay) => {
-                        tracing::warn!(topic = %event.row.topic, %reason, retry = retries, ?delay, "route look-up failed; retrying");
+                        tracing::warn!(topic = %event.row.message.topic, %reason, retry = retries, ?delay, "route look-up failed; retrying");
                         wait(delay, cancel).await.map_err(|_| Stop::Cancelled)?;
                     }
                     None => {
@@ -192,29 +192,18 @@ async fn report(
     outcome: Outcome,
 ) -> Result<(), ()> {
     if let Outcome::Failed { reason, attempts } = &outcome {
-        tracing::error!(event_id = %event.row.event_id, table = %event.row.table, id = event.row.id,
+        tracing::error!(event_id = %event.row.message.event_id, table = %event.row.table, id = event.row.id,
             %reason, attempts, "event FAILED");
     }
     done.send(Completion {
         seq: event.seq,
         table: event.row.table,
         id: event.row.id,
-        event_id: event.row.event_id,
+        event_id: event.row.message.event_id,
         outcome,
     })
     .await
     .map_err(|_| ())
-}
-
-fn message(row: &OutboxRow) -> OutboundMessage {
-    OutboundMessage {
-        event_id: row.event_id.clone(),
-        biz_key: row.biz_key.clone(),
-        topic: row.topic.clone(),
-        tags: row.tags.clone(),
-        headers: row.headers.clone(),
-        payload: row.payload.clone(),
-    }
 }
 
 /// Sends `batch` until every event has an outcome. A batch the broker rejects as a whole is
@@ -227,8 +216,8 @@ async fn send_batch<S: Sink>(
     done: &mpsc::Sender<Completion>,
     cancel: &CancellationToken,
 ) -> Result<(), ()> {
-    let messages: Vec<OutboundMessage> = batch.iter().map(|e| message(&e.row)).collect();
-    let topic = batch[0].row.topic.clone();
+    let messages: Vec<&OutboundMessage> = batch.iter().map(|e| &e.row.message).collect();
+    let topic = batch[0].row.message.topic.clone();
     let mut retries = 0u32;
     loop {
         match sink.send(&topic, queue, &messages).await {

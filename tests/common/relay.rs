@@ -6,13 +6,10 @@ use mysql_async::prelude::*;
 use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
-use outbox_relay::relay::{run_cdc, RunOptions, RunSummary};
-use outbox_relay::send::RocketMqSink;
+use outbox_relay::relay::{RelayHandle, RunOptions, RunSummary};
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// A config for `db` and the binary's broker, with its own replica server id and a temporary
@@ -55,39 +52,20 @@ pub fn seed_checkpoint(config: &Config, position: &BinlogPosition) {
 }
 
 /// A relay running in this process.
-pub struct RunningRelay {
-    pub cancel: CancellationToken,
-    pub task: JoinHandle<anyhow::Result<RunSummary>>,
-}
+pub struct RunningRelay(RelayHandle);
 
 impl RunningRelay {
     /// Starts the relay with its sled store in `config.relay.checkpoint_dir`.
     pub async fn start(config: &Config) -> Self {
-        let sink = Arc::new(RocketMqSink::start(&config.rocketmq).await.expect("sink"));
-        let store = Arc::new(SledStore::open(&config.relay.checkpoint_dir).expect("store"));
-        let cancel = CancellationToken::new();
-        let (config, token) = (config.clone(), cancel.clone());
-        let task = tokio::spawn(async move {
-            let result = run_cdc(
-                &config,
-                Arc::clone(&sink),
-                store,
-                RunOptions::default(),
-                token,
-            )
-            .await;
-            if let Ok(sink) = Arc::try_unwrap(sink) {
-                sink.shutdown().await;
-            }
-            result
-        });
-        RunningRelay { cancel, task }
+        let handle = RelayHandle::spawn(config, RunOptions::default(), CancellationToken::new())
+            .await
+            .expect("relay starts");
+        RunningRelay(handle)
     }
 
     /// Requests a graceful stop and returns the summary.
     pub async fn stop(self) -> RunSummary {
-        self.cancel.cancel();
-        self.task.await.expect("relay task").expect("relay run")
+        self.0.stop().await.expect("relay run")
     }
 }
 

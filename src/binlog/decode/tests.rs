@@ -52,10 +52,11 @@ fn decode(values: Vec<BinlogValue<'static>>, limit: usize) -> DecodedRow {
 
 #[test]
 fn a_good_row_becomes_an_event() {
-    let DecodedRow::Event(e) = decode(good(), 1024) else {
+    let DecodedRow::Event(row) = decode(good(), 1024) else {
         panic!()
     };
-    assert_eq!(e.id, 7);
+    assert_eq!(row.id, 7);
+    let e = row.message;
     assert_eq!(
         (e.event_id.as_str(), e.biz_key.as_str(), e.topic.as_str()),
         ("evt-7", "order-7", "order-events")
@@ -72,10 +73,10 @@ fn a_good_row_becomes_an_event() {
 fn binary_json_from_mysql_is_accepted() {
     let mut values = good();
     values[6] = BinlogValue::Jsonb(jsonb::Value::String(JsonbString::new(b"hello".to_vec())));
-    let DecodedRow::Event(e) = decode(values, 1024) else {
+    let DecodedRow::Event(row) = decode(values, 1024) else {
         panic!()
     };
-    assert_eq!(e.payload, "\"hello\"");
+    assert_eq!(row.message.payload, "\"hello\"");
 }
 
 #[test]

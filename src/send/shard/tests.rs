@@ -43,7 +43,7 @@ impl Sink for ScriptedSink {
         &self,
         topic: &str,
         queue: usize,
-        messages: &[OutboundMessage],
+        messages: &[&OutboundMessage],
     ) -> Result<Vec<String>, SendError> {
         let ids: Vec<String> = messages.iter().map(|m| m.event_id.clone()).collect();
         self.calls
@@ -66,12 +66,14 @@ fn event(seq: u64, id: u64, key: &str, topic: &str) -> ShardEvent {
         OutboxRow {
             table: Arc::new(TableName::parse("outbox_event").unwrap()),
             id,
-            event_id: format!("e{id}"),
-            biz_key: key.into(),
-            topic: topic.into(),
-            tags: None,
-            headers: vec![],
-            payload: "{}".into(),
+            message: OutboundMessage {
+                event_id: format!("e{id}"),
+                biz_key: key.into(),
+                topic: topic.into(),
+                tags: None,
+                headers: vec![],
+                payload: "{}".into(),
+            },
         },
     )
 }
