@@ -3,7 +3,8 @@
 mod common;
 
 use common::relay::{
-    count_status, current_position, relay_config, seed_checkpoint, wait_for, RunningRelay,
+    count_status, current_position, deliveries, relay_config, seed_checkpoint, wait_for,
+    RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -11,10 +12,9 @@ use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use outbox_relay::binlog::{BinlogPosition, MariaDbGtid};
 use outbox_relay::config::Config;
-use outbox_relay::devenv::{scratch_dir, RocketMq, TopicReader};
+use outbox_relay::devenv::{scratch_dir, RocketMq};
 use outbox_relay::producer::{NewEvent, Outbox};
 use serde_json::json;
-use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -57,23 +57,6 @@ fn spawn_relay_process(config_file: &std::path::Path) -> Child {
         .stdout(Stdio::null())
         .spawn()
         .expect("start outbox-relay run")
-}
-
-/// How many times each event_id reached the topic.
-async fn deliveries(namesrv: &str, topic: &str, expected: usize) -> HashMap<String, usize> {
-    let mut reader = TopicReader::new(namesrv, topic).await.unwrap();
-    let messages = reader
-        .read_at_least(expected, Duration::from_secs(120))
-        .await
-        .unwrap();
-    let mut per_event = HashMap::new();
-    for m in &messages {
-        *per_event
-            .entry(m.properties["event_id"].clone())
-            .or_insert(0) += 1;
-    }
-    reader.close().await;
-    per_event
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,8 @@
 mod common;
 
 use common::relay::{
-    count_status, current_position, relay_config, seed_checkpoint, wait_for, RunningRelay,
+    count_status, current_position, deliveries, relay_config, seed_checkpoint, wait_for,
+    RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -221,17 +222,6 @@ async fn killed_mysql_connections_are_reopened_and_nothing_is_lost() {
     .await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
-    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)
-        .await
-        .unwrap();
-    let messages = reader
-        .read_at_least(200, Duration::from_secs(60))
-        .await
-        .unwrap();
-    let ids: std::collections::HashSet<&str> = messages
-        .iter()
-        .map(|m| m.properties["event_id"].as_str())
-        .collect();
-    assert_eq!(ids.len(), 200, "every event arrived");
-    reader.close().await;
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, 200).await;
+    assert_eq!(per_event.len(), 200, "every event arrived");
 }

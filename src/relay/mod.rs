@@ -66,6 +66,24 @@ pub fn qualified_tables(config: &Config) -> anyhow::Result<Vec<TableName>> {
         .collect())
 }
 
+fn reader_options(
+    config: &Config,
+    opts: mysql_async::Opts,
+    tables: Vec<TableName>,
+    flavor: crate::binlog::ServerFlavor,
+) -> ReaderOptions {
+    ReaderOptions {
+        opts,
+        server_id: config.mysql.server_id,
+        heartbeat: config.mysql.heartbeat,
+        tables,
+        limits: RowLimits {
+            max_payload_bytes: config.outbox.max_payload_bytes,
+        },
+        flavor,
+    }
+}
+
 /// Where to start: the sled checkpoint, else the MySQL mirror, else the server's current end.
 async fn start_position(
     store: &dyn CheckpointStore,
@@ -105,16 +123,7 @@ pub async fn run_cdc<S: Sink>(
     let start = start_position(&*store, &mirror, &pool, &server.current).await?;
     let watermark = Arc::new(Mutex::new(Watermark::new(start.clone())));
 
-    let reader = BinlogReader::new(ReaderOptions {
-        opts,
-        server_id: config.mysql.server_id,
-        heartbeat: config.mysql.heartbeat,
-        tables,
-        limits: RowLimits {
-            max_payload_bytes: config.outbox.max_payload_bytes,
-        },
-        flavor: server.flavor,
-    });
+    let reader = BinlogReader::new(reader_options(config, opts, tables, server.flavor));
     let (items_tx, items_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let reader_cancel = cancel.child_token();
     let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
@@ -200,16 +209,7 @@ pub async fn dry_run(config: &Config, cancel: CancellationToken) -> anyhow::Resu
         None => server.current.clone(),
     };
     eprintln!("dry run from {start}; Ctrl-C to stop");
-    let reader = BinlogReader::new(ReaderOptions {
-        opts,
-        server_id: config.mysql.server_id,
-        heartbeat: config.mysql.heartbeat,
-        tables,
-        limits: RowLimits {
-            max_payload_bytes: config.outbox.max_payload_bytes,
-        },
-        flavor: server.flavor,
-    });
+    let reader = BinlogReader::new(reader_options(config, opts, tables, server.flavor));
     let (tx, mut rx) = mpsc::channel(CHANNEL_CAPACITY);
     let task = tokio::spawn(reader.run(start, tx, cancel));
     while let Some(item) = rx.recv().await {

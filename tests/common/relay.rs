@@ -6,7 +6,9 @@ use mysql_async::prelude::*;
 use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
+use outbox_relay::devenv::TopicReader;
 use outbox_relay::relay::{RelayHandle, RunOptions, RunSummary};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -96,4 +98,21 @@ pub async fn count_status(db: &TestDb, status: u8) -> u64 {
         .await
         .unwrap()
         .unwrap_or_default()
+}
+
+/// How many times each event_id reached the topic.
+pub async fn deliveries(namesrv: &str, topic: &str, expected: usize) -> HashMap<String, usize> {
+    let mut reader = TopicReader::new(namesrv, topic).await.unwrap();
+    let messages = reader
+        .read_at_least(expected, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let mut per_event = HashMap::new();
+    for m in &messages {
+        *per_event
+            .entry(m.properties["event_id"].clone())
+            .or_insert(0) += 1;
+    }
+    reader.close().await;
+    per_event
 }
