@@ -1,5 +1,6 @@
 //! The CDC relay: binlog reader → router → ordered shard senders → marker → watermark →
-//! checkpoint. `outbox-relay run` calls [`run_cdc`].
+//! checkpoint. `outbox-relay run` calls [`run_cdc`], or [`run_poll`] (the polling relay of
+//! [`crate::sweep`]) when `relay.mode = "poll"`.
 //!
 //! Guarantees (the product's contract): every committed outbox INSERT after the start position
 //! is published with `SEND_OK` and marked SENT, or marked FAILED with a reason; events of one
@@ -9,14 +10,15 @@
 mod checkpointer;
 mod dispatch;
 
+pub use crate::sweep::run_poll;
 pub use checkpointer::CheckpointSettings;
 
 use crate::binlog::decode::RowLimits;
 use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
 use crate::binlog::BinlogPosition;
 use crate::checkpoint::{CheckpointStore, MysqlMirror, Watermark};
-use crate::config::{Config, TableName};
-use crate::mark::{run_marker, MarkStats};
+use crate::config::{Config, RelayMode, TableName};
+use crate::mark::{run_marker, MarkRule, MarkStats};
 use crate::retry::RetryPolicy;
 use crate::route::Router;
 use crate::send::{run_shard, ShardOptions, Sink};
@@ -44,6 +46,8 @@ pub struct RunOptions {
     /// After cancellation, how long in-flight events may take to finish.
     pub drain_timeout: Duration,
     pub checkpoint: CheckpointSettings,
+    /// Poll mode: how rows are claimed; `None` detects it from the server's version.
+    pub claim_strategy: Option<crate::sweep::ClaimStrategy>,
 }
 
 impl Default for RunOptions {
@@ -51,6 +55,7 @@ impl Default for RunOptions {
         RunOptions {
             drain_timeout: Duration::from_secs(10),
             checkpoint: CheckpointSettings::default(),
+            claim_strategy: None,
         }
     }
 }
@@ -147,7 +152,11 @@ pub async fn run_cdc<S: Sink>(
             shard_cancel.clone(),
         )));
     }
-    let marker_task = tokio::spawn(run_marker(pool.clone(), done_rx, Arc::clone(&watermark)));
+    let marker_task = tokio::spawn(run_marker(
+        pool.clone(),
+        done_rx,
+        MarkRule::Stream(Arc::clone(&watermark)),
+    ));
     let checkpoint_stop = CancellationToken::new();
     let checkpoint_task = tokio::spawn(checkpointer::run(
         Arc::clone(&watermark),
@@ -198,6 +207,7 @@ pub async fn run_cdc<S: Sink>(
 /// as a JSON line; sends, marks and saves nothing.
 pub async fn dry_run(config: &Config, cancel: CancellationToken) -> anyhow::Result<()> {
     use crate::binlog::BinlogItem;
+    use std::io::Write;
     let opts = crate::db::opts(config)?;
     let tables = qualified_tables(config)?;
     let server = check_server(&opts, &tables).await?;
@@ -211,7 +221,7 @@ pub async fn dry_run(config: &Config, cancel: CancellationToken) -> anyhow::Resu
     eprintln!("dry run from {start}; Ctrl-C to stop");
     let reader = BinlogReader::new(reader_options(config, opts, tables, server.flavor));
     let (tx, mut rx) = mpsc::channel(CHANNEL_CAPACITY);
-    let task = tokio::spawn(reader.run(start, tx, cancel));
+    let task = tokio::spawn(reader.run(start, tx, cancel.clone()));
     while let Some(item) = rx.recv().await {
         let line = match item {
             BinlogItem::Row(crate::binlog::DecodedRow::Event(row)) => {
@@ -230,8 +240,13 @@ pub async fn dry_run(config: &Config, cancel: CancellationToken) -> anyhow::Resu
             }
             _ => continue,
         };
-        println!("{line}");
+        // A closed stdout (`run --dry-run | head`) ends the dry run quietly.
+        if writeln!(std::io::stdout(), "{line}").is_err() {
+            cancel.cancel();
+            break;
+        }
     }
+    drop(rx);
     task.await??;
     Ok(())
 }
@@ -244,25 +259,34 @@ pub struct RelayHandle {
 }
 
 impl RelayHandle {
-    /// Starts the producer and the relay; `cancel` stops it (drain, final checkpoint).
+    /// Starts the producer and the relay of `config.relay.mode`; `cancel` stops it (drain, final
+    /// checkpoint in CDC mode, release of still-claimed rows in poll mode).
     pub async fn spawn(
         config: &Config,
         options: RunOptions,
         cancel: CancellationToken,
     ) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(&config.relay.checkpoint_dir).map_err(|e| {
-            anyhow::anyhow!(
-                "cannot create relay.checkpoint_dir {}: {e}",
-                config.relay.checkpoint_dir.display()
-            )
-        })?;
-        let store = Arc::new(crate::checkpoint::SledStore::open(
-            &config.relay.checkpoint_dir,
-        )?);
+        let store: Option<Arc<dyn CheckpointStore>> = match config.relay.mode {
+            RelayMode::Poll => None,
+            RelayMode::Cdc => {
+                std::fs::create_dir_all(&config.relay.checkpoint_dir).map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot create relay.checkpoint_dir {}: {e}",
+                        config.relay.checkpoint_dir.display()
+                    )
+                })?;
+                Some(Arc::new(crate::checkpoint::SledStore::open(
+                    &config.relay.checkpoint_dir,
+                )?))
+            }
+        };
         let sink = Arc::new(crate::send::RocketMqSink::start(&config.rocketmq).await?);
         let (config, token) = (config.clone(), cancel.clone());
         let task = tokio::spawn(async move {
-            let result = run_cdc(&config, Arc::clone(&sink), store, options, token).await;
+            let result = match store {
+                Some(store) => run_cdc(&config, Arc::clone(&sink), store, options, token).await,
+                None => run_poll(&config, Arc::clone(&sink), options, token).await,
+            };
             if let Ok(sink) = Arc::try_unwrap(sink) {
                 sink.shutdown().await;
             }
