@@ -25,6 +25,7 @@ pub mod retry;
 pub mod route;
 pub mod schema;
 pub mod send;
+pub mod sweep;
 
 pub use config::Config;
 pub use producer::{EnqueueError, EventId, NewEvent, Outbox, Payload};

@@ -3,19 +3,17 @@
 mod common;
 
 use common::relay::{
-    count_status, current_position, deliveries, relay_config, seed_checkpoint, wait_for,
-    RunningRelay,
+    count_status, current_position, deliveries, relay_config, seed_checkpoint, spawn_relay_process,
+    wait_for, write_config_file, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use outbox_relay::binlog::{BinlogPosition, MariaDbGtid};
-use outbox_relay::config::Config;
 use outbox_relay::devenv::{scratch_dir, RocketMq};
 use outbox_relay::producer::{NewEvent, Outbox};
 use serde_json::json;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// Writes `count` events in transactions of 5, over 20 keys, pausing `pause` between commits.
@@ -36,27 +34,6 @@ async fn write_slowly(db: &TestDb, topic: &str, count: usize, pause: Duration) {
         tx.commit().await.unwrap();
         tokio::time::sleep(pause).await;
     }
-}
-
-fn write_config_file(config: &Config, dir: &std::path::Path) -> std::path::PathBuf {
-    let path = dir.join("relay.toml");
-    std::fs::write(&path, toml::to_string(config).unwrap()).unwrap();
-    path
-}
-
-fn spawn_relay_process(config_file: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args([
-            "-c",
-            config_file.to_str().unwrap(),
-            "--metrics-listen",
-            "",
-            "run",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start outbox-relay run")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -133,56 +133,89 @@ pub fn decode_row(
         Err(e) => return problem(None, e),
     };
     let fields = (|| -> Result<OutboxRow, String> {
-        let biz_key = text(row.as_ref(layout.biz_key), "biz_key")?.ok_or("`biz_key` is NULL")?;
-        let topic = text(row.as_ref(layout.topic), "topic")?.ok_or("`topic` is NULL")?;
-        let tags = match layout.tags {
-            Some(i) => text(row.as_ref(i), "tags")?,
-            None => None,
+        let text_fields = RowText {
+            event_id: event_id.clone(),
+            biz_key: text(row.as_ref(layout.biz_key), "biz_key")?,
+            topic: text(row.as_ref(layout.topic), "topic")?,
+            tags: match layout.tags {
+                Some(i) => text(row.as_ref(i), "tags")?,
+                None => None,
+            },
+            headers: match layout.headers {
+                Some(i) => json_text(row.as_ref(i), "headers")?,
+                None => None,
+            },
+            payload: json_text(row.as_ref(layout.payload), "payload")?,
         };
-        let headers = match layout.headers {
-            Some(i) => json_text(row.as_ref(i), "headers")?,
-            None => None,
-        };
-        let payload =
-            json_text(row.as_ref(layout.payload), "payload")?.ok_or("`payload` is NULL")?;
-        validate::event_id(&event_id).map_err(|e| e.to_string())?;
-        validate::topic(&topic).map_err(|e| e.to_string())?;
-        validate::biz_key(&biz_key).map_err(|e| e.to_string())?;
-        if let Some(t) = &tags {
-            validate::tags(t).map_err(|e| e.to_string())?;
-        }
-        serde_json::from_str::<serde::de::IgnoredAny>(&payload)
-            .map_err(|e| format!("payload is not valid JSON: {e}"))?;
-        if payload.len() > limits.max_payload_bytes {
-            return Err(format!(
-                "payload is {} bytes; the limit is {} (outbox.max_payload_bytes)",
-                payload.len(),
-                limits.max_payload_bytes
-            ));
-        }
-        let headers = match headers {
-            Some(text) => parse_headers(&text)?,
-            None => Vec::new(),
-        };
-        let map: std::collections::BTreeMap<String, String> = headers.iter().cloned().collect();
-        validate::headers(&map).map_err(|e| e.to_string())?;
         Ok(OutboxRow {
             table: Arc::clone(table),
             id,
-            message: OutboundMessage {
-                event_id: event_id.clone(),
-                biz_key,
-                topic,
-                tags,
-                headers,
-                payload,
-            },
+            message: message_from_text(text_fields, limits)?,
         })
     })();
     match fields {
         Ok(row) => DecodedRow::Event(row),
         Err(reason) => problem(Some(event_id), reason),
     }
+}
+
+/// The columns of an outbox row as text, however they were read (binlog row image or SELECT).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowText {
+    pub event_id: String,
+    pub biz_key: Option<String>,
+    pub topic: Option<String>,
+    pub tags: Option<String>,
+    /// JSON text.
+    pub headers: Option<String>,
+    /// JSON text.
+    pub payload: Option<String>,
+}
+
+/// Checks a row's columns against the producer's rules and `limits` and builds its message: the
+/// one validation shared by the binlog decoder and the claim of poll mode / the sweeper. The
+/// error is the reason the row is marked FAILED.
+pub fn message_from_text(row: RowText, limits: RowLimits) -> Result<OutboundMessage, String> {
+    let RowText {
+        event_id,
+        biz_key,
+        topic,
+        tags,
+        headers,
+        payload,
+    } = row;
+    let biz_key = biz_key.ok_or("`biz_key` is NULL")?;
+    let topic = topic.ok_or("`topic` is NULL")?;
+    let payload = payload.ok_or("`payload` is NULL")?;
+    validate::event_id(&event_id).map_err(|e| e.to_string())?;
+    validate::topic(&topic).map_err(|e| e.to_string())?;
+    validate::biz_key(&biz_key).map_err(|e| e.to_string())?;
+    if let Some(t) = &tags {
+        validate::tags(t).map_err(|e| e.to_string())?;
+    }
+    serde_json::from_str::<serde::de::IgnoredAny>(&payload)
+        .map_err(|e| format!("payload is not valid JSON: {e}"))?;
+    if payload.len() > limits.max_payload_bytes {
+        return Err(format!(
+            "payload is {} bytes; the limit is {} (outbox.max_payload_bytes)",
+            payload.len(),
+            limits.max_payload_bytes
+        ));
+    }
+    let headers = match headers {
+        Some(text) => parse_headers(&text)?,
+        None => Vec::new(),
+    };
+    let map: std::collections::BTreeMap<String, String> = headers.iter().cloned().collect();
+    validate::headers(&map).map_err(|e| e.to_string())?;
+    Ok(OutboundMessage {
+        event_id,
+        biz_key,
+        topic,
+        tags,
+        headers,
+        payload,
+    })
 }
 
 fn integer(value: &BinlogValue<'_>) -> Result<i64, String> {

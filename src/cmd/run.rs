@@ -19,8 +19,8 @@ pub struct RunArgs {
 
 pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
     let config = global.load_config()?;
-    if config.relay.mode == RelayMode::Poll {
-        anyhow::bail!("relay.mode = \"poll\" is not available yet in this build; use \"cdc\"");
+    if args.dry_run && config.relay.mode == RelayMode::Poll {
+        anyhow::bail!("--dry-run reads the binlog: it needs relay.mode = \"cdc\"");
     }
     let cancel = CancellationToken::new();
     tokio::spawn(cancel_on_signal(cancel.clone()));
@@ -36,10 +36,16 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
         .await?
         .join()
         .await?;
-    eprintln!(
-        "stopped: {} sent, {} failed, checkpoint {}",
-        summary.marked.sent, summary.marked.failed, summary.checkpoint
-    );
+    match config.relay.mode {
+        RelayMode::Cdc => eprintln!(
+            "stopped: {} sent, {} failed, checkpoint {}",
+            summary.marked.sent, summary.marked.failed, summary.checkpoint
+        ),
+        RelayMode::Poll => eprintln!(
+            "stopped: {} sent, {} failed",
+            summary.marked.sent, summary.marked.failed
+        ),
+    }
     Ok(())
 }
 

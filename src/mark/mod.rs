@@ -5,6 +5,12 @@
 //! so the checkpoint never passes an event whose outcome is not recorded. A SENT row always has
 //! its `msg_id`. Rows already SENT or FAILED are left as they are. Database errors are retried
 //! for ever (with backoff) rather than acknowledging anything unrecorded.
+//!
+//! Which rows an UPDATE may touch is the [`MarkRule`]: the CDC stream marks rows still PENDING or
+//! SENDING (`status IN (0, 1)`); rows claimed under a lease (poll mode, sweeper) are marked only
+//! while this instance still owns them (`status = 1 AND owner = ?`). A claimed row whose lease
+//! expired and was taken back (PENDING again, or claimed by another instance) is not overwritten:
+//! its new owner sends it again and records that outcome. That costs a duplicate, never a loss.
 
 use crate::checkpoint::Watermark;
 use crate::config::TableName;
@@ -28,11 +34,31 @@ pub struct MarkStats {
     pub failed: u64,
 }
 
+/// Which rows the marker may update, and what it acknowledges afterwards.
+#[derive(Debug, Clone)]
+pub enum MarkRule {
+    /// The CDC stream: rows in status PENDING or SENDING; each recorded completion with a `seq`
+    /// is acknowledged to the watermark.
+    Stream(Arc<Mutex<Watermark>>),
+    /// Rows claimed under a lease by `owner`: only rows still SENDING and owned by it.
+    Claimed { owner: String },
+}
+
+impl MarkRule {
+    /// The WHERE condition after `id …`, and the owner to bind for it (if any).
+    fn condition(&self) -> (&'static str, Option<&str>) {
+        match self {
+            MarkRule::Stream(_) => ("status IN (0, 1)", None),
+            MarkRule::Claimed { owner } => ("status = 1 AND owner = ?", Some(owner)),
+        }
+    }
+}
+
 /// Records outcomes until `completions` closes; returns what it recorded.
 pub async fn run_marker(
     pool: Pool,
     mut completions: mpsc::Receiver<Completion>,
-    watermark: Arc<Mutex<Watermark>>,
+    rule: MarkRule,
 ) -> MarkStats {
     let mut stats = MarkStats::default();
     let policy = RetryPolicy::reconnect();
@@ -46,7 +72,7 @@ pub async fn run_marker(
         }
         let mut failures = 0;
         loop {
-            match write(&pool, &batch).await {
+            match write(&pool, &batch, &rule).await {
                 Ok(()) => break,
                 Err(e) => {
                     failures += 1;
@@ -57,20 +83,29 @@ pub async fn run_marker(
                 }
             }
         }
-        let mut watermark = watermark.lock().expect("not poisoned");
         for completion in &batch {
             match completion.outcome {
                 Outcome::Sent { .. } => stats.sent += 1,
                 Outcome::Failed { .. } => stats.failed += 1,
             }
-            watermark.complete(completion.seq);
+        }
+        if let MarkRule::Stream(watermark) = &rule {
+            let mut watermark = watermark.lock().expect("not poisoned");
+            for seq in batch.iter().filter_map(|c| c.seq) {
+                watermark.complete(seq);
+            }
         }
     }
     stats
 }
 
 /// Writes one batch: one UPDATE per table for SENT rows, one per FAILED row.
-async fn write(pool: &Pool, batch: &[Completion]) -> Result<(), mysql_async::Error> {
+async fn write(
+    pool: &Pool,
+    batch: &[Completion],
+    rule: &MarkRule,
+) -> Result<(), mysql_async::Error> {
+    let (condition, owner) = rule.condition();
     let mut conn = pool.get_conn().await?;
     let mut sent: BTreeMap<&TableName, Vec<(u64, &str)>> = BTreeMap::new();
     for completion in batch {
@@ -81,13 +116,19 @@ async fn write(pool: &Pool, batch: &[Completion]) -> Result<(), mysql_async::Err
                 .push((completion.id, msg_id.as_str())),
             Outcome::Failed { reason, attempts } => {
                 let reason: String = reason.chars().take(MAX_ERROR_CHARS).collect();
+                let mut params = vec![
+                    Value::from(reason),
+                    Value::from(attempts.saturating_sub(1)),
+                    Value::from(completion.id),
+                ];
+                params.extend(owner.map(Value::from));
                 conn.exec_drop(
                     format!(
                         "UPDATE {} SET status = 3, last_error = ?, retry_count = ?, owner = NULL, \
-                         lease_until = NULL WHERE id = ? AND status IN (0, 1)",
+                         lease_until = NULL WHERE id = ? AND {condition}",
                         completion.table.sql()
                     ),
-                    (reason, attempts.saturating_sub(1), completion.id),
+                    params,
                 )
                 .await?;
             }
@@ -102,11 +143,12 @@ async fn write(pool: &Pool, batch: &[Completion]) -> Result<(), mysql_async::Err
             params.push(Value::from(*msg_id));
         }
         params.extend(rows.iter().map(|(id, _)| Value::from(*id)));
+        params.extend(owner.map(Value::from));
         conn.exec_drop(
             format!(
                 "UPDATE {} SET status = 2, msg_id = CASE id{cases} END, sent_at = NOW(3), \
                  owner = NULL, lease_until = NULL, last_error = NULL \
-                 WHERE id IN ({ids}) AND status IN (0, 1)",
+                 WHERE id IN ({ids}) AND {condition}",
                 table.sql()
             ),
             params,

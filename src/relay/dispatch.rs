@@ -3,7 +3,7 @@
 use crate::binlog::{BinlogItem, DecodedRow};
 use crate::checkpoint::{TxSeq, Watermark};
 use crate::route::Router;
-use crate::send::{Completion, Outcome, ShardEvent};
+use crate::send::{Completion, ShardEvent};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
@@ -41,18 +41,7 @@ pub async fn run(
                     }
                     DecodedRow::Problem(problem) => {
                         watermark.lock().expect("not poisoned").add_event(seq);
-                        tracing::error!(table = %problem.table, id = problem.id, reason = %problem.reason,
-                            "outbox row cannot be published; marking it FAILED");
-                        let completion = Completion {
-                            seq,
-                            table: problem.table,
-                            id: problem.id,
-                            event_id: problem.event_id.unwrap_or_default(),
-                            outcome: Outcome::Failed {
-                                reason: problem.reason,
-                                attempts: 0,
-                            },
-                        };
+                        let completion = Completion::bad_row(Some(seq), problem);
                         if problems.send(completion).await.is_err() {
                             return stats;
                         }

@@ -9,9 +9,11 @@
 
 mod checkpointer;
 mod dispatch;
+mod shards;
 
 pub use crate::sweep::run_poll;
 pub use checkpointer::CheckpointSettings;
+pub use shards::Shards;
 
 use crate::binlog::decode::RowLimits;
 use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
@@ -21,7 +23,7 @@ use crate::config::{Config, RelayMode, TableName};
 use crate::mark::{run_marker, MarkRule, MarkStats};
 use crate::retry::RetryPolicy;
 use crate::route::Router;
-use crate::send::{run_shard, ShardOptions, Sink};
+use crate::send::Sink;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -134,24 +136,13 @@ pub async fn run_cdc<S: Sink>(
     let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
 
     let (done_tx, done_rx) = mpsc::channel(CHANNEL_CAPACITY);
-    let shard_cancel = CancellationToken::new();
-    let shard_options = ShardOptions {
-        retry: RetryPolicy::from_config(&config.retry),
-        ..ShardOptions::default()
-    };
-    let mut shard_inputs = Vec::with_capacity(config.relay.shards);
-    let mut shard_tasks = Vec::with_capacity(config.relay.shards);
-    for _ in 0..config.relay.shards {
-        let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-        shard_inputs.push(tx);
-        shard_tasks.push(tokio::spawn(run_shard(
-            Arc::clone(&sink),
-            rx,
-            done_tx.clone(),
-            shard_options.clone(),
-            shard_cancel.clone(),
-        )));
-    }
+    let (shards, shard_inputs) = Shards::start(
+        &sink,
+        config.relay.shards,
+        CHANNEL_CAPACITY,
+        RetryPolicy::from_config(&config.retry),
+        &done_tx,
+    );
     let marker_task = tokio::spawn(run_marker(
         pool.clone(),
         done_rx,
@@ -178,19 +169,12 @@ pub async fn run_cdc<S: Sink>(
 
     // The reader stopped (cancelled or failed). Let the shards drain, within the timeout.
     let reader_result = reader_task.await?;
-    let drain = async {
-        for task in shard_tasks {
-            let _ = task.await;
-        }
-    };
-    if tokio::time::timeout(options.drain_timeout, drain)
-        .await
-        .is_err()
-    {
-        tracing::warn!(timeout = ?options.drain_timeout,
-            "in-flight events did not finish before the drain timeout; they will be sent again after restart");
-        shard_cancel.cancel();
-    }
+    shards
+        .drain(
+            options.drain_timeout,
+            "they will be sent again after restart",
+        )
+        .await;
     let marked = marker_task.await?;
     checkpoint_stop.cancel();
     let checkpoint = checkpoint_task.await??;

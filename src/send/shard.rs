@@ -15,16 +15,32 @@ use tokio_util::sync::CancellationToken;
 /// An event routed to a shard.
 #[derive(Debug, Clone)]
 pub struct ShardEvent {
-    pub seq: TxSeq,
+    /// The binlog transaction for the watermark (CDC); `None` for rows claimed from the table.
+    pub seq: Option<TxSeq>,
     pub row: OutboxRow,
     /// `java_string_hash(row.biz_key)`, computed once by the router.
     pub key_hash: i32,
 }
 
 impl ShardEvent {
+    /// An event of binlog transaction `seq`.
     pub fn new(seq: TxSeq, row: OutboxRow) -> Self {
         let key_hash = java_string_hash(&row.message.biz_key);
-        ShardEvent { seq, row, key_hash }
+        ShardEvent {
+            seq: Some(seq),
+            row,
+            key_hash,
+        }
+    }
+
+    /// An event claimed from the table (poll mode, sweeper): no watermark to acknowledge.
+    pub fn claimed(row: OutboxRow) -> Self {
+        let key_hash = java_string_hash(&row.message.biz_key);
+        ShardEvent {
+            seq: None,
+            row,
+            key_hash,
+        }
     }
 }
 
@@ -40,11 +56,30 @@ pub enum Outcome {
 /// The final outcome of one event, for the SENT/FAILED marker.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
-    pub seq: TxSeq,
+    /// The watermark entry to complete once the outcome is recorded; `None` for claimed rows.
+    pub seq: Option<TxSeq>,
     pub table: Arc<TableName>,
     pub id: u64,
     pub event_id: String,
     pub outcome: Outcome,
+}
+
+impl Completion {
+    /// A row that cannot become a message: FAILED with its reason, without a send (logged).
+    pub fn bad_row(seq: Option<TxSeq>, problem: crate::binlog::RowProblem) -> Self {
+        tracing::error!(table = %problem.table, id = problem.id, reason = %problem.reason,
+            "outbox row cannot be published; marking it FAILED");
+        Completion {
+            seq,
+            table: problem.table,
+            id: problem.id,
+            event_id: problem.event_id.unwrap_or_default(),
+            outcome: Outcome::Failed {
+                reason: problem.reason,
+                attempts: 0,
+            },
+        }
+    }
 }
 
 /// Tuning of a shard.

@@ -48,6 +48,15 @@ impl TestDb {
         db
     }
 
+    /// Another handle on the same database (same pool), e.g. for a spawned writer task.
+    pub fn clone_handle(&self) -> Self {
+        TestDb {
+            url: self.url.clone(),
+            pool: self.pool.clone(),
+            config: self.config.clone(),
+        }
+    }
+
     pub async fn conn(&self) -> Conn {
         self.pool.get_conn().await.expect("connection")
     }

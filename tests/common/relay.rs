@@ -3,13 +3,18 @@
 use super::rocketmq::rocketmq;
 use super::TestDb;
 use mysql_async::prelude::*;
+use mysql_async::TxOpts;
 use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
-use outbox_relay::devenv::TopicReader;
+use outbox_relay::devenv::{ReceivedMessage, TopicReader};
+use outbox_relay::producer::{NewEvent, Outbox};
 use outbox_relay::relay::{RelayHandle, RunOptions, RunSummary};
+use serde_json::json;
 use std::collections::HashMap;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -115,4 +120,173 @@ pub async fn deliveries(namesrv: &str, topic: &str, expected: usize) -> HashMap<
     }
     reader.close().await;
     per_event
+}
+
+/// Writes `per_writer` events from each of `writers` concurrent writers; key `k` belongs to writer
+/// `k % writers`, so each key's commit order is its id order. Returns (event_id, key) by id.
+pub async fn write_events(
+    db: &TestDb,
+    topic: &str,
+    writers: usize,
+    per_writer: usize,
+    keys: usize,
+) {
+    let tasks = (0..writers).map(|w| {
+        let pool = db.pool.clone();
+        let topic = topic.to_string();
+        tokio::spawn(async move {
+            let outbox = Outbox::default();
+            let mut written = 0;
+            let mut n = 0usize;
+            while written < per_writer {
+                let size = 1 + n % 5;
+                let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
+                let batch: Vec<NewEvent> = (0..size.min(per_writer - written))
+                    .map(|i| {
+                        let key = (w + writers * ((n * 7 + i * 13) % (keys / writers))) % keys;
+                        NewEvent::new(
+                            topic.clone(),
+                            format!("key-{key}"),
+                            json!({"w": w, "n": n, "i": i}),
+                        )
+                    })
+                    .collect();
+                written += batch.len();
+                outbox.enqueue_batch(&mut tx, batch).await.unwrap();
+                tx.commit().await.unwrap();
+                n += 1;
+            }
+        })
+    });
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Writes `config` as the TOML file of a relay process.
+pub fn write_config_file(config: &Config, dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("relay.toml");
+    std::fs::write(&path, toml::to_string(config).unwrap()).unwrap();
+    path
+}
+
+/// Starts `outbox-relay -c FILE run` as a child process (no metrics endpoint).
+pub fn spawn_relay_process(config_file: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args([
+            "-c",
+            config_file.to_str().unwrap(),
+            "--metrics-listen",
+            "",
+            "run",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start outbox-relay run")
+}
+
+/// Checks the arrival order: every key went to one queue, and its messages arrived (by queue
+/// offset, first delivery of each event) in commit (id) order. `rows` are (id, event_id, …).
+pub fn assert_key_order(
+    rows: &[(u64, String, String, Option<String>)],
+    messages: &[ReceivedMessage],
+) {
+    let id_of: HashMap<&str, u64> = rows.iter().map(|r| (r.1.as_str(), r.0)).collect();
+    let mut by_key: BTreeMap<&str, Vec<(i32, i64, u64)>> = BTreeMap::new();
+    for m in messages {
+        let key = m.properties["biz_key"].as_str();
+        by_key.entry(key).or_default().push((
+            m.queue_id,
+            m.queue_offset,
+            id_of[m.properties["event_id"].as_str()],
+        ));
+        assert_eq!(
+            m.keys,
+            vec![m.properties["event_id"].clone(), key.to_string()],
+            "KEYS = event_id biz_key"
+        );
+    }
+    for (key, mut seen) in by_key {
+        let queues: HashSet<i32> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(queues.len(), 1, "{key} went to several queues");
+        seen.sort_by_key(|s| s.1);
+        let ids: Vec<u64> = seen.iter().map(|s| s.2).collect();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        let mut first_seen = ids.clone();
+        let mut seen_set = HashSet::new();
+        first_seen.retain(|id| seen_set.insert(*id));
+        assert_eq!(first_seen, sorted, "{key} arrived out of commit order");
+    }
+}
+
+impl RunningRelay {
+    /// Starts the relay (of `config.relay.mode`) with `options`.
+    pub async fn start_with(config: &Config, options: RunOptions) -> Self {
+        let handle = RelayHandle::spawn(config, options, CancellationToken::new())
+            .await
+            .expect("relay starts");
+        RunningRelay(handle)
+    }
+}
+
+/// A poll-mode config for `db`: short lease (`lease`), 100 ms poll interval, own instance id.
+pub fn poll_config(db: &TestDb, instance: &str, lease: Duration) -> (Config, tempfile::TempDir) {
+    let (mut config, dir) = relay_config(db);
+    config.relay.mode = outbox_relay::config::RelayMode::Poll;
+    config.relay.instance_id = Some(instance.to_string());
+    config.rocketmq.producer_group = format!("poll_test_{}_{instance}", std::process::id());
+    config.poll.interval = Duration::from_millis(100);
+    config.sweeper.lease = lease;
+    config.sweeper.interval = Duration::from_secs(1);
+    (config, dir)
+}
+
+/// Commit → SENT latencies of the SENT rows, in ms, sorted.
+pub async fn sent_latencies_ms(db: &TestDb) -> Vec<f64> {
+    let mut micros: Vec<i64> = db
+        .conn()
+        .await
+        .query(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) FROM outbox_event \
+             WHERE status = 2",
+        )
+        .await
+        .unwrap();
+    micros.sort();
+    micros.into_iter().map(|m| m as f64 / 1000.0).collect()
+}
+
+/// Checks a finished run of `total` events to `topic`: every row SENT with its `msg_id`, every
+/// event_id arrived, each key on one queue in commit order; prints the duplicates.
+pub async fn assert_every_event_arrived_in_key_order(db: &TestDb, topic: &str, total: usize) {
+    let rows: Vec<(u64, String, String, Option<String>)> = db
+        .conn()
+        .await
+        .query("SELECT id, event_id, biz_key, msg_id FROM outbox_event ORDER BY id")
+        .await
+        .unwrap();
+    assert!(
+        rows.iter()
+            .all(|r| r.3.as_deref().is_some_and(|m| !m.is_empty())),
+        "a SENT row lacks its msg_id"
+    );
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), topic)
+        .await
+        .unwrap();
+    let messages = reader
+        .read_at_least(total, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let arrived: HashSet<&str> = messages
+        .iter()
+        .map(|m| m.properties["event_id"].as_str())
+        .collect();
+    let expected: HashSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    assert_eq!(arrived, expected, "every event_id arrives");
+    println!("duplicates: {}", messages.len() - arrived.len());
+    assert_key_order(&rows, &messages);
+    reader.close().await;
 }

@@ -1,0 +1,37 @@
+//! Sweeping: claiming outbox rows from the table itself instead of reading the binlog. Today it
+//! runs as **poll mode** ([`run_poll`], `relay.mode = "poll"`): the polling relay on its own, for
+//! servers without binlog access and as the benchmark baseline.
+//!
+//! Stages: [`claim`] (PENDING → SENDING under a lease, `FOR UPDATE SKIP LOCKED` where the server
+//! has it, else an optimistic per-row claim) → the CDC relay's router and ordered shard senders →
+//! the marker with the owner rule ([`crate::mark::MarkRule::Claimed`]); beside them [`lease`]
+//! renews this instance's leases and returns expired ones to PENDING.
+//!
+//! Guarantees:
+//! - **Nothing committed is lost.** A row is PENDING until claimed; a claimed row ends SENT (with
+//!   its `msg_id`) or FAILED (with `last_error`), or goes back to PENDING: released on graceful
+//!   shutdown, or by lease recovery when its owner crashed or stalled past its lease. The relay
+//!   never deletes a row, FAILED ones included.
+//! - **At-least-once.** The marker only updates rows this instance still owns
+//!   (`status = 1 AND owner = ?`); a row taken back after its lease expired is sent again by its
+//!   next owner. Duplicates happen only after a crash, a stall longer than the lease, or a lost
+//!   SENT mark; consumers de-duplicate by `event_id`.
+//! - **Per-`biz_key` order within one instance.** Rows are claimed in `id` order and one key
+//!   always goes to one shard, which sends in order and retries in place (holding the shard), so
+//!   a key's events are published in id order. Retryable errors back off per `[retry]` and then
+//!   end FAILED with an alert; non-retryable ones (bad row, no such topic, too large) end FAILED
+//!   at once. Across instances, and for a row recovered after an expired lease, order is not
+//!   guaranteed: run one poll-mode instance per table when order matters.
+//! - **Claim conflicts.** With SKIP LOCKED, concurrent instances claim disjoint batches without
+//!   waiting; with the optimistic claim, a row is claimed only if its `UPDATE … AND status = 0`
+//!   affected it.
+
+pub mod claim;
+pub mod lease;
+mod poll;
+
+pub use claim::{ClaimStrategy, Claimed, Claimer};
+pub use poll::run_poll;
+
+/// Capacity of each shard's input: claimed rows waiting to be sent (their leases are renewed).
+const CHANNEL_CAPACITY: usize = 1024;
