@@ -35,6 +35,17 @@ impl RetryPolicy {
         }
     }
 
+    /// For re-running a database write that must succeed before anything moves on (marking):
+    /// 50 ms doubling to 1 s, for ever. Short, because a killed connection costs one retry per
+    /// dead connection left in the pool.
+    pub fn database() -> Self {
+        RetryPolicy {
+            initial: Duration::from_millis(50),
+            max: Duration::from_secs(1),
+            max_retries: None,
+        }
+    }
+
     /// The wait before retry number `retry` (1-based), or `None` when retries are used up.
     pub fn delay(&self, retry: u32) -> Option<Duration> {
         if retry == 0 || self.max_retries.is_some_and(|max| retry > max) {

@@ -61,7 +61,7 @@ pub async fn run_marker(
     rule: MarkRule,
 ) -> MarkStats {
     let mut stats = MarkStats::default();
-    let policy = RetryPolicy::reconnect();
+    let policy = RetryPolicy::database();
     while let Some(first) = completions.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {

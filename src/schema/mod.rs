@@ -3,8 +3,8 @@
 //! Guarantees: each migration is applied at most once per database (recorded in
 //! `outbox_schema_history` with a SHA-256 of its text); a migration whose file changed after it
 //! was applied is an error, not a silent drift; concurrent `migrate` runs serialise on a
-//! MySQL named lock. Files use `CREATE TABLE IF NOT EXISTS`, so a half-applied migration (DDL is
-//! not transactional in MySQL) can simply be run again.
+//! MySQL named lock. Files use `CREATE TABLE IF NOT EXISTS` and an index that already exists is
+//! accepted, so a half-applied migration (DDL is not transactional in MySQL) can be run again.
 
 use crate::config::TableName;
 use mysql_async::prelude::*;
@@ -36,6 +36,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(3, "0003_outbox_audit"),
     migration!(4, "0004_relay_state"),
     migration!(5, "0005_consumer_quarantine"),
+    migration!(6, "0006_outbox_key_order"),
 ];
 
 /// The table every configured outbox table is shaped like.
@@ -182,14 +183,17 @@ async fn migrate_locked(
             continue;
         }
         for statement in statements(migration.sql) {
-            conn.query_drop(&statement)
-                .await
-                .map_err(|source| MigrateError::Statement {
-                    version: migration.version,
-                    name: migration.name,
-                    statement: statement.lines().next().unwrap_or_default().to_string(),
-                    source,
-                })?;
+            let result = conn.query_drop(&statement).await;
+            // ER_DUP_KEYNAME: an ADD INDEX of a half-applied run is already there.
+            if matches!(&result, Err(mysql_async::Error::Server(e)) if e.code == 1061) {
+                continue;
+            }
+            result.map_err(|source| MigrateError::Statement {
+                version: migration.version,
+                name: migration.name,
+                statement: statement.lines().next().unwrap_or_default().to_string(),
+                source,
+            })?;
         }
         conn.exec_drop(
             format!("INSERT INTO {HISTORY_TABLE} (version, name, checksum) VALUES (?, ?, ?)"),

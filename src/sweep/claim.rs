@@ -87,6 +87,36 @@ impl Claimer {
         )
     }
 
+    /// `(id, biz_key)` of the rows of the keys of `rows` with a smaller id than the newest of
+    /// `rows` that are waiting (PENDING, or SENDING for another owner): non-locking, READ
+    /// COMMITTED, served by the `idx_key_order` index.
+    async fn older_rows_of_keys(
+        &self,
+        tx: &mut mysql_async::Transaction<'_>,
+        rows: &[(u64, RowText)],
+    ) -> Result<Vec<(u64, String)>, mysql_async::Error> {
+        let mut keys: Vec<&str> = rows
+            .iter()
+            .filter_map(|(_, t)| t.biz_key.as_deref())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let newest = rows.iter().map(|(id, _)| *id).max().unwrap_or(0);
+        let sql = format!(
+            "SELECT id, biz_key FROM {} WHERE biz_key IN ({}) AND id < ? \
+             AND (status = 0 OR (status = 1 AND owner <> ?)) ORDER BY id",
+            self.table.sql(),
+            vec!["?"; keys.len()].join(", ")
+        );
+        let mut params: Vec<Value> = keys.iter().map(|k| Value::from(*k)).collect();
+        params.push(Value::from(newest));
+        params.push(Value::from(self.owner.as_str()));
+        tx.exec(sql, params).await
+    }
+
     /// The UPDATE that claims `rows` selected rows (binds: owner, lease µs, then the ids).
     pub fn update_sql(&self, rows: usize) -> String {
         let which = match self.strategy {
@@ -124,6 +154,25 @@ impl Claimer {
             return Ok(Vec::new());
         }
         let rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
+        // SKIP LOCKED passes over rows locked for a moment by other statements (or claimed by
+        // another instance): a later row of the same key must not overtake them. Ask which
+        // older rows of these keys are still waiting and keep only rows with none before them.
+        let waiting = self.older_rows_of_keys(&mut tx, &rows).await?;
+        let locked: Vec<(u64, Option<&str>)> = rows
+            .iter()
+            .map(|(id, t)| (*id, t.biz_key.as_deref()))
+            .collect();
+        let keep = keep_key_order(&waiting, &locked);
+        let rows: Vec<(u64, RowText)> = rows
+            .into_iter()
+            .zip(keep)
+            .filter(|(_, k)| *k)
+            .map(|(r, _)| r)
+            .collect();
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
         let mut params: Vec<Value> = vec![self.owner.clone().into(), self.lease_micros().into()];
         params.extend(rows.iter().map(|(id, _)| Value::from(*id)));
         tx.exec_drop(self.update_sql(rows.len()), params).await?;
@@ -135,11 +184,19 @@ impl Claimer {
         let rows: Vec<Row> = conn.exec(self.select_sql(), (self.batch_size,)).await?;
         let sql = self.update_sql(1);
         let mut claimed = Vec::with_capacity(rows.len());
+        // A key whose row someone else took: its later rows wait, so they cannot overtake it.
+        let mut lost_keys = std::collections::HashSet::new();
         for (id, text) in rows.into_iter().map(read_row) {
+            let key = text.biz_key.clone().unwrap_or_default();
+            if lost_keys.contains(&key) {
+                continue;
+            }
             conn.exec_drop(&sql, (&self.owner, self.lease_micros(), id))
                 .await?;
             if conn.affected_rows() == 1 {
                 claimed.push(self.build((id, text)));
+            } else {
+                lost_keys.insert(key);
             }
         }
         Ok(claimed)
@@ -166,6 +223,27 @@ impl Claimer {
             }),
         }
     }
+}
+
+/// Which of the `locked` rows may be claimed: a row is dropped when an older row of its key is
+/// waiting (in `waiting`) and is not one of the rows we locked, so a key's rows are claimed in id
+/// order.
+fn keep_key_order(waiting: &[(u64, String)], locked: &[(u64, Option<&str>)]) -> Vec<bool> {
+    let ours: std::collections::HashSet<u64> = locked.iter().map(|(id, _)| *id).collect();
+    // For each key, the smallest waiting id we did not get.
+    let mut first_missed: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    for (id, key) in waiting {
+        if !ours.contains(id) {
+            first_missed.entry(key.as_str()).or_insert(*id);
+        }
+    }
+    locked
+        .iter()
+        .map(|(id, key)| match key.and_then(|k| first_missed.get(k)) {
+            Some(missed) => id < missed,
+            None => true,
+        })
+        .collect()
 }
 
 /// Marker put in a [`RowText`] field when the column was not valid UTF-8.
@@ -219,6 +297,32 @@ fn read_row(row: Row) -> (u64, RowText) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_skipped_row_holds_back_the_later_rows_of_its_key() {
+        let candidates: Vec<(u64, String)> = [(1, "a"), (2, "b"), (3, "a"), (4, "c"), (5, "b")]
+            .into_iter()
+            .map(|(id, k)| (id, k.to_string()))
+            .collect();
+        // Row 2 (key b) was locked elsewhere and skipped; 6 (key a) became visible later.
+        let locked = [
+            (1, Some("a")),
+            (3, Some("a")),
+            (4, Some("c")),
+            (5, Some("b")),
+            (6, Some("a")),
+        ];
+        assert_eq!(
+            keep_key_order(&candidates, &locked),
+            vec![true, true, true, false, true]
+        );
+        // Nothing skipped: everything is kept.
+        let all: Vec<(u64, Option<&str>)> = candidates
+            .iter()
+            .map(|(id, k)| (*id, Some(k.as_str())))
+            .collect();
+        assert!(keep_key_order(&candidates, &all).iter().all(|k| *k));
+    }
 
     fn claimer(strategy: ClaimStrategy) -> Claimer {
         Claimer {

@@ -218,7 +218,10 @@ pub fn assert_key_order(
         let mut first_seen = ids.clone();
         let mut seen_set = HashSet::new();
         first_seen.retain(|id| seen_set.insert(*id));
-        assert_eq!(first_seen, sorted, "{key} arrived out of commit order");
+        assert_eq!(
+            first_seen, sorted,
+            "{key} arrived out of commit order (queue offsets and ids: {seen:?})"
+        );
     }
 }
 
