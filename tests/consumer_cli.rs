@@ -128,13 +128,13 @@ async fn consume_settles_each_demo_order_once_and_prints_every_outcome() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert_eq!(stdout.matches("ACK   processed").count(), 3, "{stdout}");
-    assert_eq!(
-        stdout
-            .matches("ACK   duplicate (already PROCESSED)")
-            .count(),
-        1,
-        "{stdout}"
-    );
+    // The resend is a duplicate either way: caught by the in-memory pre-filter when it arrives
+    // after the original in this process ("recently handled"), else by the dedup table.
+    let duplicates = stdout
+        .matches("ACK   duplicate (already PROCESSED)")
+        .count()
+        + stdout.matches("ACK   duplicate (recently handled)").count();
+    assert_eq!(duplicates, 1, "{stdout}");
     assert_eq!(
         stdout
             .matches("ACK   rejected: unknown event type \"OrderRefunded\"")
