@@ -40,18 +40,32 @@ pub struct SledStore {
 }
 
 impl SledStore {
-    /// Opens (or creates) the store in `dir`.
+    /// Opens (or creates) the store in `dir`. sled locks its directory; a store closed a moment
+    /// ago (its flusher thread still ending) is waited for up to 5 s.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         let path = dir.display().to_string();
-        let db = sled::Config::new()
-            .path(dir)
-            .mode(sled::Mode::LowSpace)
-            .open()
-            .map_err(|source| StoreError::Sled {
-                path: path.clone(),
-                source,
-            })?;
-        Ok(SledStore { db, path })
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let opened = sled::Config::new()
+                .path(dir)
+                .mode(sled::Mode::LowSpace)
+                .open();
+            match opened {
+                Ok(db) => return Ok(SledStore { db, path }),
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(source) => {
+                    return Err(StoreError::Sled {
+                        path: path.clone(),
+                        source,
+                    })
+                }
+            }
+        }
     }
 
     fn err(&self, source: sled::Error) -> StoreError {
