@@ -251,8 +251,10 @@ impl Outbox {
             match self.insert_chunked(tx, rows).await {
                 Ok(()) => tx.query_drop("RELEASE SAVEPOINT outbox_enqueue").await?,
                 Err(e) => {
-                    tx.query_drop("ROLLBACK TO SAVEPOINT outbox_enqueue")
-                        .await?;
+                    // After a deadlock or lock-wait timeout the server has rolled the whole
+                    // transaction back and the savepoint is gone: report the original error
+                    // (the caller retries its transaction), not the missing savepoint.
+                    let _ = tx.query_drop("ROLLBACK TO SAVEPOINT outbox_enqueue").await;
                     return Err(e);
                 }
             }

@@ -8,7 +8,7 @@ use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
 use outbox_relay::devenv::{ReceivedMessage, TopicReader};
-use outbox_relay::producer::{NewEvent, Outbox};
+use outbox_relay::producer::{EnqueueError, NewEvent, Outbox};
 use outbox_relay::relay::{RelayHandle, RunOptions, RunSummary};
 use serde_json::json;
 use std::collections::HashMap;
@@ -151,10 +151,26 @@ pub async fn write_events(
                         )
                     })
                     .collect();
-                written += batch.len();
-                outbox.enqueue_batch(&mut tx, batch).await.unwrap();
-                tx.commit().await.unwrap();
-                n += 1;
+                let len = batch.len();
+                match outbox.enqueue_batch(&mut tx, batch).await {
+                    Ok(_) => {
+                        tx.commit().await.unwrap();
+                        written += len;
+                        n += 1;
+                    }
+                    // As business code does: a deadlock victim (1213) or a lock wait timeout
+                    // (1205) retries its whole transaction.
+                    Err(EnqueueError::Database(mysql_async::Error::Server(e)))
+                        if e.code == 1213 || e.code == 1205 =>
+                    {
+                        eprintln!(
+                            "writer {w}: {} ({}); retrying the transaction",
+                            e.message, e.code
+                        );
+                        drop(tx);
+                    }
+                    Err(e) => panic!("enqueue failed: {e}"),
+                }
             }
         })
     });
