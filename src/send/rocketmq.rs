@@ -9,7 +9,7 @@ use super::{ClientHost, OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
 use rocketmq_client_rust::{
     ClientError, DefaultMQAdminExt, DefaultMQProducer, MQClientException, RouteAdmin, SendResult,
-    SendStatus,
+    SendStatus, TopicAdmin,
 };
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
@@ -143,34 +143,41 @@ impl RocketMqSink {
                 classified.reason()
             ));
         }
-        match self.live_brokers().await {
-            Ok(0) => SendError::Retryable(format!(
+        match self.name_server_view(topic).await {
+            Ok((0, _)) => SendError::Retryable(format!(
                 "no broker is registered with the name server (down?); {}",
                 classified.reason()
             )),
-            Ok(_) => classified,
+            Ok((_, true)) => SendError::Retryable(format!(
+                "the name server has a route for {topic}; the client's view was stale"
+            )),
+            Ok((_, false)) => classified,
             Err(e) => {
-                SendError::Retryable(format!("cannot ask the name server for live brokers: {e}"))
+                SendError::Retryable(format!("cannot ask the name server about {topic}: {e}"))
             }
         }
     }
 
-    /// How many brokers the name server knows.
-    async fn live_brokers(&self) -> Result<usize, String> {
+    /// How many brokers the name server knows, and whether it has a route for `topic`.
+    async fn name_server_view(&self, topic: &str) -> Result<(usize, bool), String> {
         let mut admin = DefaultMQAdminExt::new(self.host.client_runtime());
         admin.set_namesrv_addr(self.namesrv.as_str());
-        let info = self
+        let topic = topic.to_string();
+        let (info, route) = self
             .host
             .run(async move {
                 admin.start().await?;
                 let info = admin.examine_broker_cluster_info().await;
+                let route = admin.examine_topic_route_info(topic.into()).await;
                 admin.shutdown().await;
-                info
+                Ok::<_, ClientError>((info?, route))
             })
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        Ok(info.broker_addr_table.map(|t| t.len()).unwrap_or(0))
+        let brokers = info.broker_addr_table.map(|t| t.len()).unwrap_or(0);
+        let routed = matches!(route, Ok(Some(r)) if !r.queue_datas.is_empty());
+        Ok((brokers, routed))
     }
 
     async fn rebuild_if_stuck(&self) {

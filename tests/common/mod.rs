@@ -31,6 +31,7 @@ pub struct TestDb {
 impl TestDb {
     /// A new empty database, not migrated.
     pub async fn empty(prefix: &str) -> Self {
+        init_logging();
         let url = mariadb().create_database(prefix).expect("create database");
         let mut config = Config::default();
         config.mysql.url = Some(url.clone());
@@ -106,4 +107,16 @@ pub async fn wait_until_every<F, Fut>(
         );
         tokio::time::sleep(period).await;
     }
+}
+
+/// Relay logs go to the test's captured output (shown when a test fails); `RUST_LOG` overrides
+/// the default `warn,outbox_relay=info`.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,outbox_relay=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .with_ansi(false)
+        .try_init();
 }
