@@ -16,7 +16,7 @@ use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// How long a topic's queue list is trusted before it is fetched again.
@@ -26,13 +26,17 @@ const ROUTE_TTL: Duration = Duration::from_secs(30);
 /// broker is back; a fresh client connects at once.
 const REBUILD_AFTER_UNAVAILABLE: u32 = 3;
 
+/// A topic's write queues and when they were fetched.
+type CachedRoute = (Arc<Vec<MessageQueue>>, Instant);
+
 /// See the module documentation.
 pub struct RocketMqSink {
     host: ClientHost,
     config: RocketMqConfig,
     namesrv: String,
     producer: RwLock<DefaultMQProducer>,
-    routes: Mutex<HashMap<String, (Vec<MessageQueue>, Instant)>>,
+    /// Write queues per topic, shared (`Arc`) so the per-event queue look-up copies nothing.
+    routes: Mutex<HashMap<String, CachedRoute>>,
     /// Topics that had a route in this process: a later "no such topic" is a broker restart
     /// more likely than a deleted topic, so it is retried.
     known_topics: Mutex<HashSet<String>>,
@@ -63,10 +67,10 @@ impl RocketMqSink {
         self.producer.read().expect("not poisoned").clone()
     }
 
-    async fn route(&self, topic: &str) -> Result<Vec<MessageQueue>, SendError> {
+    async fn route(&self, topic: &str) -> Result<Arc<Vec<MessageQueue>>, SendError> {
         if let Some((queues, at)) = self.routes.lock().expect("not poisoned").get(topic) {
             if at.elapsed() < ROUTE_TTL {
-                return Ok(queues.clone());
+                return Ok(Arc::clone(queues));
             }
         }
         let mut producer = self.producer();
@@ -77,7 +81,7 @@ impl RocketMqSink {
             .await
             .map_err(|e| SendError::Retryable(e.to_string()))?;
         let queues = match fetched {
-            Ok(queues) => queues,
+            Ok(queues) => Arc::new(queues),
             Err(e) => return Err(self.classify_route_error(topic, &e).await),
         };
         if queues.is_empty() {
@@ -88,7 +92,7 @@ impl RocketMqSink {
         self.routes
             .lock()
             .expect("not poisoned")
-            .insert(topic.to_string(), (queues.clone(), Instant::now()));
+            .insert(topic.to_string(), (Arc::clone(&queues), Instant::now()));
         self.known_topics
             .lock()
             .expect("not poisoned")
@@ -348,5 +352,47 @@ impl Sink for RocketMqSink {
                 Err(classified)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(status: SendStatus, msg_id: Option<&str>) -> SendResult {
+        SendResult {
+            send_status: status,
+            msg_id: msg_id.map(Into::into),
+            offset_msg_id: Some("OFFSET".into()),
+            ..SendResult::default()
+        }
+    }
+
+    #[test]
+    fn only_send_ok_is_success() {
+        for status in [
+            SendStatus::FlushDiskTimeout,
+            SendStatus::FlushSlaveTimeout,
+            SendStatus::SlaveNotAvailable,
+        ] {
+            let answer = accept(result(status, Some("A")), 1);
+            assert!(
+                matches!(answer, Err(SendError::Retryable(_))),
+                "{status:?}: {answer:?}"
+            );
+        }
+        assert_eq!(
+            accept(result(SendStatus::SendOk, Some("A")), 1),
+            Ok(vec!["A".to_string()])
+        );
+    }
+
+    #[test]
+    fn a_batch_result_gives_one_message_id_per_message() {
+        let ids = accept(result(SendStatus::SendOk, Some("A,B,C")), 3).unwrap();
+        assert_eq!(ids, vec!["A", "B", "C"]);
+        // No per-message ids: each SENT row still gets a distinct, non-empty msg_id.
+        let ids = accept(result(SendStatus::SendOk, None), 2).unwrap();
+        assert_eq!(ids, vec!["OFFSET#0", "OFFSET#1"]);
     }
 }
