@@ -147,8 +147,18 @@ impl BinlogReader {
         out: &mpsc::Sender<BinlogItem>,
         failures: &mut u32,
     ) -> Result<(), StreamFailure> {
-        let mut stream = self.open(position).await?;
         let silence = self.options.heartbeat * 3;
+        // Opening (connect, session variables, dump request) gets the same bound as a silent
+        // stream: a connection killed or cut mid-handshake must not hang the reader.
+        let open_limit = silence.max(Duration::from_secs(10));
+        let mut stream = match tokio::time::timeout(open_limit, self.open(position)).await {
+            Ok(opened) => opened?,
+            Err(_) => {
+                return Err(StreamFailure::Transient(format!(
+                    "opening the binlog stream took longer than {open_limit:?}"
+                )))
+            }
+        };
         loop {
             let event = match tokio::time::timeout(silence, stream.next()).await {
                 Err(_) => {

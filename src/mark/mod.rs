@@ -22,6 +22,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
+/// Longest one marking round may take before it is retried.
+const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Most rows in one marking round.
 const MAX_BATCH: usize = 1000;
 /// Longest `last_error` kept (the column is VARCHAR(1024)).
@@ -72,7 +74,11 @@ pub async fn run_marker(
         }
         let mut failures = 0;
         loop {
-            match write(&pool, &batch, &rule).await {
+            // Bounded: a connection cut mid-statement must turn into a retry, not a hang.
+            let written = tokio::time::timeout(WRITE_TIMEOUT, write(&pool, &batch, &rule))
+                .await
+                .unwrap_or_else(|_| Err(mysql_async::Error::Other("marking timed out".into())));
+            match written {
                 Ok(()) => break,
                 Err(e) => {
                     failures += 1;
