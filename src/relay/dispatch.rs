@@ -1,16 +1,95 @@
 //! The dispatcher: numbers transactions for the watermark and routes each event to its shard.
+//!
+//! While catching up after a restart or a takeover (reading binlog that a previous run may have
+//! already handled, up to the server's end of binlog at start-up), it first asks the outbox which
+//! of the events are already recorded SENT or FAILED and skips those: a takeover then resends only
+//! what the old leader published but had not yet recorded, instead of everything after the last
+//! mirrored checkpoint.
 
-use crate::binlog::{BinlogItem, DecodedRow};
+use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow};
 use crate::checkpoint::{TxSeq, Watermark};
+use crate::config::TableName;
 use crate::route::Router;
 use crate::send::{Completion, ShardEvent};
+use mysql_async::prelude::*;
+use mysql_async::{Pool, Value};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
+
+/// Most items taken from the reader at once (one status query per table per batch).
+const MAX_BATCH: usize = 1000;
 
 /// What the dispatcher saw.
 #[derive(Debug, Default)]
 pub struct Dispatched {
     pub unidentifiable: u64,
+    /// Events skipped while catching up because their rows were already SENT or FAILED.
+    pub already_recorded: u64,
+}
+
+/// Skipping of already-recorded events while the stream is behind `until`.
+pub struct CatchUp {
+    pub pool: Pool,
+    /// The server's end of binlog when the run started.
+    pub until: BinlogPosition,
+    /// Where the stream starts; moved along by each transaction end.
+    pub read: BinlogPosition,
+    /// When catching up began: it ends after [`CATCH_UP_LIMIT`] at the latest.
+    pub since: std::time::Instant,
+}
+
+/// Longest catch-up (checking costs one query per batch; past this the stream is live anyway).
+const CATCH_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl CatchUp {
+    /// Starts catching up from `start` to the server's end `until`; `None` when there is nothing
+    /// to catch up.
+    pub fn new(pool: Pool, start: &BinlogPosition, until: &BinlogPosition) -> Option<Self> {
+        (!start.covers(until)).then(|| CatchUp {
+            pool,
+            until: until.clone(),
+            read: start.clone(),
+            since: std::time::Instant::now(),
+        })
+    }
+
+    fn done(&self) -> bool {
+        self.read.covers(&self.until) || self.since.elapsed() > CATCH_UP_LIMIT
+    }
+
+    /// `(table, id)` of the events in `batch` whose rows are already SENT or FAILED. On a database
+    /// error nothing is skipped (the events are sent again: at least once).
+    async fn recorded(&self, batch: &[BinlogItem]) -> HashSet<(Arc<TableName>, u64)> {
+        let mut by_table: BTreeMap<Arc<TableName>, Vec<u64>> = BTreeMap::new();
+        for item in batch {
+            if let BinlogItem::Row(DecodedRow::Event(row)) = item {
+                by_table
+                    .entry(Arc::clone(&row.table))
+                    .or_default()
+                    .push(row.id);
+            }
+        }
+        let mut recorded = HashSet::new();
+        for (table, ids) in by_table {
+            let sql = format!(
+                "SELECT id FROM {} WHERE id IN ({}) AND status IN (2, 3)",
+                table.sql(),
+                vec!["?"; ids.len()].join(", ")
+            );
+            let params: Vec<Value> = ids.into_iter().map(Value::from).collect();
+            let found: Result<Vec<u64>, _> = match self.pool.get_conn().await {
+                Ok(mut conn) => conn.exec(sql, params).await,
+                Err(e) => Err(e),
+            };
+            match found {
+                Ok(ids) => recorded.extend(ids.into_iter().map(|id| (Arc::clone(&table), id))),
+                Err(e) => tracing::warn!(%table, error = %e,
+                    "cannot check which caught-up events are already recorded; sending them again"),
+            }
+        }
+        recorded
+    }
 }
 
 /// Consumes reader items until the reader's channel closes. Every event is counted in the
@@ -21,47 +100,76 @@ pub async fn run(
     shards: Vec<mpsc::Sender<ShardEvent>>,
     problems: mpsc::Sender<Completion>,
     watermark: Arc<Mutex<Watermark>>,
+    mut catch_up: Option<CatchUp>,
 ) -> Dispatched {
     let mut stats = Dispatched::default();
     let mut current: Option<TxSeq> = None;
     let begin = |watermark: &Mutex<Watermark>| watermark.lock().expect("not poisoned").begin();
-    while let Some(item) = items.recv().await {
-        match item {
-            BinlogItem::TxBegin => current = Some(begin(&watermark)),
-            BinlogItem::Row(row) => {
-                let seq = *current.get_or_insert_with(|| begin(&watermark));
-                match row {
-                    DecodedRow::Event(row) => {
-                        watermark.lock().expect("not poisoned").add_event(seq);
-                        let event = ShardEvent::new(seq, row);
-                        let shard = router.shard(event.key_hash);
-                        if shards[shard].send(event).await.is_err() {
-                            return stats; // shutting down
+    while let Some(first) = items.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match items.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let recorded = match &catch_up {
+            Some(catch_up) => catch_up.recorded(&batch).await,
+            None => HashSet::new(),
+        };
+        for item in batch {
+            match item {
+                BinlogItem::TxBegin => current = Some(begin(&watermark)),
+                BinlogItem::Row(row) => {
+                    let seq = *current.get_or_insert_with(|| begin(&watermark));
+                    match row {
+                        DecodedRow::Event(row)
+                            if recorded.contains(&(Arc::clone(&row.table), row.id)) =>
+                        {
+                            stats.already_recorded += 1;
+                        }
+                        DecodedRow::Event(row) => {
+                            watermark.lock().expect("not poisoned").add_event(seq);
+                            let event = ShardEvent::new(seq, row);
+                            let shard = router.shard(event.key_hash);
+                            if shards[shard].send(event).await.is_err() {
+                                return stats; // shutting down
+                            }
+                        }
+                        DecodedRow::Problem(problem) => {
+                            watermark.lock().expect("not poisoned").add_event(seq);
+                            let completion = Completion::bad_row(Some(seq), problem);
+                            if problems.send(completion).await.is_err() {
+                                return stats;
+                            }
+                        }
+                        DecodedRow::NotPending => {}
+                        DecodedRow::Unidentifiable(reason) => {
+                            stats.unidentifiable += 1;
+                            tracing::error!(%reason, "outbox row skipped: it cannot be identified or marked");
                         }
                     }
-                    DecodedRow::Problem(problem) => {
-                        watermark.lock().expect("not poisoned").add_event(seq);
-                        let completion = Completion::bad_row(Some(seq), problem);
-                        if problems.send(completion).await.is_err() {
-                            return stats;
-                        }
+                }
+                BinlogItem::TxEnd(end) => {
+                    if let Some(catch_up) = &mut catch_up {
+                        catch_up.read.advance(&end);
                     }
-                    DecodedRow::NotPending => {}
-                    DecodedRow::Unidentifiable(reason) => {
-                        stats.unidentifiable += 1;
-                        tracing::error!(%reason, "outbox row skipped: it cannot be identified or marked");
+                    let seq = current.take().unwrap_or_else(|| begin(&watermark));
+                    watermark.lock().expect("not poisoned").end(seq, end);
+                }
+                BinlogItem::Restart => {
+                    if let Some(seq) = current.take() {
+                        watermark.lock().expect("not poisoned").abandon(seq);
                     }
                 }
             }
-            BinlogItem::TxEnd(end) => {
-                let seq = current.take().unwrap_or_else(|| begin(&watermark));
-                watermark.lock().expect("not poisoned").end(seq, end);
-            }
-            BinlogItem::Restart => {
-                if let Some(seq) = current.take() {
-                    watermark.lock().expect("not poisoned").abandon(seq);
-                }
-            }
+        }
+        if catch_up.as_ref().is_some_and(CatchUp::done) {
+            tracing::info!(
+                skipped = stats.already_recorded,
+                "caught up with the binlog: events already recorded SENT or FAILED were not sent again"
+            );
+            catch_up = None;
         }
     }
     stats

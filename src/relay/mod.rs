@@ -189,6 +189,7 @@ pub async fn run_cdc<S: Sink>(
     let reader = BinlogReader::new(reader_options(config, opts, tables, server.flavor));
     let (items_tx, items_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let reader_cancel = cancel.child_token();
+    let catch_up = dispatch::CatchUp::new(pool.clone(), &start, &server.current);
     let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
 
     let (done_tx, done_rx) = mpsc::channel(CHANNEL_CAPACITY);
@@ -231,6 +232,7 @@ pub async fn run_cdc<S: Sink>(
         shard_inputs,
         done_tx,
         Arc::clone(&watermark),
+        catch_up,
     )
     .await;
 
