@@ -19,6 +19,7 @@ pub mod db;
 pub mod devenv;
 pub mod event;
 pub mod mark;
+pub mod operate;
 pub mod producer;
 pub mod relay;
 pub mod retry;
