@@ -1,89 +1,17 @@
 //! Operations commands against a real MariaDB: cleanup, audited compensation, reconcile, and
-//! the binary's `retry` / `cleanup` / `reconcile` end to end.
+//! the binary's `retry` / `mark-failed` / `cleanup` / `reconcile` end to end.
 
 mod common;
+#[path = "operate/rows.rs"]
+mod rows;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::config::TableName;
 use outbox_relay::operate::{Action, Cleanup, Compensation, Outcome, Reconcile, Selection, Status};
+use rows::*;
 use serde_json::Value as Json;
 use std::process::{Command, Output};
 use std::time::Duration;
-
-const PENDING: i8 = 0;
-const SENDING: i8 = 1;
-const SENT: i8 = 2;
-const FAILED: i8 = 3;
-
-/// Inserts `n` rows `{prefix}-{i}` on `topic` with `status` (SENT rows get a msg_id and
-/// sent_at, FAILED rows a last_error), in multi-row INSERTs.
-async fn insert_rows(db: &TestDb, prefix: &str, n: usize, status: i8, topic: &str) {
-    let mut conn = db.conn().await;
-    for chunk_start in (0..n).step_by(500) {
-        let end = (chunk_start + 500).min(n);
-        let values: Vec<String> = (chunk_start..end)
-            .map(|i| {
-                let (msg_id, sent_at, error) = match status {
-                    SENT => (format!("'msg-{prefix}-{i}'"), "NOW(3)", "NULL"),
-                    FAILED => ("NULL".to_string(), "NULL", "'no route for topic'"),
-                    _ => ("NULL".to_string(), "NULL", "NULL"),
-                };
-                format!(
-                    "('{prefix}-{i}', 'key-{i}', '{topic}', '{{\"n\": {i}}}', {status}, \
-                     {msg_id}, {sent_at}, {error}, 2)"
-                )
-            })
-            .collect();
-        conn.query_drop(format!(
-            "INSERT INTO outbox_event (event_id, biz_key, topic, payload, status, msg_id, \
-             sent_at, last_error, retry_count) VALUES {}",
-            values.join(", ")
-        ))
-        .await
-        .unwrap();
-    }
-}
-
-/// Moves `created_at` (and `sent_at` when set) of the rows `{prefix}-%` into the past.
-async fn age_rows(db: &TestDb, prefix: &str, interval: &str) {
-    db.conn()
-        .await
-        .query_drop(format!(
-            "UPDATE outbox_event SET created_at = NOW(3) - INTERVAL {interval}, \
-             sent_at = IF(sent_at IS NULL, NULL, NOW(3) - INTERVAL {interval}) \
-             WHERE event_id LIKE '{prefix}-%'"
-        ))
-        .await
-        .unwrap();
-}
-
-async fn count_where(db: &TestDb, condition: &str) -> u64 {
-    db.conn()
-        .await
-        .query_first(format!(
-            "SELECT COUNT(*) FROM outbox_event WHERE {condition}"
-        ))
-        .await
-        .unwrap()
-        .unwrap_or(0)
-}
-
-async fn id_of(db: &TestDb, event_id: &str) -> i64 {
-    db.conn()
-        .await
-        .exec_first(
-            "SELECT id FROM outbox_event WHERE event_id = ?",
-            (event_id,),
-        )
-        .await
-        .unwrap()
-        .expect("row exists")
-}
-
-fn outbox_tables() -> Vec<TableName> {
-    vec![TableName::parse("outbox_event").unwrap()]
-}
 
 // ---------------------------------------------------------------------------------------------
 // cleanup
@@ -373,6 +301,44 @@ async fn retry_of_a_sent_row_changes_nothing() {
     assert_eq!(report.rows[0].before, Some(Status::Sent));
     assert_eq!(
         count_where(&db, "status = 2 AND msg_id = 'msg-x-0'").await,
+        1
+    );
+    assert_eq!(db.count("outbox_audit").await, 0);
+}
+
+#[tokio::test]
+async fn mark_failed_waits_for_a_concurrent_relay_mark_and_leaves_it() {
+    let db = TestDb::migrated("op_compensate_race").await;
+    insert_rows(&db, "x", 1, PENDING, "orders").await;
+    let id = id_of(&db, "x-0").await;
+    // The relay's marker (rule for the CDC stream) records SENT; its transaction is still open.
+    let mut relay = db.conn().await;
+    relay.query_drop("START TRANSACTION").await.unwrap();
+    relay
+        .exec_drop(
+            "UPDATE outbox_event SET status = 2, msg_id = 'relay-msg', sent_at = NOW(3) \
+             WHERE id = ? AND status IN (0, 1)",
+            (id,),
+        )
+        .await
+        .unwrap();
+    let pool = db.pool.clone();
+    let operator = tokio::spawn(async move {
+        compensation(Action::MarkFailed, ids(vec![id]))
+            .run(&pool, &outbox_tables())
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !operator.is_finished(),
+        "mark-failed waits for the row lock"
+    );
+    relay.query_drop("COMMIT").await.unwrap();
+    let report = operator.await.unwrap().unwrap();
+    assert_eq!(report.rows[0].outcome, Outcome::Skipped);
+    assert_eq!(report.rows[0].before, Some(Status::Sent));
+    assert_eq!(
+        count_where(&db, "status = 2 AND msg_id = 'relay-msg'").await,
         1
     );
     assert_eq!(db.count("outbox_audit").await, 0);

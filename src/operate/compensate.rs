@@ -21,14 +21,13 @@
 //! PENDING rows are picked up again by the sweeper (CDC mode) or the poller (poll mode); a
 //! retried or resent event may reach consumers after newer events of its `biz_key`.
 
-use super::{db_time_ago, placeholders, Status};
+use super::selection::{Bounds, Selection};
+use super::Status;
 use crate::config::TableName;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool, Row, TxOpts, Value};
 use serde::Serialize;
 use serde_json::json;
-use std::str::FromStr;
-use std::time::Duration;
 
 /// Longest `outbox_audit.operator` (VARCHAR(128)).
 const MAX_OPERATOR_CHARS: usize = 128;
@@ -91,103 +90,6 @@ impl Action {
             }
             Action::MarkFailed => "status = 3, owner = NULL, lease_until = NULL, last_error = ?",
         }
-    }
-}
-
-/// A `--created-before` / `--created-after` bound: a duration ago (`2h`, `7d`) or a database
-/// time (`2024-05-01`, `2024-05-01 13:00`, `2024-05-01T13:00:00.5`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TimeBound {
-    Ago(Duration),
-    At(String),
-}
-
-impl FromStr for TimeBound {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        if let Ok(ago) = humantime::parse_duration(text) {
-            return Ok(TimeBound::Ago(ago));
-        }
-        let normalized = text.replacen('T', " ", 1);
-        if is_datetime(&normalized) {
-            return Ok(TimeBound::At(normalized));
-        }
-        Err(format!(
-            "`{text}` is neither a duration (e.g. 2h, 7d) nor a time like 2024-05-01 or \
-             2024-05-01 13:00:00 (database time zone)"
-        ))
-    }
-}
-
-/// `YYYY-MM-DD[ HH:MM[:SS[.f…]]]`.
-fn is_datetime(text: &str) -> bool {
-    let shape = |part: &str, pattern: &str| {
-        part.len() == pattern.len()
-            && part.chars().zip(pattern.chars()).all(|(c, p)| match p {
-                'd' => c.is_ascii_digit(),
-                _ => c == p,
-            })
-    };
-    let (date, time) = match text.split_once(' ') {
-        Some((date, time)) => (date, Some(time)),
-        None => (text, None),
-    };
-    if !shape(date, "dddd-dd-dd") {
-        return false;
-    }
-    let Some(time) = time else { return true };
-    let (hms, fraction) = match time.split_once('.') {
-        Some((hms, f)) => (hms, Some(f)),
-        None => (time, None),
-    };
-    (shape(hms, "dd:dd") || shape(hms, "dd:dd:dd"))
-        && fraction.is_none_or(|f| {
-            hms.len() == 8 && (1..=6).contains(&f.len()) && f.chars().all(|c| c.is_ascii_digit())
-        })
-}
-
-/// Which rows a command applies to. Ids and event_ids are a list (any of them); every filter
-/// given narrows further. With no id and no event_id, only rows in the action's source status
-/// are selected (so `--limit` counts rows to change).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Selection {
-    pub ids: Vec<i64>,
-    pub event_ids: Vec<String>,
-    pub topic: Option<String>,
-    /// `last_error LIKE` this pattern.
-    pub error_like: Option<String>,
-    pub created_before: Option<TimeBound>,
-    pub created_after: Option<TimeBound>,
-    /// Most rows selected over all tables.
-    pub limit: usize,
-}
-
-impl Default for Selection {
-    fn default() -> Self {
-        Selection {
-            ids: Vec::new(),
-            event_ids: Vec::new(),
-            topic: None,
-            error_like: None,
-            created_before: None,
-            created_after: None,
-            limit: 1000,
-        }
-    }
-}
-
-impl Selection {
-    fn by_key(&self) -> bool {
-        !self.ids.is_empty() || !self.event_ids.is_empty()
-    }
-
-    fn has_filter(&self) -> bool {
-        self.topic.is_some()
-            || self.error_like.is_some()
-            || self.created_before.is_some()
-            || self.created_after.is_some()
     }
 }
 
@@ -332,8 +234,7 @@ impl Compensation {
     ) -> Result<CompensationReport, CompensateError> {
         self.validate(tables)?;
         let mut conn = pool.get_conn().await?;
-        let before = bound(&mut conn, &self.selection.created_before).await?;
-        let after = bound(&mut conn, &self.selection.created_after).await?;
+        let bounds = self.selection.bounds(&mut conn).await?;
         let mut report = CompensationReport {
             action: self.action,
             rows: Vec::new(),
@@ -348,15 +249,7 @@ impl Compensation {
                 report.limit_reached = true;
                 break;
             }
-            let mut ids = self
-                .select(
-                    &mut conn,
-                    table,
-                    before.as_deref(),
-                    after.as_deref(),
-                    remaining,
-                )
-                .await?;
+            let mut ids = self.select(&mut conn, table, &bounds, remaining).await?;
             if ids.len() > remaining {
                 ids.truncate(remaining);
                 report.limit_reached = true;
@@ -394,50 +287,15 @@ impl Compensation {
         &self,
         conn: &mut Conn,
         table: &TableName,
-        created_before: Option<&str>,
-        created_after: Option<&str>,
+        bounds: &Bounds,
         limit: usize,
     ) -> Result<Vec<i64>, mysql_async::Error> {
-        let s = &self.selection;
-        let mut conditions = Vec::new();
-        let mut params: Vec<Value> = Vec::new();
-        if s.by_key() {
-            let mut keys = Vec::new();
-            if !s.ids.is_empty() {
-                keys.push(format!("id IN ({})", placeholders(s.ids.len())));
-                params.extend(s.ids.iter().map(|id| Value::from(*id)));
-            }
-            if !s.event_ids.is_empty() {
-                keys.push(format!("event_id IN ({})", placeholders(s.event_ids.len())));
-                params.extend(s.event_ids.iter().map(|e| Value::from(e.as_str())));
-            }
-            conditions.push(format!("({})", keys.join(" OR ")));
-        } else {
-            conditions.push("status = ?".to_string());
-            params.push(self.action.from_status().code().into());
-        }
-        if let Some(topic) = &s.topic {
-            conditions.push("topic = ?".to_string());
-            params.push(topic.as_str().into());
-        }
-        if let Some(pattern) = &s.error_like {
-            conditions.push("last_error LIKE ?".to_string());
-            params.push(pattern.as_str().into());
-        }
-        if let Some(time) = created_before {
-            conditions.push("created_at < ?".to_string());
-            params.push(time.into());
-        }
-        if let Some(time) = created_after {
-            conditions.push("created_at >= ?".to_string());
-            params.push(time.into());
-        }
+        let (condition, mut params) = self.selection.condition(self.action.from_status(), bounds);
         params.push((limit + 1).into());
         conn.exec(
             format!(
-                "SELECT id FROM {} WHERE {} ORDER BY id LIMIT ?",
-                table.sql(),
-                conditions.join(" AND ")
+                "SELECT id FROM {} WHERE {condition} ORDER BY id LIMIT ?",
+                table.sql()
             ),
             params,
         )
@@ -538,18 +396,6 @@ fn vanished(table: &TableName, id: i64) -> RowReport {
         after: None,
         outcome: Outcome::Vanished,
     }
-}
-
-/// A bound as database time (durations are taken from the database clock).
-async fn bound(
-    conn: &mut Conn,
-    bound: &Option<TimeBound>,
-) -> Result<Option<String>, mysql_async::Error> {
-    Ok(match bound {
-        None => None,
-        Some(TimeBound::At(time)) => Some(time.clone()),
-        Some(TimeBound::Ago(ago)) => Some(db_time_ago(conn, *ago).await?),
-    })
 }
 
 fn truncate(text: &str, max_chars: usize) -> String {
@@ -664,38 +510,6 @@ mod tests {
         ];
         let err = command("ann", "why", by_id()).validate(&two).unwrap_err();
         assert!(err.to_string().contains("--table"), "{err}");
-    }
-
-    #[test]
-    fn time_bounds_are_durations_or_database_times() {
-        assert_eq!(
-            "2h".parse::<TimeBound>(),
-            Ok(TimeBound::Ago(Duration::from_secs(7200)))
-        );
-        for ok in [
-            "2024-05-01",
-            "2024-05-01 13:00",
-            "2024-05-01 13:00:59",
-            "2024-05-01T13:00:59.123",
-        ] {
-            assert!(
-                matches!(ok.parse::<TimeBound>(), Ok(TimeBound::At(_))),
-                "{ok}"
-            );
-        }
-        assert_eq!(
-            "2024-05-01T13:00".parse::<TimeBound>(),
-            Ok(TimeBound::At("2024-05-01 13:00".into()))
-        );
-        for bad in [
-            "yesterday",
-            "2024-5-1",
-            "2024-05-01 13",
-            "2024-05-01 13:00.5",
-            "1; DROP",
-        ] {
-            assert!(bad.parse::<TimeBound>().is_err(), "{bad}");
-        }
     }
 
     #[test]

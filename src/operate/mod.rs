@@ -27,12 +27,12 @@
 pub mod cleanup;
 pub mod compensate;
 pub mod reconcile;
+pub mod selection;
 
 pub use cleanup::{Cleanup, CleanupProgress, CleanupSummary};
-pub use compensate::{
-    Action, Compensation, CompensationReport, Outcome, RowReport, Selection, TimeBound,
-};
+pub use compensate::{Action, Compensation, CompensationReport, Outcome, RowReport};
 pub use reconcile::{Reconcile, ReconcileReport};
+pub use selection::{Selection, TimeBound};
 
 use crate::config::TableName;
 use mysql_async::prelude::*;
