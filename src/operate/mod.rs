@@ -121,7 +121,7 @@ pub(crate) async fn db_time_ago(
     let micros = u64::try_from(ago.as_micros()).unwrap_or(u64::MAX);
     let time: Option<String> = conn
         .exec_first(
-            "SELECT CAST(NOW(3) - INTERVAL ? MICROSECOND AS CHAR)",
+            "SELECT CAST(CAST(NOW(3) - INTERVAL ? MICROSECOND AS DATETIME(3)) AS CHAR)",
             (micros,),
         )
         .await?;
