@@ -4,49 +4,12 @@
 mod common;
 
 use common::relay::{
-    count_status, deliveries, poll_config, spawn_relay_process, wait_for, write_config_file,
-    write_events,
+    count_status, deliveries, duplicates, poll_config, wait_for, write_config_file, write_events,
+    RelayProcess as Relay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
-use std::process::Child;
 use std::time::Duration;
-
-/// A relay process that is killed if the test fails before stopping it.
-struct Relay(Child);
-
-impl Relay {
-    fn spawn(config_file: &std::path::Path) -> Self {
-        Relay(spawn_relay_process(config_file))
-    }
-
-    /// SIGKILL: no drain, no release of claimed rows.
-    fn kill(mut self) {
-        self.0.kill().unwrap();
-        self.0.wait().unwrap();
-    }
-
-    /// SIGTERM (graceful stop); the exit must be clean.
-    fn stop(mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
-        let status = self.0.wait().unwrap();
-        assert!(status.success(), "SIGTERM is a clean stop: {status:?}");
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn duplicates(per_event: &std::collections::HashMap<String, usize>) -> usize {
-    per_event.values().map(|n| n - 1).sum()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_a_poll_relay_then_restart_loses_nothing() {

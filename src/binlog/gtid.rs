@@ -186,6 +186,15 @@ impl MySqlGtidSet {
         *ivs = merged;
     }
 
+    /// True when every transaction of `other` is in `self`.
+    pub fn covers(&self, other: &MySqlGtidSet) -> bool {
+        other.sources.iter().all(|(source, ivs)| {
+            let mine = self.sources.get(source).map(Vec::as_slice).unwrap_or(&[]);
+            ivs.iter()
+                .all(|&(s, e)| mine.iter().any(|&(ms, me)| ms <= s && e <= me))
+        })
+    }
+
     /// Adds every transaction of `other`.
     pub fn union(&mut self, other: &MySqlGtidSet) {
         for (source, ivs) in &other.sources {

@@ -66,6 +66,29 @@ impl BinlogPosition {
             && self.file.is_none()
     }
 
+    /// True when `self` is at or past `other` in every form `other` has (GTID position, GTID
+    /// set, file/offset). Used to pick the furthest of two checkpoints (each is safe on its own:
+    /// everything before it was recorded).
+    pub fn covers(&self, other: &BinlogPosition) -> bool {
+        let mariadb = match (&self.mariadb_gtid, &other.mariadb_gtid) {
+            (_, None) => true,
+            (Some(mine), Some(theirs)) => mine.covers(theirs),
+            (None, Some(theirs)) => theirs.is_empty(),
+        };
+        let mysql = match (&self.mysql_gtid_set, &other.mysql_gtid_set) {
+            (_, None) => true,
+            (Some(mine), Some(theirs)) => mine.covers(theirs),
+            (None, Some(theirs)) => theirs.is_empty(),
+        };
+        let file = match (&self.file, &other.file) {
+            (_, None) => true,
+            // Binlog names share a base and a zero-padded counter: text order is file order.
+            (Some(mine), Some(theirs)) => (mine, self.pos) >= (theirs, other.pos),
+            (None, Some(_)) => false,
+        };
+        mariadb && mysql && file
+    }
+
     /// JSON text, as stored in sled and the MySQL mirror.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("position serialises")
@@ -144,6 +167,31 @@ impl TryFrom<PositionText> for BinlogPosition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn covers_compares_every_form() {
+        let maria = |gtid: &str, file: &str, pos| BinlogPosition {
+            mariadb_gtid: Some(gtid.parse().unwrap()),
+            file: Some(file.into()),
+            pos,
+            ..BinlogPosition::default()
+        };
+        let a = maria("0-1-10", "binlog.000002", 500);
+        let b = maria("0-1-12", "binlog.000003", 4);
+        assert!(b.covers(&a) && !a.covers(&b));
+        assert!(a.covers(&a));
+        assert!(a.covers(&BinlogPosition::default()));
+        assert!(!BinlogPosition::default().covers(&a));
+        let mysql = |set: &str| BinlogPosition {
+            mysql_gtid_set: Some(set.parse().unwrap()),
+            ..BinlogPosition::default()
+        };
+        let uuid = "3e11fa47-71ca-11e1-9e33-c80aa9429562";
+        let small = mysql(&format!("{uuid}:1-5"));
+        let big = mysql(&format!("{uuid}:1-9:11"));
+        assert!(big.covers(&small) && !small.covers(&big));
+        assert!(!mysql(&format!("{uuid}:1-3:5")).covers(&small));
+    }
 
     #[test]
     fn advancing_tracks_gtids_and_file_offsets() {

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 mod checks;
 
-pub use checks::{check_server, ServerInfo, StartupError};
+pub use checks::{check_server, oldest_position, ServerInfo, StartupError};
 
 /// What the reader yields, in binlog order.
 #[derive(Debug)]
@@ -75,6 +75,9 @@ struct StreamState {
     /// After a BEGIN (or a MariaDB transactional GTID event) until the commit.
     in_body: bool,
     gtid: Option<TxGtid>,
+    /// Until the stream's format description: a rotate event's name is followed by the 4
+    /// checksum bytes (the server's artificial rotate comes before the checksum is announced).
+    rotate_has_checksum: bool,
     /// table_id → the outbox table it maps (None: not an outbox table).
     tables: HashMap<u64, Option<MappedTable>>,
 }
@@ -152,7 +155,11 @@ impl BinlogReader {
         // stream: a connection killed or cut mid-handshake must not hang the reader.
         let open_limit = silence.max(Duration::from_secs(10));
         let mut stream = match tokio::time::timeout(open_limit, self.open(position)).await {
-            Ok(opened) => opened?,
+            Ok(opened) => {
+                let (stream, checksums) = opened?;
+                state.rotate_has_checksum = checksums;
+                stream
+            }
             Err(_) => {
                 return Err(StreamFailure::Transient(format!(
                     "opening the binlog stream took longer than {open_limit:?}"
@@ -186,7 +193,8 @@ impl BinlogReader {
         }
     }
 
-    async fn open(&self, position: &BinlogPosition) -> Result<BinlogStream, StreamFailure> {
+    /// Opens the stream at `position`; also says whether the server checksums binlog events.
+    async fn open(&self, position: &BinlogPosition) -> Result<(BinlogStream, bool), StreamFailure> {
         let transient = |e: mysql_async::Error| StreamFailure::Transient(e.to_string());
         let mut conn = Conn::new(self.options.opts.clone())
             .await
@@ -233,10 +241,17 @@ impl BinlogReader {
                 .with_filename(file.as_bytes())
                 .with_pos(position.pos.max(4));
         }
-        tracing::info!(position = %position, flavor = ?self.options.flavor, "reading the binlog");
-        conn.get_binlog_stream(request)
+        let checksum: Option<String> = conn
+            .query_first("SELECT @@GLOBAL.binlog_checksum")
             .await
-            .map_err(|e| classify_stream_error(e, position))
+            .map_err(transient)?;
+        let checksums = checksum.is_some_and(|c| !c.eq_ignore_ascii_case("NONE"));
+        tracing::info!(position = %position, flavor = ?self.options.flavor, "reading the binlog");
+        let stream = conn
+            .get_binlog_stream(request)
+            .await
+            .map_err(|e| classify_stream_error(e, position))?;
+        Ok((stream, checksums))
     }
 
     fn handle_event(
@@ -286,7 +301,14 @@ impl BinlogReader {
             }
         };
         match data {
-            EventData::RotateEvent(rotate) => state.file = binlog_file_name(&rotate.name()),
+            EventData::RotateEvent(rotate) => {
+                let mut name = rotate.name_raw();
+                if state.rotate_has_checksum {
+                    name = &name[..name.len().saturating_sub(4)];
+                }
+                state.file = binlog_file_name(&String::from_utf8_lossy(name));
+            }
+            EventData::FormatDescriptionEvent(_) => state.rotate_has_checksum = false,
             EventData::GtidEvent(gtid) => {
                 let source = MySqlSource::from_uuid_bytes(
                     gtid.sid(),
@@ -440,8 +462,8 @@ fn classify_stream_error(error: mysql_async::Error, position: &BinlogPosition) -
     StreamFailure::Transient(error.to_string())
 }
 
-/// The file name of a rotate event. MariaDB's artificial rotate at the start of a stream can
-/// carry trailing checksum bytes; file names are `[A-Za-z0-9._-]`, so stop at the first other.
+/// The file name of a rotate event (checksum bytes already cut): file names are `[A-Za-z0-9._-]`,
+/// so stop at the first other character, in case a server sent something unexpected.
 fn binlog_file_name(raw: &str) -> String {
     raw.chars()
         .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))

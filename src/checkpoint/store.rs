@@ -18,6 +18,10 @@ pub enum StoreError {
     Corrupt(String),
     #[error("checkpoint mirror in MySQL: {0}")]
     Mysql(#[from] mysql_async::Error),
+    #[error(
+        "checkpoint mirror not written: leadership epoch {0} is over (another instance leads)"
+    )]
+    Fenced(u64),
 }
 
 /// Durable storage of one checkpoint.
@@ -116,14 +120,29 @@ impl CheckpointStore for MemoryStore {
 
 /// The copy of the checkpoint in `outbox_relay_state`, one row per `relay.name`, so that another
 /// instance (or a replacement machine without the sled directory) can resume.
+///
+/// A fenced mirror ([`MysqlMirror::fenced`]) writes only while its leadership epoch is the
+/// current one, so a deposed leader cannot move the shared checkpoint.
 #[derive(Debug, Clone)]
 pub struct MysqlMirror {
     name: String,
+    epoch: Option<u64>,
 }
 
 impl MysqlMirror {
     pub fn new(name: impl Into<String>) -> Self {
-        MysqlMirror { name: name.into() }
+        MysqlMirror {
+            name: name.into(),
+            epoch: None,
+        }
+    }
+
+    /// This mirror, writing only while `leader_epoch` is `epoch`.
+    pub fn fenced(self, epoch: u64) -> Self {
+        MysqlMirror {
+            epoch: Some(epoch),
+            ..self
+        }
     }
 
     /// The mirrored position, if any.
@@ -151,6 +170,18 @@ impl MysqlMirror {
         conn: &mut mysql_async::Conn,
         position: &BinlogPosition,
     ) -> Result<(), StoreError> {
+        if let Some(epoch) = self.epoch {
+            conn.exec_drop(
+                "UPDATE outbox_relay_state SET checkpoint = ?, checkpoint_at = NOW(3) \
+                 WHERE name = ? AND leader_epoch = ?",
+                (position.to_json(), &self.name, epoch),
+            )
+            .await?;
+            if conn.affected_rows() == 0 {
+                return Err(StoreError::Fenced(epoch));
+            }
+            return Ok(());
+        }
         conn.exec_drop(
             "INSERT INTO outbox_relay_state (name, checkpoint, checkpoint_at) VALUES (?, ?, NOW(3)) \
              ON DUPLICATE KEY UPDATE checkpoint = VALUES(checkpoint), checkpoint_at = VALUES(checkpoint_at)",

@@ -185,8 +185,14 @@ impl Default for RetryConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SweeperConfig {
+    /// Run the sweeper beside the stream (CDC mode), on the leader and on standbys.
+    pub enabled: bool,
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
+    /// Only rows PENDING for longer than this are swept: far behind the stream (which sends in
+    /// milliseconds), so the two do not race in normal operation.
+    #[serde(with = "humantime_serde")]
+    pub min_age: Duration,
     /// How long a claimed row stays SENDING before another instance may take it back.
     #[serde(with = "humantime_serde")]
     pub lease: Duration,
@@ -196,7 +202,9 @@ pub struct SweeperConfig {
 impl Default for SweeperConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             interval: Duration::from_secs(5),
+            min_age: Duration::from_secs(30),
             lease: Duration::from_secs(30),
             batch_size: 100,
         }

@@ -308,6 +308,12 @@ mappedFileSizeCommitLog = 67108864
 maxHashSlotNum = 50000
 maxIndexNum = 200000
 linuxFilePreallocateEnable = false
+# A development broker on a busy disk (a build machine's) must still accept messages: the stock
+# limit (75 % used) refuses writes, and the broker then fails its start-up probe. The broker
+# requires max used < clean forcibly < warning level.
+diskMaxUsedSpaceRatio = 93
+diskSpaceCleanForciblyRatio = 96
+diskSpaceWarningLevelRatio = 98
 "#,
         auto_create = options.auto_create_topics,
     );

@@ -6,11 +6,14 @@
 //! its `msg_id`. Rows already SENT or FAILED are left as they are. Database errors are retried
 //! for ever (with backoff) rather than acknowledging anything unrecorded.
 //!
-//! Which rows an UPDATE may touch is the [`MarkRule`]: the CDC stream marks rows still PENDING or
-//! SENDING (`status IN (0, 1)`); rows claimed under a lease (poll mode, sweeper) are marked only
-//! while this instance still owns them (`status = 1 AND owner = ?`). A claimed row whose lease
-//! expired and was taken back (PENDING again, or claimed by another instance) is not overwritten:
-//! its new owner sends it again and records that outcome. That costs a duplicate, never a loss.
+//! Which rows an UPDATE may touch depends on where the event came from (one marker serves both
+//! when the sweeper runs beside the stream): an event read from the binlog (it has a watermark
+//! `seq`) marks its row while still PENDING or SENDING (`status IN (0, 1)`), so it also settles a
+//! row a sweeper claimed meanwhile; an event claimed under a lease (poll mode, sweeper) marks its
+//! row only while this instance still owns it (`status = 1 AND owner = ?`). A claimed row whose
+//! lease expired and was taken back (PENDING again, claimed by another instance, or already SENT
+//! by the stream) is not overwritten: whoever holds it now records that outcome. That costs a
+//! duplicate, never a loss.
 
 use crate::checkpoint::Watermark;
 use crate::config::TableName;
@@ -36,22 +39,22 @@ pub struct MarkStats {
     pub failed: u64,
 }
 
-/// Which rows the marker may update, and what it acknowledges afterwards.
+/// What the marker needs besides the completions.
 #[derive(Debug, Clone)]
-pub enum MarkRule {
-    /// The CDC stream: rows in status PENDING or SENDING; each recorded completion with a `seq`
-    /// is acknowledged to the watermark.
-    Stream(Arc<Mutex<Watermark>>),
-    /// Rows claimed under a lease by `owner`: only rows still SENDING and owned by it.
-    Claimed { owner: String },
+pub struct MarkRule {
+    /// The stream's watermark: each recorded completion with a `seq` is acknowledged to it.
+    /// `None` when no stream runs (poll mode, a standby's sweeper).
+    pub watermark: Option<Arc<Mutex<Watermark>>>,
+    /// This instance's `owner` in claimed rows.
+    pub owner: String,
 }
 
 impl MarkRule {
-    /// The WHERE condition after `id …`, and the owner to bind for it (if any).
-    fn condition(&self) -> (&'static str, Option<&str>) {
-        match self {
-            MarkRule::Stream(_) => ("status IN (0, 1)", None),
-            MarkRule::Claimed { owner } => ("status = 1 AND owner = ?", Some(owner)),
+    /// The WHERE condition after `id …` for `completion`, and the owner to bind for it (if any).
+    fn condition(&self, completion: &Completion) -> (&'static str, Option<&str>) {
+        match completion.seq {
+            Some(_) => ("status IN (0, 1)", None),
+            None => ("status = 1 AND owner = ?", Some(&self.owner)),
         }
     }
 }
@@ -89,13 +92,20 @@ pub async fn run_marker(
                 }
             }
         }
+        let metrics = crate::metrics::relay();
         for completion in &batch {
             match completion.outcome {
-                Outcome::Sent { .. } => stats.sent += 1,
-                Outcome::Failed { .. } => stats.failed += 1,
+                Outcome::Sent { .. } => {
+                    stats.sent += 1;
+                    metrics.events_sent.inc();
+                }
+                Outcome::Failed { .. } => {
+                    stats.failed += 1;
+                    metrics.events_failed.inc();
+                }
             }
         }
-        if let MarkRule::Stream(watermark) = &rule {
+        if let Some(watermark) = &rule.watermark {
             let mut watermark = watermark.lock().expect("not poisoned");
             for seq in batch.iter().filter_map(|c| c.seq) {
                 watermark.complete(seq);
@@ -111,13 +121,15 @@ async fn write(
     batch: &[Completion],
     rule: &MarkRule,
 ) -> Result<(), mysql_async::Error> {
-    let (condition, owner) = rule.condition();
     let mut conn = pool.get_conn().await?;
-    let mut sent: BTreeMap<&TableName, Vec<(u64, &str)>> = BTreeMap::new();
+    // SENT rows grouped by table and by rule (stream or claimed), one UPDATE per group.
+    type Group<'a> = (&'a TableName, (&'static str, Option<&'a str>));
+    let mut sent: BTreeMap<Group<'_>, Vec<(u64, &str)>> = BTreeMap::new();
     for completion in batch {
+        let (condition, owner) = rule.condition(completion);
         match &completion.outcome {
             Outcome::Sent { msg_id } => sent
-                .entry(&*completion.table)
+                .entry((&*completion.table, (condition, owner)))
                 .or_default()
                 .push((completion.id, msg_id.as_str())),
             Outcome::Failed { reason, attempts } => {
@@ -140,7 +152,7 @@ async fn write(
             }
         }
     }
-    for (table, rows) in sent {
+    for ((table, (condition, owner)), rows) in sent {
         let cases = " WHEN ? THEN ?".repeat(rows.len());
         let ids = vec!["?"; rows.len()].join(", ");
         let mut params: Vec<Value> = Vec::with_capacity(rows.len() * 3);

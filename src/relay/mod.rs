@@ -9,10 +9,12 @@
 
 mod checkpointer;
 mod dispatch;
+mod instance;
 mod shards;
 
 pub use crate::sweep::run_poll;
 pub use checkpointer::CheckpointSettings;
+pub use instance::run_instance;
 pub use shards::Shards;
 
 use crate::binlog::decode::RowLimits;
@@ -24,6 +26,7 @@ use crate::mark::{run_marker, MarkRule, MarkStats};
 use crate::retry::RetryPolicy;
 use crate::route::Router;
 use crate::send::Sink;
+use crate::sweep::{SweepSettings, Sweeper};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -33,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 const CHANNEL_CAPACITY: usize = 4096;
 
 /// What a finished run did.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunSummary {
     pub marked: MarkStats,
     /// The last persisted checkpoint.
@@ -42,14 +45,30 @@ pub struct RunSummary {
     pub unidentifiable: u64,
 }
 
+impl RunSummary {
+    /// Adds a later run's counts; its checkpoint (if any) becomes the last one.
+    pub fn absorb(&mut self, later: RunSummary) {
+        self.marked.sent += later.marked.sent;
+        self.marked.failed += later.marked.failed;
+        self.unidentifiable += later.unidentifiable;
+        if !later.checkpoint.is_unknown() {
+            self.checkpoint = later.checkpoint;
+        }
+    }
+}
+
 /// Options beyond the config file.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     /// After cancellation, how long in-flight events may take to finish.
     pub drain_timeout: Duration,
     pub checkpoint: CheckpointSettings,
-    /// Poll mode: how rows are claimed; `None` detects it from the server's version.
+    /// Poll mode and the sweeper: how rows are claimed; `None` detects it from the server's
+    /// version.
     pub claim_strategy: Option<crate::sweep::ClaimStrategy>,
+    /// CDC: the leadership epoch this run streams under (fences the checkpoint mirror); set by
+    /// the instance supervisor, `None` when no election is held.
+    pub leader_epoch: Option<u64>,
 }
 
 impl Default for RunOptions {
@@ -58,6 +77,7 @@ impl Default for RunOptions {
             drain_timeout: Duration::from_secs(10),
             checkpoint: CheckpointSettings::default(),
             claim_strategy: None,
+            leader_epoch: None,
         }
     }
 }
@@ -84,32 +104,51 @@ fn reader_options(
         server_id: config.mysql.server_id,
         heartbeat: config.mysql.heartbeat,
         tables,
-        limits: RowLimits {
-            max_payload_bytes: config.outbox.max_payload_bytes,
-        },
+        limits: limits(config),
         flavor,
     }
 }
 
-/// Where to start: the sled checkpoint, else the MySQL mirror, else the server's current end.
+fn limits(config: &Config) -> RowLimits {
+    RowLimits {
+        max_payload_bytes: config.outbox.max_payload_bytes,
+    }
+}
+
+/// Where to start: the furthest of the local (sled) checkpoint and the MySQL mirror (each is safe
+/// on its own; after a failover the mirror is usually ahead of a former leader's local one), else
+/// the server's current end.
 async fn start_position(
     store: &dyn CheckpointStore,
     mirror: &MysqlMirror,
     pool: &mysql_async::Pool,
     current: &BinlogPosition,
 ) -> anyhow::Result<BinlogPosition> {
-    if let Some(position) = store.load()? {
-        tracing::info!(%position, "resuming from the local checkpoint");
-        return Ok(position);
-    }
+    let local = store.load()?;
     let mut conn = pool.get_conn().await?;
-    if let Some(position) = mirror.load(&mut conn).await? {
-        tracing::info!(%position, "no local checkpoint; resuming from the checkpoint mirror in MySQL");
-        return Ok(position);
+    let shared = mirror.load(&mut conn).await?;
+    drop(conn);
+    match (local, shared) {
+        (Some(local), Some(shared)) if !local.covers(&shared) => {
+            tracing::info!(position = %shared, local = %local,
+                "resuming from the checkpoint mirror in MySQL (ahead of the local checkpoint)");
+            Ok(shared)
+        }
+        (Some(local), _) => {
+            tracing::info!(position = %local, "resuming from the local checkpoint");
+            Ok(local)
+        }
+        (None, Some(shared)) => {
+            tracing::info!(position = %shared,
+                "no local checkpoint; resuming from the checkpoint mirror in MySQL");
+            Ok(shared)
+        }
+        (None, None) => {
+            tracing::warn!(position = %current,
+                "no checkpoint anywhere: starting at the current end of the binlog; older PENDING rows are left to the sweeper");
+            Ok(current.clone())
+        }
     }
-    tracing::warn!(position = %current,
-        "no checkpoint anywhere: starting at the current end of the binlog; older PENDING rows are left to the sweeper");
-    Ok(current.clone())
 }
 
 /// Runs the CDC relay until `cancel` fires (then drains and writes the final checkpoint) or a
@@ -126,9 +165,26 @@ pub async fn run_cdc<S: Sink>(
     let server = check_server(&opts, &tables).await?;
     tracing::info!(version = %server.version, flavor = ?server.flavor, "server checks passed");
     let pool = mysql_async::Pool::new(opts.clone());
-    let mirror = MysqlMirror::new(config.relay.name.clone());
+    let mut mirror = MysqlMirror::new(config.relay.name.clone());
+    if let Some(epoch) = options.leader_epoch {
+        mirror = mirror.fenced(epoch);
+    }
     let start = start_position(&*store, &mirror, &pool, &server.current).await?;
     let watermark = Arc::new(Mutex::new(Watermark::new(start.clone())));
+    let sweeper = match config.sweeper.enabled {
+        true => Some(
+            Sweeper::new(
+                crate::sweep::read_committed_pool(config)?,
+                tables.clone(),
+                config.instance_id(),
+                SweepSettings::beside_stream(config),
+                limits(config),
+                options.claim_strategy,
+            )
+            .await?,
+        ),
+        false => None,
+    };
 
     let reader = BinlogReader::new(reader_options(config, opts, tables, server.flavor));
     let (items_tx, items_rx) = mpsc::channel(CHANNEL_CAPACITY);
@@ -146,8 +202,19 @@ pub async fn run_cdc<S: Sink>(
     let marker_task = tokio::spawn(run_marker(
         pool.clone(),
         done_rx,
-        MarkRule::Stream(Arc::clone(&watermark)),
+        MarkRule {
+            watermark: Some(Arc::clone(&watermark)),
+            owner: config.instance_id(),
+        },
     ));
+    // The sweeper feeds the same shards: a key's swept rows queue behind its streamed ones.
+    let mut sweeper = sweeper.map(|sweeper| {
+        sweeper.spawn(
+            Router::new(config.relay.shards),
+            shard_inputs.clone(),
+            done_tx.clone(),
+        )
+    });
     let checkpoint_stop = CancellationToken::new();
     let checkpoint_task = tokio::spawn(checkpointer::run(
         Arc::clone(&watermark),
@@ -169,6 +236,9 @@ pub async fn run_cdc<S: Sink>(
 
     // The reader stopped (cancelled or failed). Let the shards drain, within the timeout.
     let reader_result = reader_task.await?;
+    if let Some(sweeper) = &mut sweeper {
+        sweeper.stop_claiming().await;
+    }
     shards
         .drain(
             options.drain_timeout,
@@ -176,6 +246,9 @@ pub async fn run_cdc<S: Sink>(
         )
         .await;
     let marked = marker_task.await?;
+    if let Some(sweeper) = sweeper {
+        sweeper.finish().await;
+    }
     checkpoint_stop.cancel();
     let checkpoint = checkpoint_task.await??;
     pool.disconnect().await?;
@@ -268,7 +341,9 @@ impl RelayHandle {
         let (config, token) = (config.clone(), cancel.clone());
         let task = tokio::spawn(async move {
             let result = match store {
-                Some(store) => run_cdc(&config, Arc::clone(&sink), store, options, token).await,
+                Some(store) => {
+                    run_instance(&config, Arc::clone(&sink), store, options, token).await
+                }
                 None => run_poll(&config, Arc::clone(&sink), options, token).await,
             };
             if let Ok(sink) = Arc::try_unwrap(sink) {

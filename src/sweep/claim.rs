@@ -69,22 +69,41 @@ pub struct Claimer {
     pub owner: String,
     pub lease: Duration,
     pub batch_size: u32,
+    /// Only rows created longer ago than this are claimed (zero: any row).
+    pub min_age: Duration,
     pub strategy: ClaimStrategy,
     pub limits: RowLimits,
 }
 
 impl Claimer {
-    /// The SELECT of the claimable rows (`?` = batch size).
+    /// The SELECT of the claimable rows (binds [`Claimer::select_params`]).
     pub fn select_sql(&self) -> String {
         let lock = match self.strategy {
             ClaimStrategy::SkipLocked => " FOR UPDATE SKIP LOCKED",
             ClaimStrategy::Optimistic => "",
         };
+        let age = if self.min_age.is_zero() {
+            ""
+        } else {
+            " AND created_at < NOW(3) - INTERVAL ? MICROSECOND"
+        };
         format!(
             "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {} \
-             WHERE status = 0 AND next_retry_at <= NOW(3) ORDER BY id LIMIT ?{lock}",
+             WHERE status = 0 AND next_retry_at <= NOW(3){age} ORDER BY id LIMIT ?{lock}",
             self.table.sql()
         )
+    }
+
+    /// The values for [`Claimer::select_sql`]: the minimum age (if any), the batch size.
+    fn select_params(&self) -> Vec<Value> {
+        let mut params = Vec::with_capacity(2);
+        if !self.min_age.is_zero() {
+            params.push(Value::from(
+                u64::try_from(self.min_age.as_micros()).unwrap_or(u64::MAX),
+            ));
+        }
+        params.push(Value::from(self.batch_size));
+        params
     }
 
     /// `(id, biz_key)` of the rows of the keys of `rows` with a smaller id than the newest of
@@ -148,7 +167,7 @@ impl Claimer {
         let mut opts = TxOpts::default();
         opts.with_isolation_level(IsolationLevel::ReadCommitted);
         let mut tx = conn.start_transaction(opts).await?;
-        let rows: Vec<Row> = tx.exec(self.select_sql(), (self.batch_size,)).await?;
+        let rows: Vec<Row> = tx.exec(self.select_sql(), self.select_params()).await?;
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
@@ -181,7 +200,7 @@ impl Claimer {
     }
 
     async fn claim_optimistic(&self, conn: &mut Conn) -> Result<Vec<Claimed>, mysql_async::Error> {
-        let rows: Vec<Row> = conn.exec(self.select_sql(), (self.batch_size,)).await?;
+        let rows: Vec<Row> = conn.exec(self.select_sql(), self.select_params()).await?;
         let sql = self.update_sql(1);
         let mut claimed = Vec::with_capacity(rows.len());
         // A key whose row someone else took: its later rows wait, so they cannot overtake it.
@@ -330,6 +349,7 @@ mod tests {
             owner: "me".into(),
             lease: Duration::from_millis(1500),
             batch_size: 100,
+            min_age: Duration::ZERO,
             strategy,
             limits: RowLimits {
                 max_payload_bytes: 1024,
@@ -368,6 +388,17 @@ mod tests {
              INTERVAL ? MICROSECOND WHERE id IN (?, ?, ?)"
         );
         assert_eq!(c.lease_micros(), 1_500_000);
+        let aged = Claimer {
+            min_age: Duration::from_secs(30),
+            ..c.clone()
+        };
+        assert!(aged.select_sql().contains(
+            "next_retry_at <= NOW(3) AND created_at < NOW(3) - INTERVAL ? MICROSECOND ORDER BY"
+        ));
+        assert_eq!(
+            aged.select_params(),
+            vec![Value::from(30_000_000u64), Value::from(100u32)]
+        );
         let o = claimer(ClaimStrategy::Optimistic);
         assert!(!o.select_sql().contains("FOR UPDATE"));
         assert!(o.update_sql(1).ends_with("WHERE id = ? AND status = 0"));

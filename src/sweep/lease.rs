@@ -9,8 +9,9 @@
 
 use crate::config::TableName;
 use mysql_async::prelude::*;
-use mysql_async::Conn;
+use mysql_async::{Conn, Pool};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// How often leases are renewed and expired ones recovered: a third of the lease (so two
 /// renewals can fail before a lease expires), at most `ceiling`, at least 100 ms.
@@ -68,6 +69,66 @@ pub async fn release(
     )
     .await?;
     Ok(conn.affected_rows())
+}
+
+/// Every `every` until `stop`: renews the leases `owner` holds and returns expired ones (anyone's)
+/// to PENDING.
+pub async fn keep(
+    pool: Pool,
+    tables: Vec<TableName>,
+    owner: String,
+    lease_length: Duration,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let mut conn = match pool.get_conn().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot renew or recover leases; retrying");
+                continue;
+            }
+        };
+        for table in &tables {
+            if let Err(e) = renew(&mut conn, table, &owner, lease_length).await {
+                tracing::warn!(%table, error = %e, "cannot renew leases; retrying");
+            }
+            match recover_expired(&mut conn, table).await {
+                Ok(0) => {}
+                Ok(n) => {
+                    crate::metrics::relay().leases_recovered.inc_by(n);
+                    tracing::warn!(%table, rows = n,
+                        "SENDING rows with an expired lease returned to PENDING (an instance stopped or stalled)")
+                }
+                Err(e) => {
+                    tracing::warn!(%table, error = %e, "cannot recover expired leases; retrying")
+                }
+            }
+        }
+    }
+}
+
+/// Returns every row `owner` still holds in `tables` to PENDING (graceful shutdown, after every
+/// outcome was recorded); on failure they return when their lease expires.
+pub async fn release_all(pool: &Pool, tables: &[TableName], owner: &str) {
+    let later = "cannot release claimed rows; they return when their lease expires";
+    let mut conn = match pool.get_conn().await {
+        Ok(conn) => conn,
+        Err(e) => return tracing::warn!(error = %e, "{later}"),
+    };
+    for table in tables {
+        match release(&mut conn, table, owner).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(%table, rows = n, "released unsent claimed rows"),
+            Err(e) => tracing::warn!(%table, error = %e, "{later}"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,10 @@
-//! Sweeping: claiming outbox rows from the table itself instead of reading the binlog. Today it
-//! runs as **poll mode** ([`run_poll`], `relay.mode = "poll"`): the polling relay on its own, for
-//! servers without binlog access and as the benchmark baseline.
+//! Sweeping: claiming outbox rows from the table itself instead of reading the binlog. It runs
+//! as **poll mode** ([`run_poll`], `relay.mode = "poll"`: the polling relay on its own, for
+//! servers without binlog access and as the benchmark baseline) and as the **sweeper** beside the
+//! CDC stream ([`Sweeper`]): every `sweeper.interval` it claims rows still PENDING after
+//! `sweeper.min_age` (far behind the stream, so the two do not race in normal operation): rows
+//! whose binlog event the stream never saw (a purged binlog, a filtered session, a gap while no
+//! leader streamed), and rows put back to PENDING by hand. Standby instances run it too.
 //!
 //! Stages: [`claim`] (PENDING → SENDING under a lease, `FOR UPDATE SKIP LOCKED` where the server
 //! has it, else an optimistic per-row claim) → the CDC relay's router and ordered shard senders →
@@ -29,9 +33,11 @@
 pub mod claim;
 pub mod lease;
 mod poll;
+mod sweeper;
 
 pub use claim::{ClaimStrategy, Claimed, Claimer};
-pub use poll::run_poll;
+pub use poll::{run_poll, run_sweeper_alone};
+pub use sweeper::{read_committed_pool, RunningSweeper, SweepSettings, Sweeper};
 
 /// Capacity of each shard's input: claimed rows waiting to be sent (their leases are renewed).
 const CHANNEL_CAPACITY: usize = 1024;

@@ -251,6 +251,15 @@ impl RunningRelay {
     }
 }
 
+/// A CDC relay config whose sweeper looks every 300 ms for rows PENDING for over a second.
+pub fn sweeping_config(db: &TestDb) -> (Config, tempfile::TempDir) {
+    let (mut config, dir) = relay_config(db);
+    config.sweeper.interval = Duration::from_millis(300);
+    config.sweeper.min_age = Duration::from_secs(1);
+    config.sweeper.lease = Duration::from_secs(10);
+    (config, dir)
+}
+
 /// A poll-mode config for `db`: short lease (`lease`), 100 ms poll interval, own instance id.
 pub fn poll_config(db: &TestDb, instance: &str, lease: Duration) -> (Config, tempfile::TempDir) {
     let (mut config, dir) = relay_config(db);
@@ -308,4 +317,41 @@ pub async fn assert_every_event_arrived_in_key_order(db: &TestDb, topic: &str, t
     println!("duplicates: {}", messages.len() - arrived.len());
     assert_key_order(&rows, &messages);
     reader.close().await;
+}
+
+/// A relay process that is killed if the test fails before stopping it.
+pub struct RelayProcess(Child);
+
+impl RelayProcess {
+    pub fn spawn(config_file: &std::path::Path) -> Self {
+        RelayProcess(spawn_relay_process(config_file))
+    }
+
+    /// SIGKILL: no drain, no release of claimed rows.
+    pub fn kill(mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+
+    /// SIGTERM (graceful stop); the exit must be clean.
+    pub fn stop(mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "SIGTERM is a clean stop: {status:?}");
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// How many deliveries beyond the first, over all events.
+pub fn duplicates(per_event: &std::collections::HashMap<String, usize>) -> usize {
+    per_event.values().map(|n| n - 1).sum()
 }

@@ -1,7 +1,7 @@
 //! Broker fixtures for consumer tests: one real RocketMQ per test binary, a topic per test, and
 //! a producer that publishes messages the way the relay does (the message contract).
 
-use outbox_relay::devenv::{scratch_dir, ClientHost, RocketMq};
+use outbox_relay::devenv::{scratch_dir, ClientHost, RocketMq, RocketMqOptions};
 use rocketmq_client_rust::{DefaultMQProducer, SendResult, SendStatus};
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
@@ -18,7 +18,11 @@ pub fn rocketmq() -> &'static RocketMq {
     static SERVER: OnceLock<RocketMq> = OnceLock::new();
     SERVER.get_or_init(|| {
         let dir = scratch_dir("rocketmq").expect("scratch dir");
-        RocketMq::start(&dir).expect("RocketMQ must start (run scripts/setup.sh)")
+        // Like a production broker: sending to a topic nobody created fails.
+        let options = RocketMqOptions {
+            auto_create_topics: false,
+        };
+        RocketMq::start_with(&dir, options).expect("RocketMQ must start (run scripts/setup.sh)")
     })
 }
 

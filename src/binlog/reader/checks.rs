@@ -167,3 +167,52 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         current,
     })
 }
+
+/// The oldest position the server can still stream from: where a relay whose checkpoint was
+/// purged from the server restarts (the sweeper publishes the PENDING rows of the gap).
+///
+/// MariaDB: the GTID state at the start of the oldest binlog file (`BINLOG_GTID_POS`); MySQL
+/// with GTIDs: `gtid_purged` (the server sends every transaction not in it); MySQL without:
+/// the start of the oldest file.
+pub async fn oldest_position(
+    opts: &Opts,
+    flavor: ServerFlavor,
+) -> Result<BinlogPosition, StartupError> {
+    let mut conn = Conn::new(opts.clone())
+        .await
+        .map_err(StartupError::Connect)?;
+    let logs: Vec<Row> = conn.query("SHOW BINARY LOGS").await?;
+    let first = logs
+        .into_iter()
+        .next()
+        .and_then(|mut row| row.take::<Option<String>, _>(0).flatten());
+    let mut position = BinlogPosition {
+        file: first.clone(),
+        pos: 4,
+        ..BinlogPosition::default()
+    };
+    match flavor {
+        ServerFlavor::MariaDb => {
+            let gtid: Option<Option<String>> = match &first {
+                Some(file) => {
+                    conn.exec_first("SELECT BINLOG_GTID_POS(?, 4)", (file,))
+                        .await?
+                }
+                None => None,
+            };
+            let gtid = gtid.flatten().unwrap_or_default();
+            position.mariadb_gtid = Some(gtid.parse().map_err(|e| misconfigured(format!("{e}")))?);
+        }
+        ServerFlavor::MySqlGtid => {
+            let purged: String = conn
+                .query_first("SELECT @@GLOBAL.gtid_purged")
+                .await?
+                .unwrap_or_default();
+            position.mysql_gtid_set =
+                Some(purged.parse().map_err(|e| misconfigured(format!("{e}")))?);
+        }
+        ServerFlavor::MySqlFilePos => {}
+    }
+    conn.disconnect().await?;
+    Ok(position)
+}

@@ -1,0 +1,193 @@
+//! One relay instance in CDC mode, among any number sharing a `relay.name`: it stands by (sweeping)
+//! until it wins the election, then streams (with the sweeper beside the stream) until it is
+//! stopped or loses leadership, and then stands by again.
+//!
+//! Guarantees: at most one instance streams at a time as far as the server's lock goes (see
+//! [`crate::leader`]); a new leader resumes from the furthest checkpoint it can see (its own, or
+//! the mirror the previous leader kept in MySQL), so a takeover resends at most what the old
+//! leader sent after its last mirrored checkpoint. If the checkpoint is no longer on the server
+//! (purged binlogs), the leader logs an ERROR, counts it, restarts from the oldest position the
+//! server has, and the sweeper publishes the PENDING rows of the gap.
+
+use super::{run_cdc, RunOptions, RunSummary};
+use crate::binlog::reader::{check_server, oldest_position, ReaderError};
+use crate::checkpoint::{CheckpointStore, MysqlMirror};
+use crate::config::Config;
+use crate::leader::{Election, Leadership};
+use crate::send::Sink;
+use crate::sweep::{run_sweeper_alone, SweepSettings};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// How many times in a row one leadership may restart from the oldest binlog before giving up.
+const MAX_FALLBACKS: u32 = 3;
+
+/// Runs this instance until `cancel` fires, or a permanent error (a failed start-up check, a
+/// store that cannot be written).
+pub async fn run_instance<S: Sink>(
+    config: &Config,
+    sink: Arc<S>,
+    store: Arc<dyn CheckpointStore>,
+    options: RunOptions,
+    cancel: CancellationToken,
+) -> anyhow::Result<RunSummary> {
+    let election = Election::new(
+        crate::db::opts(config)?,
+        &config.relay.name,
+        &config.instance_id(),
+    );
+    let mut total = RunSummary::default();
+    loop {
+        let leadership = match election.try_lead().await {
+            Ok(Some(leadership)) => leadership,
+            Ok(None) => {
+                match stand_by(config, &sink, &election, &options, &cancel, &mut total).await? {
+                    Some(leadership) => leadership,
+                    None => return Ok(total),
+                }
+            }
+            Err(e) => anyhow::bail!(
+                "cannot enter the leader election in MySQL (has `outbox-relay migrate` run?): {e}"
+            ),
+        };
+        let led = lead(config, &sink, &store, &options, &cancel, &leadership).await;
+        leadership.resign(&election).await;
+        total.absorb(led?);
+        if cancel.is_cancelled() {
+            return Ok(total);
+        }
+        tracing::warn!("no longer the leader: standing by");
+    }
+}
+
+/// Sweeps (if enabled) while waiting for leadership; `None` when cancelled first.
+async fn stand_by<S: Sink>(
+    config: &Config,
+    sink: &Arc<S>,
+    election: &Election,
+    options: &RunOptions,
+    cancel: &CancellationToken,
+    total: &mut RunSummary,
+) -> anyhow::Result<Option<Leadership>> {
+    tracing::info!(instance = %config.instance_id(),
+        "another instance leads: standing by (sweeping) until it stops");
+    let sweeping = cancel.child_token();
+    let sweep = async {
+        if config.sweeper.enabled {
+            let settings = SweepSettings::beside_stream(config);
+            run_sweeper_alone(
+                config,
+                Arc::clone(sink),
+                settings,
+                options.clone(),
+                sweeping.clone(),
+            )
+            .await
+            .map(Some)
+        } else {
+            sweeping.cancelled().await;
+            Ok(None)
+        }
+    };
+    tokio::pin!(sweep);
+    let led = tokio::select! {
+        led = election.lead(cancel) => led,
+        swept = &mut sweep => {
+            // The sweeper ends early only on an error (or when `cancel` fired).
+            if let Some(summary) = swept? {
+                total.absorb(summary);
+            }
+            election.lead(cancel).await
+        }
+    };
+    sweeping.cancel();
+    if let Some(summary) = sweep.await? {
+        total.absorb(summary);
+    }
+    Ok(led)
+}
+
+/// Streams under `leadership` until `cancel` fires or the leadership is lost.
+async fn lead<S: Sink>(
+    config: &Config,
+    sink: &Arc<S>,
+    store: &Arc<dyn CheckpointStore>,
+    options: &RunOptions,
+    cancel: &CancellationToken,
+    leadership: &Leadership,
+) -> anyhow::Result<RunSummary> {
+    let streaming = cancel.child_token();
+    let link = {
+        let (lost, streaming) = (leadership.lost(), streaming.clone());
+        tokio::spawn(async move {
+            lost.cancelled().await;
+            streaming.cancel();
+        })
+    };
+    let options = RunOptions {
+        leader_epoch: Some(leadership.epoch),
+        ..options.clone()
+    };
+    let mut total = RunSummary::default();
+    let mut fallbacks = 0;
+    let result = loop {
+        let run = run_cdc(
+            config,
+            Arc::clone(sink),
+            Arc::clone(store),
+            options.clone(),
+            streaming.clone(),
+        )
+        .await;
+        match run {
+            Err(e) if position_gone(&e) && !streaming.is_cancelled() => {
+                fallbacks += 1;
+                if fallbacks > MAX_FALLBACKS {
+                    break Err(e);
+                }
+                tracing::error!(error = %e,
+                    "the checkpoint is no longer on the server: restarting from the oldest binlog position; the sweeper publishes the PENDING rows of the gap");
+                crate::metrics::binlog_position_lost();
+                if let Err(e) = fall_back(config, store, leadership.epoch).await {
+                    break Err(e);
+                }
+            }
+            Err(e) => break Err(e),
+            Ok(summary) => {
+                total.absorb(summary);
+                break Ok(total);
+            }
+        }
+    };
+    link.abort();
+    result
+}
+
+fn position_gone(error: &anyhow::Error) -> bool {
+    matches!(
+        error.downcast_ref::<ReaderError>(),
+        Some(ReaderError::PositionGone { .. })
+    )
+}
+
+/// Saves the oldest position the server has as the checkpoint (local and mirror).
+async fn fall_back(
+    config: &Config,
+    store: &Arc<dyn CheckpointStore>,
+    epoch: u64,
+) -> anyhow::Result<()> {
+    let opts = crate::db::opts(config)?;
+    let tables = super::qualified_tables(config)?;
+    let server = check_server(&opts, &tables).await?;
+    let oldest = oldest_position(&opts, server.flavor).await?;
+    tracing::warn!(position = %oldest, "new checkpoint: the oldest position on the server");
+    let (s, p) = (Arc::clone(store), oldest.clone());
+    tokio::task::spawn_blocking(move || s.save(&p)).await??;
+    let mut conn = mysql_async::Conn::new(opts).await?;
+    MysqlMirror::new(config.relay.name.clone())
+        .fenced(epoch)
+        .save(&mut conn, &oldest)
+        .await?;
+    conn.disconnect().await?;
+    Ok(())
+}

@@ -1,0 +1,289 @@
+//! The sweeper: a claim loop and a lease keeper feeding the ordered shard senders. Poll mode
+//! runs it alone (every row, every `poll.interval`); CDC mode runs it beside the stream (rows
+//! older than `sweeper.min_age`, every `sweeper.interval`) on the leader and on standbys.
+
+use super::claim::{ClaimStrategy, Claimed, Claimer};
+use super::lease;
+use crate::binlog::decode::RowLimits;
+use crate::config::{Config, TableName};
+use crate::retry::RetryPolicy;
+use crate::route::Router;
+use crate::send::{Completion, ShardEvent};
+use mysql_async::prelude::*;
+use mysql_async::Pool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// How a sweeper claims.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepSettings {
+    /// Pause between claims (none while claims come back full: a backlog is drained at once).
+    pub interval: Duration,
+    /// Only rows created longer ago than this (zero: every row).
+    pub min_age: Duration,
+    pub batch_size: u32,
+    /// How long a claimed row stays SENDING before anyone may take it back.
+    pub lease: Duration,
+}
+
+impl SweepSettings {
+    /// Poll mode: every PENDING row, `[poll]` interval and batch.
+    pub fn poll(config: &Config) -> Self {
+        SweepSettings {
+            interval: config.poll.interval,
+            min_age: Duration::ZERO,
+            batch_size: config.poll.batch_size,
+            lease: config.sweeper.lease,
+        }
+    }
+
+    /// Beside the stream: rows older than `sweeper.min_age`, `[sweeper]` interval and batch.
+    pub fn beside_stream(config: &Config) -> Self {
+        SweepSettings {
+            interval: config.sweeper.interval,
+            min_age: config.sweeper.min_age,
+            batch_size: config.sweeper.batch_size,
+            lease: config.sweeper.lease,
+        }
+    }
+}
+
+/// A pool whose sessions run at READ COMMITTED: claims, lease updates and marks take no gap
+/// locks, so they never block or deadlock the producers' INSERTs.
+pub fn read_committed_pool(config: &Config) -> anyhow::Result<Pool> {
+    let opts = mysql_async::OptsBuilder::from_opts(crate::db::opts(config)?).init(vec![
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    ]);
+    Ok(Pool::new(opts))
+}
+
+/// A sweeper ready to run: one [`Claimer`] per outbox table.
+pub struct Sweeper {
+    pool: Pool,
+    claimers: Vec<Claimer>,
+    tables: Vec<TableName>,
+    owner: String,
+    settings: SweepSettings,
+}
+
+impl Sweeper {
+    /// Checks the tables and picks the claim strategy (`strategy`, or detected from the server's
+    /// version); claims go through `pool` (see [`read_committed_pool`]) as `owner`.
+    pub async fn new(
+        pool: Pool,
+        tables: Vec<TableName>,
+        owner: String,
+        settings: SweepSettings,
+        limits: RowLimits,
+        strategy: Option<ClaimStrategy>,
+    ) -> anyhow::Result<Self> {
+        let strategy = match strategy {
+            Some(strategy) => strategy,
+            None => detect_strategy(&pool, &tables).await?,
+        };
+        tracing::info!(?strategy, %owner, lease = ?settings.lease, interval = ?settings.interval,
+            min_age = ?settings.min_age, "sweeper: claiming PENDING rows");
+        let claimers = tables
+            .iter()
+            .map(|table| Claimer {
+                table: Arc::new(table.clone()),
+                owner: owner.clone(),
+                lease: settings.lease,
+                batch_size: settings.batch_size,
+                min_age: settings.min_age,
+                strategy,
+                limits,
+            })
+            .collect();
+        Ok(Sweeper {
+            pool,
+            claimers,
+            tables,
+            owner,
+            settings,
+        })
+    }
+
+    /// Starts claiming into `shards` (bad rows go to `problems`, the marker's input), and keeping
+    /// this owner's leases.
+    pub fn spawn(
+        self,
+        router: Router,
+        shards: Vec<mpsc::Sender<ShardEvent>>,
+        problems: mpsc::Sender<Completion>,
+    ) -> RunningSweeper {
+        let claim_stop = CancellationToken::new();
+        let leases_stop = CancellationToken::new();
+        let every = lease::renew_every(self.settings.lease, Duration::from_secs(5));
+        let leases_task = tokio::spawn(lease::keep(
+            self.pool.clone(),
+            self.tables.clone(),
+            self.owner.clone(),
+            self.settings.lease,
+            every,
+            leases_stop.clone(),
+        ));
+        let claim_task = {
+            let (pool, claimers, stop) = (self.pool.clone(), self.claimers, claim_stop.clone());
+            let interval = self.settings.interval;
+            tokio::spawn(async move {
+                claim_loop(
+                    &pool, &claimers, &router, &shards, &problems, interval, &stop,
+                )
+                .await
+            })
+        };
+        RunningSweeper {
+            pool: self.pool,
+            tables: self.tables,
+            owner: self.owner,
+            claim_task: Some(claim_task),
+            claim_stop,
+            leases_task,
+            leases_stop,
+        }
+    }
+}
+
+/// A running sweeper. Stop it in two steps: [`RunningSweeper::stop_claiming`] (before the shards
+/// drain), then [`RunningSweeper::finish`] (after every outcome was recorded).
+pub struct RunningSweeper {
+    pool: Pool,
+    tables: Vec<TableName>,
+    owner: String,
+    claim_task: Option<JoinHandle<()>>,
+    claim_stop: CancellationToken,
+    leases_task: JoinHandle<()>,
+    leases_stop: CancellationToken,
+}
+
+impl RunningSweeper {
+    /// Stops claiming and lets go of the shard inputs; leases are still kept.
+    pub async fn stop_claiming(&mut self) {
+        self.claim_stop.cancel();
+        if let Some(task) = self.claim_task.take() {
+            let _ = task.await;
+        }
+    }
+
+    /// Stops keeping leases and releases the rows this owner still holds (not sent, or not
+    /// proven sent) back to PENDING.
+    pub async fn finish(mut self) {
+        self.stop_claiming().await;
+        self.leases_stop.cancel();
+        let _ = self.leases_task.await;
+        lease::release_all(&self.pool, &self.tables, &self.owner).await;
+        if let Err(e) = self.pool.disconnect().await {
+            tracing::debug!(error = %e, "sweeper pool did not close cleanly");
+        }
+    }
+}
+
+/// The claim strategy the server supports; fails if an outbox table cannot be read.
+async fn detect_strategy(pool: &Pool, tables: &[TableName]) -> anyhow::Result<ClaimStrategy> {
+    let mut conn = pool.get_conn().await?;
+    let version: String = conn
+        .query_first("SELECT VERSION()")
+        .await?
+        .unwrap_or_default();
+    for table in tables {
+        conn.query_drop(format!(
+            "SELECT id, status, owner, lease_until FROM {} LIMIT 0",
+            table.sql()
+        ))
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!("cannot read outbox table {table} (run `outbox-relay migrate`?): {e}")
+        })?;
+    }
+    let strategy = ClaimStrategy::for_version(&version);
+    if strategy == ClaimStrategy::Optimistic {
+        tracing::warn!(%version, "server has no SKIP LOCKED: claiming row by row (optimistic)");
+    }
+    Ok(strategy)
+}
+
+/// Claims and dispatches until `stop` fires.
+async fn claim_loop(
+    pool: &Pool,
+    claimers: &[Claimer],
+    router: &Router,
+    shards: &[mpsc::Sender<ShardEvent>],
+    problems: &mpsc::Sender<Completion>,
+    interval: Duration,
+    stop: &CancellationToken,
+) {
+    let reconnect = RetryPolicy::reconnect();
+    let mut failures = 0;
+    while !stop.is_cancelled() {
+        let mut full = false;
+        let mut pause = interval;
+        for claimer in claimers {
+            let claimed = match pool.get_conn().await {
+                Ok(mut conn) => claimer.claim(&mut conn).await,
+                Err(e) => Err(e),
+            };
+            match claimed {
+                Ok(rows) => {
+                    failures = 0;
+                    full |= rows.len() >= claimer.batch_size as usize;
+                    if !rows.is_empty() && !claimer.min_age.is_zero() {
+                        crate::metrics::relay().rows_swept.inc_by(rows.len() as u64);
+                        tracing::info!(table = %claimer.table, rows = rows.len(),
+                            "sweeper claimed PENDING rows the stream has not sent");
+                    }
+                    if dispatch(rows, router, shards, problems, stop)
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    pause = reconnect.delay(failures).unwrap_or(reconnect.max);
+                    tracing::warn!(table = %claimer.table, error = %e, retry_in = ?pause,
+                        "cannot claim outbox rows; retrying");
+                }
+            }
+        }
+        if !full || failures > 0 {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+}
+
+/// Hands claimed rows to their shards in claim (id) order; bad rows go straight to the marker.
+/// A row not handed on before `stop` stays claimed and is released at the end.
+async fn dispatch(
+    rows: Vec<Claimed>,
+    router: &Router,
+    shards: &[mpsc::Sender<ShardEvent>],
+    problems: &mpsc::Sender<Completion>,
+    stop: &CancellationToken,
+) -> Result<(), ()> {
+    for row in rows {
+        let sent = match row {
+            Claimed::Event(row) => {
+                let event = ShardEvent::claimed(row);
+                let shard = &shards[router.shard(event.key_hash)];
+                tokio::select! {
+                    _ = stop.cancelled() => return Err(()),
+                    sent = shard.send(event) => sent.map_err(|_| ()),
+                }
+            }
+            Claimed::Problem(problem) => problems
+                .send(Completion::bad_row(None, problem))
+                .await
+                .map_err(|_| ()),
+        };
+        sent?;
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! The checkpoint purged from the server (`PURGE BINARY LOGS` while the relay was down): the relay
+//! logs an ERROR, counts it, restarts from the oldest binlog the server has, and the sweeper
+//! publishes the rows written in the gap. Its own binary: purging binlogs would disturb other
+//! tests sharing the server.
+
+mod common;
+
+use common::relay::{
+    count_status, current_position, deliveries, seed_checkpoint, sweeping_config, wait_for,
+    write_events, RunningRelay,
+};
+use common::rocketmq::{new_topic, rocketmq};
+use common::TestDb;
+use mysql_async::prelude::*;
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_checkpoint_falls_back_to_the_oldest_binlog_and_the_gap_is_swept() {
+    let db = TestDb::migrated("purged").await;
+    let topic = new_topic("purged");
+    let (config, _dir) = sweeping_config(&db);
+    seed_checkpoint(&config, &current_position(&db).await);
+
+    let relay = RunningRelay::start(&config).await;
+    write_events(&db, &topic, 2, 50, 10).await;
+    wait_for("the first 100 SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 100
+    })
+    .await;
+    relay.stop().await;
+
+    // While the relay is down: 200 more events, then their binlogs are purged.
+    write_events(&db, &topic, 2, 100, 10).await;
+    let mut conn = db.conn().await;
+    conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
+    // The server keeps a file a dump thread still reads; the stopped relay's thread ends when
+    // it notices its closed connection, so purge until only the newest file is left.
+    wait_for("older binlogs purged", Duration::from_secs(30), || {
+        let pool = db.pool.clone();
+        async move {
+            let mut conn = pool.get_conn().await.unwrap();
+            let logs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
+            let newest: String = logs.last().and_then(|row| row.get(0)).unwrap();
+            conn.query_drop(format!("PURGE BINARY LOGS TO '{newest}'"))
+                .await
+                .unwrap();
+            let left: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
+            left.len() == 1
+        }
+    })
+    .await;
+    let lost_before = outbox_relay::metrics::relay().binlog_position_lost.get();
+
+    let relay = RunningRelay::start(&config).await;
+    // New events after the restart stream as usual.
+    write_events(&db, &topic, 2, 25, 10).await;
+    wait_for(
+        "the gap swept and the new events streamed",
+        Duration::from_secs(90),
+        || async { count_status(&db, 2).await == 350 },
+    )
+    .await;
+    let lost = outbox_relay::metrics::relay().binlog_position_lost.get() - lost_before;
+    assert!(lost >= 1, "the lost position is counted for alerting");
+    relay.stop().await;
+
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, 350).await;
+    assert_eq!(per_event.len(), 350, "every event arrived");
+    let duplicates: usize = per_event.values().map(|n| n - 1).sum();
+    println!("purged binlog: 350 events, {duplicates} duplicates");
+}

@@ -1,0 +1,161 @@
+//! The sweeper beside the CDC stream, on a real MariaDB and a real broker that (like production)
+//! refuses topics nobody created: rows the stream never saw are published, a row put back to
+//! PENDING by hand is sent again (a duplicate the consumer can see by `event_id`), and a row for
+//! a topic the broker rejects ends FAILED with the broker's reason while other keys flow.
+
+mod common;
+
+use common::relay::{
+    count_status, current_position, deliveries, seed_checkpoint, sweeping_config, wait_for,
+    write_events, RunningRelay,
+};
+use common::rocketmq::{new_topic, rocketmq};
+use common::TestDb;
+use mysql_async::prelude::*;
+use mysql_async::TxOpts;
+use outbox_relay::producer::{NewEvent, Outbox};
+use serde_json::json;
+use std::time::Duration;
+
+/// Commits `count` events for `topic` in one transaction that is not written to the binlog.
+async fn write_unlogged(db: &TestDb, topic: &str, count: usize) -> Vec<String> {
+    let mut conn = db.conn().await;
+    conn.query_drop("SET SESSION sql_log_bin = 0")
+        .await
+        .unwrap();
+    let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
+    let events = (0..count)
+        .map(|i| NewEvent::new(topic, format!("hidden-{i}"), json!({ "hidden": i })))
+        .collect();
+    let ids = Outbox::default()
+        .enqueue_batch(&mut tx, events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    ids.into_iter().map(|id| id.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_the_stream_never_saw_and_rows_put_back_by_hand_are_swept() {
+    let db = TestDb::migrated("sweep_missed").await;
+    let topic = new_topic("sweep_missed");
+    let (config, _dir) = sweeping_config(&db);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let swept_before = outbox_relay::metrics::relay().rows_swept.get();
+    let relay = RunningRelay::start(&config).await;
+
+    write_events(&db, &topic, 2, 50, 10).await;
+    let hidden = write_unlogged(&db, &topic, 5).await;
+    wait_for(
+        "streamed and swept rows SENT",
+        Duration::from_secs(60),
+        || async { count_status(&db, 2).await == 105 },
+    )
+    .await;
+    let swept = outbox_relay::metrics::relay().rows_swept.get() - swept_before;
+    assert!(
+        swept >= 5,
+        "the sweeper claimed the 5 unlogged rows ({swept})"
+    );
+
+    // The seed's step: an operator sets a SENT row back to PENDING; it is sent again.
+    let mut conn = db.conn().await;
+    let (id, event_id, first_msg): (u64, String, String) = conn
+        .query_first(
+            "SELECT id, event_id, msg_id FROM outbox_event WHERE status = 2 ORDER BY id LIMIT 1",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    conn.exec_drop(
+        "UPDATE outbox_event SET status = 0, msg_id = NULL, sent_at = NULL WHERE id = ?",
+        (id,),
+    )
+    .await
+    .unwrap();
+    wait_for(
+        "the re-pended row SENT again",
+        Duration::from_secs(30),
+        || async { count_status(&db, 2).await == 105 },
+    )
+    .await;
+    let second_msg: String = conn
+        .exec_first("SELECT msg_id FROM outbox_event WHERE id = ?", (id,))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(first_msg, second_msg, "a second publication, a new message");
+    relay.stop().await;
+
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, 106).await;
+    assert_eq!(per_event.len(), 105, "every event arrived");
+    for event in &hidden {
+        assert_eq!(
+            per_event.get(event),
+            Some(&1),
+            "unlogged {event} swept once"
+        );
+    }
+    // What a consumer's check on event_id sees: the re-sent event twice, nothing else twice.
+    let twice: Vec<&String> = per_event
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(e, _)| e)
+        .collect();
+    assert_eq!(
+        twice,
+        vec![&event_id],
+        "only the re-pended event is a duplicate"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_the_broker_rejects_is_failed_with_its_reason_while_other_keys_flow() {
+    let db = TestDb::migrated("sweep_reject").await;
+    let topic = new_topic("sweep_reject");
+    let missing = format!("never_created_{}", std::process::id());
+    let (mut config, _dir) = sweeping_config(&db);
+    config.retry.max_retry = 2;
+    config.retry.initial_backoff = Duration::from_millis(100);
+    config.retry.max_backoff = Duration::from_millis(200);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+
+    let outbox = Outbox::default();
+    let mut tx = db.pool.start_transaction(TxOpts::default()).await.unwrap();
+    let rejected = outbox
+        .enqueue(&mut tx, NewEvent::new(&missing, "key-0", json!({"n": 0})))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    write_events(&db, &topic, 2, 100, 20).await;
+
+    wait_for(
+        "the rejected row FAILED",
+        Duration::from_secs(60),
+        || async { count_status(&db, 3).await == 1 },
+    )
+    .await;
+    wait_for("every other row SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 200
+    })
+    .await;
+    let (event_id, last_error): (String, String) = db
+        .conn()
+        .await
+        .query_first("SELECT event_id, last_error FROM outbox_event WHERE status = 3")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(event_id, rejected.to_string());
+    println!("rejected topic: last_error = {last_error}");
+    assert!(
+        last_error.contains(&missing),
+        "the reason names the topic: {last_error}"
+    );
+    let failed_total = outbox_relay::metrics::relay().events_failed.get();
+    assert!(failed_total >= 1, "FAILED rows are counted for alerting");
+    relay.stop().await;
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, 200).await;
+    assert_eq!(per_event.len(), 200, "the other keys kept flowing");
+}
