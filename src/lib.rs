@@ -21,6 +21,7 @@ pub mod event;
 pub mod leader;
 pub mod mark;
 pub mod metrics;
+pub mod operate;
 pub mod producer;
 pub mod relay;
 pub mod retry;

@@ -1,14 +1,18 @@
 //! Subcommands and the flags every subcommand shares.
 
+mod cleanup;
+mod compensate;
 mod config_cmd;
 mod consume;
 mod demo;
 mod dev;
 mod migrate;
+mod reconcile;
 mod run;
 
 use clap::{Args, Parser, Subcommand};
 use outbox_relay::config::{Config, RelayMode};
+use outbox_relay::operate::Action;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
@@ -110,6 +114,16 @@ pub enum Command {
     Dev(dev::DevArgs),
     /// Example idempotent consumer: settles the demo's OrderPaid events, prints each outcome.
     Consume(consume::ConsumeArgs),
+    /// Delete SENT rows older than a retention, by primary key in small batches.
+    Cleanup(cleanup::CleanupArgs),
+    /// FAILED -> PENDING (audited): send the selected rows again.
+    Retry(compensate::CompensateArgs),
+    /// SENT -> PENDING (audited): publish the selected events once more.
+    Resend(compensate::CompensateArgs),
+    /// PENDING -> FAILED (audited): stop sending the selected rows.
+    MarkFailed(compensate::CompensateArgs),
+    /// Compare SENT events with a consumer group's event_dedup; record the missing ones.
+    Reconcile(reconcile::ReconcileArgs),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -120,5 +134,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(&cli.global, args).await,
         Command::Dev(args) => dev::run(&cli.global, args).await,
         Command::Consume(args) => consume::run(&cli.global, args).await,
+        Command::Cleanup(args) => cleanup::run(&cli.global, args).await,
+        Command::Retry(args) => compensate::run(&cli.global, Action::Retry, args).await,
+        Command::Resend(args) => compensate::run(&cli.global, Action::Resend, args).await,
+        Command::MarkFailed(args) => compensate::run(&cli.global, Action::MarkFailed, args).await,
+        Command::Reconcile(args) => reconcile::run(&cli.global, args).await,
     }
 }

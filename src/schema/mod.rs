@@ -37,6 +37,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(4, "0004_relay_state"),
     migration!(5, "0005_consumer_quarantine"),
     migration!(6, "0006_outbox_key_order"),
+    migration!(7, "0007_reconcile_diff"),
 ];
 
 /// The table every configured outbox table is shaped like.

@@ -1,0 +1,253 @@
+//! Cleanup: deletes SENT outbox rows older than a retention, by primary key, in small batches.
+//!
+//! Per table: take the cutoff once (`NOW(3) - retention` on the server); then repeatedly select
+//! the next `batch_size` SENT rows created before it through `idx_status_created (status,
+//! created_at)` in `(created_at, id)` order, continuing after the last row seen, and delete
+//! exactly those ids with `DELETE … WHERE id IN (…) AND status = 2 AND created_at < cutoff`
+//! (a row that stopped being SENT between the two statements, e.g. because an operator ran
+//! `resend`, is not deleted). Each batch is one autocommit statement; between batches the cleanup
+//! sleeps `pause` so replicas and the relay keep up. PENDING, SENDING and FAILED rows are never
+//! deleted, whatever their age.
+
+use super::{db_time_ago, placeholders, Status};
+use crate::config::TableName;
+use mysql_async::prelude::*;
+use mysql_async::{Pool, Value};
+use std::time::Duration;
+
+/// Cleanup settings; [`Cleanup::default`] is 7 days, 1,000 rows per batch, 100 ms pause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cleanup {
+    /// SENT rows created longer ago than this are deleted.
+    pub retention: Duration,
+    /// Most rows per DELETE.
+    pub batch_size: usize,
+    /// Sleep between two batches.
+    pub pause: Duration,
+    /// Count what would be deleted, delete nothing.
+    pub dry_run: bool,
+}
+
+impl Default for Cleanup {
+    fn default() -> Self {
+        Cleanup {
+            retention: Duration::from_secs(7 * 24 * 3600),
+            batch_size: 1000,
+            pause: Duration::from_millis(100),
+            dry_run: false,
+        }
+    }
+}
+
+/// Reported after each batch that deleted rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CleanupProgress {
+    pub table: TableName,
+    /// 1 for the first batch of this table.
+    pub batch: u64,
+    /// Rows deleted by this batch.
+    pub deleted: u64,
+    /// Rows deleted from this table so far.
+    pub table_total: u64,
+}
+
+/// What one table's cleanup did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TableCleanup {
+    pub table: String,
+    /// `created_at` cutoff (database time): SENT rows created before it were eligible.
+    pub cutoff: String,
+    /// Rows deleted (dry run: rows that would be deleted).
+    pub deleted: u64,
+    /// DELETE statements run (0 in a dry run).
+    pub batches: u64,
+}
+
+/// What [`Cleanup::run_once`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CleanupSummary {
+    pub dry_run: bool,
+    pub tables: Vec<TableCleanup>,
+}
+
+impl CleanupSummary {
+    /// Rows deleted (or, in a dry run, eligible) over all tables.
+    pub fn deleted(&self) -> u64 {
+        self.tables.iter().map(|t| t.deleted).sum()
+    }
+
+    /// DELETE statements over all tables.
+    pub fn batches(&self) -> u64 {
+        self.tables.iter().map(|t| t.batches).sum()
+    }
+}
+
+/// Why a cleanup could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CleanupError {
+    #[error("--batch-size must be between 1 and 100000 (got {0})")]
+    BatchSize(usize),
+    #[error("database error while cleaning up {table}: {source}")]
+    Database {
+        table: String,
+        source: mysql_async::Error,
+    },
+}
+
+impl Cleanup {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), CleanupError> {
+        if self.batch_size == 0 || self.batch_size > 100_000 {
+            return Err(CleanupError::BatchSize(self.batch_size));
+        }
+        Ok(())
+    }
+
+    /// Cleans each table once, calling `progress` after every batch that deleted rows.
+    pub async fn run_once(
+        &self,
+        pool: &Pool,
+        tables: &[TableName],
+        mut progress: impl FnMut(&CleanupProgress),
+    ) -> Result<CleanupSummary, CleanupError> {
+        self.validate()?;
+        let mut summary = CleanupSummary {
+            dry_run: self.dry_run,
+            tables: Vec::new(),
+        };
+        for table in tables {
+            let done = self
+                .clean_table(pool, table, &mut progress)
+                .await
+                .map_err(|source| CleanupError::Database {
+                    table: table.to_string(),
+                    source,
+                })?;
+            summary.tables.push(done);
+        }
+        Ok(summary)
+    }
+
+    async fn clean_table(
+        &self,
+        pool: &Pool,
+        table: &TableName,
+        progress: &mut impl FnMut(&CleanupProgress),
+    ) -> Result<TableCleanup, mysql_async::Error> {
+        let sent = Status::Sent.code();
+        let mut conn = pool.get_conn().await?;
+        let cutoff = db_time_ago(&mut conn, self.retention).await?;
+        let mut done = TableCleanup {
+            table: table.to_string(),
+            cutoff: cutoff.clone(),
+            deleted: 0,
+            batches: 0,
+        };
+        if self.dry_run {
+            let count: Option<u64> = conn
+                .exec_first(
+                    format!(
+                        "SELECT COUNT(*) FROM {} WHERE status = ? AND created_at < ?",
+                        table.sql()
+                    ),
+                    (sent, &cutoff),
+                )
+                .await?;
+            done.deleted = count.unwrap_or(0);
+            return Ok(done);
+        }
+        // Where the previous batch ended, in (created_at, id) order.
+        let mut after: Option<(String, i64)> = None;
+        loop {
+            let (sql, params): (String, Vec<Value>) = match &after {
+                None => (
+                    format!(
+                        "SELECT id, CAST(created_at AS CHAR) FROM {} \
+                         WHERE status = ? AND created_at < ? \
+                         ORDER BY created_at, id LIMIT ?",
+                        table.sql()
+                    ),
+                    vec![sent.into(), cutoff.as_str().into(), self.batch_size.into()],
+                ),
+                Some((created_at, id)) => (
+                    format!(
+                        "SELECT id, CAST(created_at AS CHAR) FROM {} \
+                         WHERE status = ? AND created_at < ? \
+                         AND created_at >= ? AND (created_at > ? OR id > ?) \
+                         ORDER BY created_at, id LIMIT ?",
+                        table.sql()
+                    ),
+                    vec![
+                        sent.into(),
+                        cutoff.as_str().into(),
+                        created_at.as_str().into(),
+                        created_at.as_str().into(),
+                        (*id).into(),
+                        self.batch_size.into(),
+                    ],
+                ),
+            };
+            let rows: Vec<(i64, String)> = conn.exec(sql, params).await?;
+            let Some(last) = rows.last().cloned() else {
+                break;
+            };
+            let full = rows.len() == self.batch_size;
+            let mut params: Vec<Value> = rows.iter().map(|(id, _)| (*id).into()).collect();
+            params.push(sent.into());
+            params.push(cutoff.as_str().into());
+            conn.exec_drop(
+                format!(
+                    "DELETE FROM {} WHERE id IN ({}) AND status = ? AND created_at < ?",
+                    table.sql(),
+                    placeholders(rows.len())
+                ),
+                params,
+            )
+            .await?;
+            let deleted = conn.affected_rows();
+            done.batches += 1;
+            done.deleted += deleted;
+            progress(&CleanupProgress {
+                table: table.clone(),
+                batch: done.batches,
+                deleted,
+                table_total: done.deleted,
+            });
+            if !full {
+                break;
+            }
+            after = Some((last.1, last.0));
+            // Give the connection back while sleeping: a long cleanup must not hold one.
+            drop(conn);
+            tokio::time::sleep(self.pause).await;
+            conn = pool.get_conn().await?;
+        }
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_seven_days_1000_rows_100ms() {
+        let c = Cleanup::default();
+        assert_eq!(c.retention, Duration::from_secs(604_800));
+        assert_eq!(c.batch_size, 1000);
+        assert_eq!(c.pause, Duration::from_millis(100));
+        assert!(!c.dry_run);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_zero_or_huge_batch_is_refused() {
+        for batch_size in [0, 100_001] {
+            let c = Cleanup {
+                batch_size,
+                ..Cleanup::default()
+            };
+            assert!(c.validate().is_err());
+        }
+    }
+}

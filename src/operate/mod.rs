@@ -1,0 +1,182 @@
+//! Operating the outbox by hand: the library behind `outbox-relay cleanup`, `retry` / `resend` /
+//! `mark-failed`, and `reconcile`. Each command is also usable from code (e.g. `run` can call
+//! [`Cleanup::run_once`] periodically).
+//!
+//! Guarantees each command keeps:
+//!
+//! - [`cleanup`]: deletes only SENT rows (`status = 2`) created before a fixed cutoff (now minus
+//!   the retention, taken once from the database clock). Never PENDING, SENDING or FAILED rows,
+//!   whatever their age. Deletes by primary key in batches of at most `batch_size` rows, each
+//!   batch its own short statement (`DELETE … WHERE id IN (…) AND status = 2`), with a pause
+//!   between batches: never one big DELETE holding locks and flooding replicas. A dry run only
+//!   counts.
+//! - [`compensate`]: every change is one row's `UPDATE`, guarded by the status the row was read
+//!   with (`AND status = <from>`), and its `outbox_audit` row (operator, reason, before, after,
+//!   result) is written in the same transaction: there is no change without its audit row and
+//!   no audit row without its change. A row already in the target state, or in a state the
+//!   action does not apply to, is left alone and gets no audit row, so repeating a command
+//!   changes nothing the second time. A row the relay changes concurrently is not overwritten.
+//! - [`reconcile`]: reads the outbox and the consumer's `event_dedup`; the only table it writes
+//!   is its own work queue `outbox_reconcile_diff` (one row per consumer group, outbox table and
+//!   event_id, so repeating a run never duplicates a row). It never changes business data or
+//!   outbox rows.
+//!
+//! Times are the database's: windows and cutoffs are computed with `NOW(3)` on the server, so
+//! the machine running the command may have any clock and time zone.
+
+pub mod cleanup;
+pub mod compensate;
+pub mod reconcile;
+pub mod selection;
+
+pub use cleanup::{Cleanup, CleanupProgress, CleanupSummary};
+pub use compensate::{Action, Compensation, CompensationReport, Outcome, RowReport};
+pub use reconcile::{Reconcile, ReconcileReport};
+pub use selection::{Selection, TimeBound};
+
+use crate::config::TableName;
+use mysql_async::prelude::*;
+use std::time::Duration;
+
+/// The outbox `status` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    Pending,
+    Sending,
+    Sent,
+    Failed,
+}
+
+impl Status {
+    pub fn code(self) -> i8 {
+        match self {
+            Status::Pending => 0,
+            Status::Sending => 1,
+            Status::Sent => 2,
+            Status::Failed => 3,
+        }
+    }
+
+    pub fn from_code(code: i64) -> Option<Self> {
+        match code {
+            0 => Some(Status::Pending),
+            1 => Some(Status::Sending),
+            2 => Some(Status::Sent),
+            3 => Some(Status::Failed),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Pending => "PENDING",
+            Status::Sending => "SENDING",
+            Status::Sent => "SENT",
+            Status::Failed => "FAILED",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The outbox tables a command works on: `only` (each must be one of `configured`, given as
+/// `table` or `schema.table`), or all of `configured` when `only` is empty.
+pub fn select_tables(configured: &[TableName], only: &[String]) -> Result<Vec<TableName>, String> {
+    if only.is_empty() {
+        return Ok(configured.to_vec());
+    }
+    let names: Vec<String> = configured.iter().map(ToString::to_string).collect();
+    only.iter()
+        .map(|wanted| {
+            configured
+                .iter()
+                .find(|t| t.to_string() == *wanted)
+                .cloned()
+                .ok_or_else(|| {
+                    format!(
+                        "--table {wanted} is not in outbox.tables ({}): pass one of those",
+                        names.join(", ")
+                    )
+                })
+        })
+        .collect()
+}
+
+/// `?, ?, …, ?` for an `IN (…)` list of `n` values.
+pub(crate) fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// The database clock `ago` in the past, as `YYYY-MM-DD HH:MM:SS.fff` (a value every later
+/// statement can compare DATETIME(3) columns with).
+pub(crate) async fn db_time_ago(
+    conn: &mut impl Queryable,
+    ago: Duration,
+) -> Result<String, mysql_async::Error> {
+    let micros = u64::try_from(ago.as_micros()).unwrap_or(u64::MAX);
+    let time: Option<String> = conn
+        .exec_first(
+            "SELECT CAST(CAST(NOW(3) - INTERVAL ? MICROSECOND AS DATETIME(3)) AS CHAR)",
+            (micros,),
+        )
+        .await?;
+    Ok(time.unwrap_or_default())
+}
+
+/// Formats `n` with thousands separators: `2,500`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_codes_round_trip() {
+        for s in [
+            Status::Pending,
+            Status::Sending,
+            Status::Sent,
+            Status::Failed,
+        ] {
+            assert_eq!(Status::from_code(s.code().into()), Some(s));
+        }
+        assert_eq!(Status::from_code(9), None);
+    }
+
+    #[test]
+    fn placeholders_and_thousands() {
+        assert_eq!(placeholders(3), "?, ?, ?");
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(2500), "2,500");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+
+    #[test]
+    fn tables_are_all_configured_or_the_named_ones() {
+        let configured = vec![
+            TableName::parse("outbox_event").unwrap(),
+            TableName::parse("app.outbox_b").unwrap(),
+        ];
+        assert_eq!(select_tables(&configured, &[]).unwrap(), configured);
+        let only = select_tables(&configured, &["app.outbox_b".into()]).unwrap();
+        assert_eq!(only, vec![configured[1].clone()]);
+        let err = select_tables(&configured, &["nope".into()]).unwrap_err();
+        assert!(err.contains("outbox_event, app.outbox_b"), "{err}");
+    }
+}

@@ -1,0 +1,80 @@
+//! Outbox rows for the operations tests (tests/operate.rs).
+#![allow(dead_code)]
+
+use super::common::TestDb;
+use mysql_async::prelude::*;
+use outbox_relay::config::TableName;
+
+pub const PENDING: i8 = 0;
+pub const SENDING: i8 = 1;
+pub const SENT: i8 = 2;
+pub const FAILED: i8 = 3;
+
+/// Inserts `n` rows `{prefix}-{i}` on `topic` with `status` (SENT rows get a msg_id and
+/// sent_at, FAILED rows a last_error), in multi-row INSERTs.
+pub async fn insert_rows(db: &TestDb, prefix: &str, n: usize, status: i8, topic: &str) {
+    let mut conn = db.conn().await;
+    for chunk_start in (0..n).step_by(500) {
+        let end = (chunk_start + 500).min(n);
+        let values: Vec<String> = (chunk_start..end)
+            .map(|i| {
+                let (msg_id, sent_at, error) = match status {
+                    SENT => (format!("'msg-{prefix}-{i}'"), "NOW(3)", "NULL"),
+                    FAILED => ("NULL".to_string(), "NULL", "'no route for topic'"),
+                    _ => ("NULL".to_string(), "NULL", "NULL"),
+                };
+                format!(
+                    "('{prefix}-{i}', 'key-{i}', '{topic}', '{{\"n\": {i}}}', {status}, \
+                     {msg_id}, {sent_at}, {error}, 2)"
+                )
+            })
+            .collect();
+        conn.query_drop(format!(
+            "INSERT INTO outbox_event (event_id, biz_key, topic, payload, status, msg_id, \
+             sent_at, last_error, retry_count) VALUES {}",
+            values.join(", ")
+        ))
+        .await
+        .unwrap();
+    }
+}
+
+/// Moves `created_at` (and `sent_at` when set) of the rows `{prefix}-%` into the past.
+pub async fn age_rows(db: &TestDb, prefix: &str, interval: &str) {
+    db.conn()
+        .await
+        .query_drop(format!(
+            "UPDATE outbox_event SET created_at = NOW(3) - INTERVAL {interval}, \
+             sent_at = IF(sent_at IS NULL, NULL, NOW(3) - INTERVAL {interval}) \
+             WHERE event_id LIKE '{prefix}-%'"
+        ))
+        .await
+        .unwrap();
+}
+
+pub async fn count_where(db: &TestDb, condition: &str) -> u64 {
+    db.conn()
+        .await
+        .query_first(format!(
+            "SELECT COUNT(*) FROM outbox_event WHERE {condition}"
+        ))
+        .await
+        .unwrap()
+        .unwrap_or(0)
+}
+
+pub async fn id_of(db: &TestDb, event_id: &str) -> i64 {
+    db.conn()
+        .await
+        .exec_first(
+            "SELECT id FROM outbox_event WHERE event_id = ?",
+            (event_id,),
+        )
+        .await
+        .unwrap()
+        .expect("row exists")
+}
+
+pub fn outbox_tables() -> Vec<TableName> {
+    vec![TableName::parse("outbox_event").unwrap()]
+}
