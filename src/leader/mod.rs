@@ -7,7 +7,9 @@
 //!   the server frees it when that connection ends, and only then can a standby (waiting in
 //!   `GET_LOCK`) take it. A killed leader process (kill -9) closes its socket, so a standby takes
 //!   over within about a second (bounded by [`WAIT_STEP`] plus the server noticing the closed
-//!   connection; a silently vanished host is bounded by the server's `wait_timeout`/TCP timeouts).
+//!   connection). A host that vanished without closing its connections is bounded by
+//!   [`IDLE_LIMIT`]: the lock connection's `wait_timeout`, which a live leader never reaches
+//!   because it checks its lock every [`CHECK_EVERY`].
 //! - **A leader that loses its lock stops.** It checks its lock every [`CHECK_EVERY`]; if the
 //!   connection broke it tries to take the lock again at once, and keeps leading only if nobody
 //!   led in between (the epoch is unchanged); otherwise [`Leadership::lost`] fires and the relay
@@ -29,6 +31,9 @@ use tokio_util::sync::CancellationToken;
 pub const WAIT_STEP: Duration = Duration::from_secs(1);
 /// How often a leader checks that it still holds its lock.
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// The lock connection's `wait_timeout`: the server ends it (freeing the lock) after this long
+/// without a query, i.e. when the leader's host is gone without closing it.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(10);
 /// How many times in a row a leader may fail to confirm its lock before it steps down.
 const CONFIRM_ATTEMPTS: u32 = 3;
 
@@ -53,6 +58,17 @@ impl Election {
         }
     }
 
+    /// A connection for the lock, ended by the server after [`IDLE_LIMIT`] of silence.
+    async fn connect(&self) -> Result<Conn, mysql_async::Error> {
+        let mut conn = Conn::new(self.opts.clone()).await?;
+        conn.query_drop(format!(
+            "SET SESSION wait_timeout = {}",
+            IDLE_LIMIT.as_secs()
+        ))
+        .await?;
+        Ok(conn)
+    }
+
     /// The MySQL lock name (server-wide, so it includes the database).
     pub fn lock_name(&self) -> &str {
         &self.lock
@@ -60,7 +76,7 @@ impl Election {
 
     /// Becomes the leader if nobody is: `None` at once when another instance leads.
     pub async fn try_lead(&self) -> Result<Option<Leadership>, mysql_async::Error> {
-        let mut conn = Conn::new(self.opts.clone()).await?;
+        let mut conn = self.connect().await?;
         if take_lock(&mut conn, &self.lock, Duration::ZERO).await? {
             return self.begin(conn).await.map(Some);
         }
@@ -75,7 +91,7 @@ impl Election {
         let mut failures = 0;
         loop {
             let attempt = async {
-                let mut conn = Conn::new(self.opts.clone()).await?;
+                let mut conn = self.connect().await?;
                 loop {
                     if take_lock(&mut conn, &self.lock, WAIT_STEP).await? {
                         return self.begin(conn).await;
@@ -129,7 +145,7 @@ impl Election {
 
     /// On a new connection: takes the lock again if free and nobody led since `epoch`.
     async fn regain(&self, epoch: u64) -> Result<Option<Conn>, mysql_async::Error> {
-        let mut conn = Conn::new(self.opts.clone()).await?;
+        let mut conn = self.connect().await?;
         if !take_lock(&mut conn, &self.lock, Duration::ZERO).await? {
             return Ok(None);
         }
