@@ -182,6 +182,7 @@ impl BinlogReader {
                 Ok(Some(Ok(event))) => event,
             };
             *failures = 0;
+            record_lag(&event);
             for item in self.handle_event(&stream, state, &event)? {
                 if let BinlogItem::TxEnd(end) = &item {
                     position.advance(end);
@@ -427,6 +428,30 @@ impl BinlogReader {
                 self.options.limits,
             )));
         }
+    }
+}
+
+/// Sets `outbox_binlog_lag_seconds`: a heartbeat means the server has nothing more to send (0);
+/// a commit (XID or QUERY event) carries when it was written (whole seconds, server clock).
+fn record_lag(event: &Event) {
+    const QUERY: u8 = 2;
+    const XID: u8 = 16;
+    const HEARTBEAT: u8 = 27;
+    let lag = &crate::metrics::relay().binlog_lag_seconds;
+    match event.header().event_type_raw() {
+        HEARTBEAT => {
+            lag.set(0.0);
+        }
+        QUERY | XID => {
+            let written = u64::from(event.header().timestamp());
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            if written > 0 {
+                lag.set(now.saturating_sub(written) as f64);
+            }
+        }
+        _ => {}
     }
 }
 

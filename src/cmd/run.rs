@@ -28,6 +28,15 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
         return relay::dry_run(&config, cancel).await;
     }
     config.namesrv_addr()?;
+    if !config.metrics.listen.is_empty() {
+        let listener = outbox_relay::metrics::server::bind(&config.metrics.listen).await?;
+        let server = outbox_relay::metrics::server::serve(listener, cancel.clone());
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "the metrics endpoint stopped");
+            }
+        });
+    }
     let options = RunOptions {
         drain_timeout: args.drain_timeout,
         ..RunOptions::default()

@@ -235,12 +235,16 @@ impl Default for PollConfig {
 pub struct MetricsConfig {
     /// `host:port` for `/metrics`, `/healthz`, `/readyz`; empty disables it.
     pub listen: String,
+    /// How often the outbox table gauges (oldest PENDING, counts) are read from MySQL.
+    #[serde(with = "humantime_serde")]
+    pub refresh: Duration,
 }
 
 impl Default for MetricsConfig {
     fn default() -> Self {
         Self {
             listen: "127.0.0.1:9464".to_string(),
+            refresh: Duration::from_secs(5),
         }
     }
 }

@@ -111,8 +111,43 @@ pub async fn run_marker(
                 watermark.complete(seq);
             }
         }
+        observe_latencies(&pool, &batch).await;
     }
     stats
+}
+
+/// Records created → SENT latencies of the batch's SENT rows in `outbox_commit_to_sent_seconds`
+/// (both times from the database clock, in milliseconds). Best effort: a failed query is skipped.
+async fn observe_latencies(pool: &Pool, batch: &[Completion]) {
+    let mut sent: BTreeMap<&TableName, Vec<Value>> = BTreeMap::new();
+    for completion in batch {
+        if let Outcome::Sent { .. } = completion.outcome {
+            sent.entry(&*completion.table)
+                .or_default()
+                .push(Value::from(completion.id));
+        }
+    }
+    let histogram = &crate::metrics::relay().commit_to_sent;
+    for (table, ids) in sent {
+        let sql = format!(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) FROM {} \
+             WHERE id IN ({}) AND status = 2",
+            table.sql(),
+            vec!["?"; ids.len()].join(", ")
+        );
+        let micros: Result<Vec<Option<i64>>, _> = match pool.get_conn().await {
+            Ok(mut conn) => conn.exec(sql, ids).await,
+            Err(e) => Err(e),
+        };
+        match micros {
+            Ok(micros) => {
+                for m in micros.into_iter().flatten() {
+                    histogram.observe(m.max(0) as f64 / 1e6);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot read SENT latencies"),
+        }
+    }
 }
 
 /// Writes one batch: one UPDATE per table for SENT rows, one per FAILED row.

@@ -5,11 +5,39 @@
 //! `outbox_binlog_position_lost_total` increasing (the stream skipped purged binlogs; the sweeper
 //! covers the gap, but binlog retention is too short for the relay's downtime).
 
+pub mod health;
+pub mod server;
+pub mod tables;
+
+pub use health::{health, Role};
+
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
+
+/// A send error's class: `retryable` (timeouts, broker unavailable) or `rejected`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorClass {
+    pub class: &'static str,
+}
+
+/// One outbox table.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    pub table: String,
+}
+
+/// One ordered sender.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabel {
+    pub shard: u32,
+}
 
 /// Every relay metric.
 pub struct RelayMetrics {
@@ -26,6 +54,24 @@ pub struct RelayMetrics {
     pub binlog_position_lost: Counter,
     /// 1 while this instance leads (streams the binlog), else 0.
     pub leader: Gauge,
+    /// Failed send attempts by class (each retry counts).
+    pub send_errors: Family<ErrorClass, Counter>,
+    /// Sends retried after a retryable error.
+    pub retries: Counter,
+    /// Row created → recorded SENT, in seconds (database clock: `sent_at - created_at`).
+    pub commit_to_sent: Histogram,
+    /// Seconds between the newest binlog event read and now (0 when caught up).
+    pub binlog_lag_seconds: Gauge<f64, AtomicU64>,
+    /// Seconds since the checkpoint last moved while events were in flight (0 when idle).
+    pub checkpoint_age_seconds: Gauge<f64, AtomicU64>,
+    /// Events waiting in each shard's input.
+    pub shard_queue_depth: Family<ShardLabel, Gauge>,
+    /// Age of the oldest PENDING row per table (0 when none): the key metric.
+    pub oldest_pending_seconds: Family<TableLabel, Gauge<f64, AtomicU64>>,
+    /// Rows per table in PENDING, SENDING and FAILED.
+    pub pending: Family<TableLabel, Gauge>,
+    pub sending: Family<TableLabel, Gauge>,
+    pub failed: Family<TableLabel, Gauge>,
 }
 
 impl RelayMetrics {
@@ -38,6 +84,16 @@ impl RelayMetrics {
             leases_recovered: Counter::default(),
             binlog_position_lost: Counter::default(),
             leader: Gauge::default(),
+            send_errors: Family::default(),
+            retries: Counter::default(),
+            commit_to_sent: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            binlog_lag_seconds: Gauge::default(),
+            checkpoint_age_seconds: Gauge::default(),
+            shard_queue_depth: Family::default(),
+            oldest_pending_seconds: Family::default(),
+            pending: Family::default(),
+            sending: Family::default(),
+            failed: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -69,6 +125,56 @@ impl RelayMetrics {
             "leader",
             "1 while this instance streams the binlog as the leader",
             metrics.leader.clone(),
+        );
+        registry.register(
+            "send_errors",
+            "Failed send attempts by class (retryable or rejected)",
+            metrics.send_errors.clone(),
+        );
+        registry.register(
+            "send_retries",
+            "Sends retried after a retryable error",
+            metrics.retries.clone(),
+        );
+        registry.register(
+            "commit_to_sent_seconds",
+            "Outbox row created to recorded SENT (after SEND_OK), database clock",
+            metrics.commit_to_sent.clone(),
+        );
+        registry.register(
+            "binlog_lag_seconds",
+            "Age of the newest binlog event read (0 when the stream is caught up)",
+            metrics.binlog_lag_seconds.clone(),
+        );
+        registry.register(
+            "checkpoint_age_seconds",
+            "Seconds since the checkpoint last moved while events were in flight (0 when idle)",
+            metrics.checkpoint_age_seconds.clone(),
+        );
+        registry.register(
+            "shard_queue_depth",
+            "Events waiting in each ordered sender's input",
+            metrics.shard_queue_depth.clone(),
+        );
+        registry.register(
+            "oldest_pending_seconds",
+            "Age of the oldest PENDING outbox row (0 when none): alert when it grows",
+            metrics.oldest_pending_seconds.clone(),
+        );
+        registry.register(
+            "pending_rows",
+            "Outbox rows PENDING",
+            metrics.pending.clone(),
+        );
+        registry.register(
+            "sending_rows",
+            "Outbox rows SENDING (claimed under a lease)",
+            metrics.sending.clone(),
+        );
+        registry.register(
+            "failed_rows",
+            "Outbox rows FAILED (kept for an operator)",
+            metrics.failed.clone(),
         );
         RelayMetrics {
             registry,

@@ -38,12 +38,19 @@ pub async fn run(
     let mut saved = current();
     let mut mirrored = saved.clone();
     let mut last_mirror = Instant::now();
+    let mut last_moved = Instant::now();
+    let age = &crate::metrics::relay().checkpoint_age_seconds;
     loop {
         let stopping = tokio::select! {
             _ = stop.cancelled() => true,
             _ = tokio::time::sleep(settings.save_every) => false,
         };
         let position = current();
+        let in_flight = watermark.lock().expect("not poisoned").in_flight();
+        if position != saved || in_flight == 0 {
+            last_moved = Instant::now();
+        }
+        age.set(last_moved.elapsed().as_secs_f64());
         if position != saved {
             let (s, p) = (Arc::clone(&store), position.clone());
             tokio::task::spawn_blocking(move || s.save(&p)).await??;

@@ -71,6 +71,7 @@ async fn stand_by<S: Sink>(
 ) -> anyhow::Result<Option<Leadership>> {
     tracing::info!(instance = %config.instance_id(),
         "another instance leads: standing by (sweeping) until it stops");
+    crate::metrics::health().set_role(crate::metrics::Role::Standby);
     let sweeping = cancel.child_token();
     let sweep = async {
         if config.sweeper.enabled {
@@ -116,6 +117,7 @@ async fn lead<S: Sink>(
     cancel: &CancellationToken,
     leadership: &Leadership,
 ) -> anyhow::Result<RunSummary> {
+    crate::metrics::health().set_role(crate::metrics::Role::Streaming);
     let streaming = cancel.child_token();
     let link = {
         let (lost, streaming) = (leadership.lost(), streaming.clone());

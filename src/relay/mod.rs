@@ -341,6 +341,12 @@ impl RelayHandle {
         };
         let sink = Arc::new(crate::send::RocketMqSink::start(&config.rocketmq).await?);
         let (config, token) = (config.clone(), cancel.clone());
+        let tables_watch = tokio::spawn(crate::metrics::tables::watch(
+            crate::sweep::read_committed_pool(&config)?,
+            qualified_tables(&config)?,
+            config.metrics.refresh,
+            cancel.child_token(),
+        ));
         let task = tokio::spawn(async move {
             let result = match store {
                 Some(store) => {
@@ -348,6 +354,8 @@ impl RelayHandle {
                 }
                 None => run_poll(&config, Arc::clone(&sink), options, token).await,
             };
+            crate::metrics::health().set_role(crate::metrics::Role::Stopping);
+            tables_watch.abort();
             if let Ok(sink) = Arc::try_unwrap(sink) {
                 sink.shutdown().await;
             }

@@ -32,14 +32,18 @@ impl Shards {
         let cancel = CancellationToken::new();
         let mut inputs = Vec::with_capacity(count);
         let mut tasks = Vec::with_capacity(count);
-        for _ in 0..count {
+        for index in 0..count {
             let (tx, rx) = mpsc::channel(capacity);
             inputs.push(tx);
+            let options = ShardOptions {
+                index: index as u32,
+                ..options.clone()
+            };
             tasks.push(tokio::spawn(run_shard(
                 Arc::clone(sink),
                 rx,
                 done.clone(),
-                options.clone(),
+                options,
                 cancel.clone(),
             )));
         }

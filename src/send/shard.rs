@@ -90,6 +90,8 @@ pub struct ShardOptions {
     pub max_batch: usize,
     /// Most payload bytes in one batch send.
     pub max_batch_bytes: usize,
+    /// This shard's number (the `shard` label of its queue-depth metric).
+    pub index: u32,
 }
 
 impl Default for ShardOptions {
@@ -102,6 +104,7 @@ impl Default for ShardOptions {
             },
             max_batch: 64,
             max_batch_bytes: 1024 * 1024,
+            index: 0,
         }
     }
 }
@@ -117,7 +120,14 @@ pub async fn run_shard<S: Sink>(
     cancel: CancellationToken,
 ) {
     let mut held: Option<ShardEvent> = None;
+    let depth = crate::metrics::relay()
+        .shard_queue_depth
+        .get_or_create(&crate::metrics::ShardLabel {
+            shard: options.index,
+        })
+        .clone();
     loop {
+        depth.set(input.len() as i64);
         let first = match held.take() {
             Some(event) => event,
             None => tokio::select! {
@@ -210,6 +220,21 @@ async fn resolve_queue<S: Sink>(
     }
 }
 
+/// Counts a failed send attempt by class.
+fn count_error(error: &SendError) {
+    let class = match error {
+        SendError::Retryable(_) => {
+            crate::metrics::health().set_broker(false);
+            "retryable"
+        }
+        SendError::Rejected(_) => "rejected",
+    };
+    crate::metrics::relay()
+        .send_errors
+        .get_or_create(&crate::metrics::ErrorClass { class })
+        .inc();
+}
+
 fn failed(reason: String, attempts: u32) -> Outcome {
     Outcome::Failed { reason, attempts }
 }
@@ -255,28 +280,34 @@ async fn send_batch<S: Sink>(
     let topic = batch[0].row.message.topic.clone();
     let mut retries = 0u32;
     loop {
-        match sink.send(&topic, queue, &messages).await {
+        let error = match sink.send(&topic, queue, &messages).await {
             Ok(ids) => {
+                crate::metrics::health().set_broker(true);
                 for (event, msg_id) in batch.into_iter().zip(ids) {
                     report(done, event, Outcome::Sent { msg_id }).await?;
                 }
                 return Ok(());
             }
-            Err(SendError::Rejected(reason)) if batch.len() > 1 => {
+            Err(error) => error,
+        };
+        count_error(&error);
+        match error {
+            SendError::Rejected(reason) if batch.len() > 1 => {
                 tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
                 for event in batch {
                     Box::pin(send_batch(sink, vec![event], queue, options, done, cancel)).await?;
                 }
                 return Ok(());
             }
-            Err(SendError::Rejected(reason)) => {
+            SendError::Rejected(reason) => {
                 let event = batch.into_iter().next().expect("one event");
                 return report(done, event, failed(reason, retries + 1)).await;
             }
-            Err(SendError::Retryable(reason)) => {
+            SendError::Retryable(reason) => {
                 retries += 1;
                 match options.retry.delay(retries) {
                     Some(delay) => {
+                        crate::metrics::relay().retries.inc();
                         tracing::warn!(%topic, queue, %reason, retry = retries, ?delay, size = messages.len(),
                             "send not acknowledged; retrying");
                         wait(delay, cancel).await?;

@@ -28,6 +28,7 @@ pub async fn run_poll<S: Sink>(
     cancel: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
     tracing::info!(interval = ?config.poll.interval, "poll mode");
+    crate::metrics::health().set_role(crate::metrics::Role::Polling);
     run_sweeper_alone(config, sink, SweepSettings::poll(config), options, cancel).await
 }
 

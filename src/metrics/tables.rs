@@ -1,0 +1,63 @@
+//! The outbox table gauges (`outbox_oldest_pending_seconds`, PENDING / SENDING / FAILED rows),
+//! refreshed from MySQL on a timer by every running instance (leader, standby or poller).
+
+use crate::config::TableName;
+use mysql_async::prelude::*;
+use mysql_async::Pool;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Refreshes the gauges every `every` until `cancel`; a failed refresh marks MySQL unreachable
+/// in `/readyz`.
+pub async fn watch(pool: Pool, tables: Vec<TableName>, every: Duration, cancel: CancellationToken) {
+    loop {
+        let refreshed = refresh(&pool, &tables).await;
+        if let Err(e) = &refreshed {
+            tracing::warn!(error = %e, "cannot read the outbox table metrics");
+        }
+        super::health::health().set_mysql(refreshed.is_ok());
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// One refresh: per table, counts of PENDING, SENDING and FAILED rows (served by the
+/// `idx_status_created` index) and the age of the oldest PENDING row.
+pub async fn refresh(pool: &Pool, tables: &[TableName]) -> Result<(), mysql_async::Error> {
+    let metrics = super::relay();
+    let mut conn = pool.get_conn().await?;
+    for table in tables {
+        let label = super::TableLabel {
+            table: table.to_string(),
+        };
+        let counts: Vec<(u8, i64)> = conn
+            .query(format!(
+                "SELECT status, COUNT(*) FROM {} WHERE status IN (0, 1, 3) GROUP BY status",
+                table.sql()
+            ))
+            .await?;
+        let count = |status: u8| {
+            counts
+                .iter()
+                .find(|(s, _)| *s == status)
+                .map_or(0, |(_, n)| *n)
+        };
+        metrics.pending.get_or_create(&label).set(count(0));
+        metrics.sending.get_or_create(&label).set(count(1));
+        metrics.failed.get_or_create(&label).set(count(3));
+        let oldest: Option<Option<i64>> = conn
+            .query_first(format!(
+                "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) FROM {} WHERE status = 0",
+                table.sql()
+            ))
+            .await?;
+        let seconds = oldest.flatten().unwrap_or(0).max(0) as f64 / 1e6;
+        metrics
+            .oldest_pending_seconds
+            .get_or_create(&label)
+            .set(seconds);
+    }
+    Ok(())
+}

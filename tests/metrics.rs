@@ -1,0 +1,159 @@
+//! The operator's endpoint of a running `outbox-relay run` process: `/metrics` shows the oldest
+//! PENDING row's age growing while the broker is down and back to 0 after it returns; `/readyz`
+//! follows; `/healthz` answers throughout.
+
+mod common;
+
+use common::relay::{count_status, relay_config, wait_for, write_config_file, write_events};
+use common::TestDb;
+use outbox_relay::devenv::{scratch_dir, RocketMq, RocketMqOptions};
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// `GET path` on `addr`: (status code, body); `None` if nothing listens.
+fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// The value of the sample starting with `series` (name and labels) in a Prometheus text body.
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Relay(Child);
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after() {
+    let db = TestDb::migrated("metrics").await;
+    let mut broker = RocketMq::start_with(
+        &scratch_dir("metrics-broker").unwrap(),
+        RocketMqOptions {
+            auto_create_topics: false,
+        },
+    )
+    .unwrap();
+    let topic = format!("metrics_{}", std::process::id());
+    broker.create_topic(&topic, 4).unwrap();
+    let (mut config, dir) = relay_config(&db);
+    config.rocketmq.namesrv_addr = Some(broker.namesrv_addr());
+    config.metrics.refresh = Duration::from_millis(300);
+    config.retry.max_retry = 1000;
+    config.retry.initial_backoff = Duration::from_millis(100);
+    config.retry.max_backoff = Duration::from_millis(500);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let file = write_config_file(&config, dir.path());
+    let mut relay = Relay(
+        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args([
+                "-c",
+                file.to_str().unwrap(),
+                "--metrics-listen",
+                &addr,
+                "run",
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let table = format!(
+        "{}.outbox_event",
+        db.config
+            .mysql
+            .url
+            .as_ref()
+            .unwrap()
+            .rsplit('/')
+            .next()
+            .unwrap()
+    );
+    let oldest_series = format!("outbox_oldest_pending_seconds{{table=\"{table}\"}}");
+    let oldest = || sample(&get(&addr, "/metrics").unwrap().1, &oldest_series);
+
+    wait_for("ready", Duration::from_secs(30), || async {
+        get(&addr, "/readyz").is_some_and(|(status, _)| status == 200)
+    })
+    .await;
+    assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
+    write_events(&db, &topic, 2, 10, 4).await;
+    wait_for("20 SENT", Duration::from_secs(30), || async {
+        count_status(&db, 2).await == 20
+    })
+    .await;
+    let body = get(&addr, "/metrics").unwrap().1;
+    assert!(
+        sample(&body, "outbox_events_sent_total").unwrap() >= 20.0,
+        "{body}"
+    );
+    assert!(sample(&body, "outbox_commit_to_sent_seconds_count").unwrap() >= 20.0);
+    assert_eq!(sample(&body, "outbox_leader"), Some(1.0));
+
+    broker.stop_broker();
+    write_events(&db, &topic, 2, 5, 4).await;
+    wait_for(
+        "the oldest PENDING row to age",
+        Duration::from_secs(30),
+        || async { oldest().is_some_and(|s| s > 1.0) },
+    )
+    .await;
+    let first = oldest().unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let later = oldest().unwrap();
+    println!("broker down: oldest PENDING {first:.1} s, then {later:.1} s");
+    assert!(
+        later > first + 1.0,
+        "it keeps growing while the broker is down"
+    );
+    let (status, why) = get(&addr, "/readyz").unwrap();
+    assert_eq!(status, 503, "not ready without the broker: {why}");
+    assert!(why.contains("\"broker\":false"), "{why}");
+
+    broker.start_broker().unwrap();
+    wait_for("every row SENT", Duration::from_secs(120), || async {
+        count_status(&db, 2).await == 30
+    })
+    .await;
+    wait_for("the gauge back to 0", Duration::from_secs(10), || async {
+        oldest() == Some(0.0)
+    })
+    .await;
+    let body = get(&addr, "/metrics").unwrap().1;
+    let errors = sample(&body, "outbox_send_errors_total{class=\"retryable\"}").unwrap_or(0.0);
+    println!("retryable send errors during the outage: {errors}");
+    assert!(errors >= 1.0, "the outage shows in the error counter");
+    assert_eq!(get(&addr, "/readyz").unwrap().0, 200);
+
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(relay.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(relay.0.wait().unwrap().success(), "SIGTERM is a clean stop");
+}
