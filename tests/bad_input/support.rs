@@ -69,15 +69,18 @@ pub async fn enqueue(db: &TestDb, table: &str, event: NewEvent) -> (u64, String)
     (id, event_id.to_string())
 }
 
+/// status, event_id, last_error, retry_count, msg_id.
+type StateColumns = (
+    Option<u8>,
+    Option<String>,
+    Option<String>,
+    u32,
+    Option<String>,
+);
+
 /// The state of row `id` of `table`.
 pub async fn state(db: &TestDb, table: &str, id: u64) -> RowState {
-    let row: Option<(
-        Option<u8>,
-        Option<String>,
-        Option<String>,
-        u32,
-        Option<String>,
-    )> = db
+    let row: Option<StateColumns> = db
         .conn()
         .await
         .exec_first(

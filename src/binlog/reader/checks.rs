@@ -233,23 +233,6 @@ fn has_replication_slave(types: &[&str]) -> bool {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::has_replication_slave;
-
-    #[test]
-    fn replication_slave_is_recognised_under_each_name() {
-        assert!(has_replication_slave(&["SELECT", "REPLICATION SLAVE"]));
-        assert!(has_replication_slave(&["replication replica"]));
-        assert!(has_replication_slave(&["ALL PRIVILEGES"]));
-        assert!(!has_replication_slave(&["USAGE"]));
-        assert!(!has_replication_slave(&[
-            "BINLOG MONITOR",
-            "REPLICATION CLIENT"
-        ]));
-    }
-}
-
 /// The oldest position the server can still stream from: where a relay whose checkpoint was
 /// purged from the server restarts (the sweeper publishes the PENDING rows of the gap).
 ///
@@ -297,4 +280,21 @@ pub async fn oldest_position(
     }
     conn.disconnect().await?;
     Ok(position)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_replication_slave;
+
+    #[test]
+    fn replication_slave_is_recognised_under_each_name() {
+        assert!(has_replication_slave(&["SELECT", "REPLICATION SLAVE"]));
+        assert!(has_replication_slave(&["replication replica"]));
+        assert!(has_replication_slave(&["ALL PRIVILEGES"]));
+        assert!(!has_replication_slave(&["USAGE"]));
+        assert!(!has_replication_slave(&[
+            "BINLOG MONITOR",
+            "REPLICATION CLIENT"
+        ]));
+    }
 }
