@@ -125,7 +125,8 @@ pub fn decode_row(
     match row.as_ref(layout.status).map(integer) {
         Some(Ok(0)) => {}
         Some(Ok(_)) => return DecodedRow::NotPending,
-        other => return problem(None, format!("`status` unusable: {other:?}")),
+        Some(Err(e)) => return problem(None, format!("`status` is {e}")),
+        None => return problem(None, "`status` is missing from the row image".into()),
     }
     let event_id = match text(row.as_ref(layout.event_id), "event_id") {
         Ok(Some(v)) => v,
@@ -220,6 +221,7 @@ pub fn message_from_text(row: RowText, limits: RowLimits) -> Result<OutboundMess
 
 fn integer(value: &BinlogValue<'_>) -> Result<i64, String> {
     match value {
+        BinlogValue::Value(Value::NULL) => Err("NULL".into()),
         BinlogValue::Value(Value::Int(i)) => Ok(*i),
         BinlogValue::Value(Value::UInt(u)) => {
             i64::try_from(*u).map_err(|_| format!("{u} too large"))

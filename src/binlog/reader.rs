@@ -320,6 +320,12 @@ impl BinlogReader {
             EventData::QueryEvent(query) => {
                 let sql = query.query();
                 let sql = sql.trim();
+                if let Some(table) = statement_inserts_into(sql, &query.schema(), &self.tables) {
+                    tracing::warn!(%table, gtid = ?state.gtid,
+                        "an outbox row was written in binlog_format=STATEMENT: the stream cannot \
+                         decode it; the sweeper publishes it after sweeper.min_age (set \
+                         binlog_format=ROW for every session that writes the outbox)");
+                }
                 if sql.eq_ignore_ascii_case("BEGIN") {
                     if !state.in_tx {
                         items.extend(self.begin(state, None));
@@ -487,6 +493,32 @@ fn classify_stream_error(error: mysql_async::Error, position: &BinlogPosition) -
     StreamFailure::Transient(error.to_string())
 }
 
+/// The outbox table a statement-format `INSERT`/`REPLACE` writes, if any (`schema` is the
+/// session's default database, for an unqualified name). Such rows never reach the decoder.
+fn statement_inserts_into(
+    sql: &str,
+    schema: &str,
+    tables: &[Arc<TableName>],
+) -> Option<Arc<TableName>> {
+    let mut words = sql.split_whitespace();
+    let verb = words.next()?;
+    if !verb.eq_ignore_ascii_case("INSERT") && !verb.eq_ignore_ascii_case("REPLACE") {
+        return None;
+    }
+    let modifiers = ["LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNORE", "INTO"];
+    let target = words.find(|w| !modifiers.iter().any(|m| w.eq_ignore_ascii_case(m)))?;
+    let target = target
+        .split('(')
+        .next()
+        .unwrap_or_default()
+        .replace('`', "");
+    let (db, table) = target.rsplit_once('.').unwrap_or((schema, &target));
+    tables
+        .iter()
+        .find(|t| t.table == table && t.schema.as_deref() == Some(db))
+        .cloned()
+}
+
 /// The file name of a rotate event (checksum bytes already cut): file names are `[A-Za-z0-9._-]`,
 /// so stop at the first other character, in case a server sent something unexpected.
 fn binlog_file_name(raw: &str) -> String {
@@ -521,7 +553,34 @@ fn sids(set: &MySqlGtidSet) -> Result<Vec<Sid<'static>>, StreamFailure> {
 
 #[cfg(test)]
 mod tests {
-    use super::binlog_file_name;
+    use super::{binlog_file_name, statement_inserts_into};
+    use crate::config::TableName;
+    use std::sync::Arc;
+
+    #[test]
+    fn statement_format_inserts_into_the_outbox_are_recognised() {
+        let tables = [Arc::new(TableName::parse("app.outbox_event").unwrap())];
+        let hit = |sql: &str, schema: &str| statement_inserts_into(sql, schema, &tables).is_some();
+        assert!(hit(
+            "INSERT INTO outbox_event (event_id) VALUES ('a')",
+            "app"
+        ));
+        assert!(hit(
+            "insert ignore into `app`.`outbox_event`(event_id) values ('a')",
+            "other"
+        ));
+        assert!(hit("REPLACE outbox_event SET event_id = 'a'", "app"));
+        assert!(!hit(
+            "INSERT INTO outbox_event (event_id) VALUES ('a')",
+            "other"
+        ));
+        assert!(!hit(
+            "INSERT INTO outbox_event_archive SELECT * FROM outbox_event",
+            "app"
+        ));
+        assert!(!hit("UPDATE outbox_event SET status = 2", "app"));
+        assert!(!hit("BEGIN", "app"));
+    }
 
     #[test]
     fn rotate_names_lose_trailing_checksum_bytes() {

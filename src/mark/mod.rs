@@ -8,8 +8,9 @@
 //!
 //! Which rows an UPDATE may touch depends on where the event came from (one marker serves both
 //! when the sweeper runs beside the stream): an event read from the binlog (it has a watermark
-//! `seq`) marks its row while still PENDING or SENDING (`status IN (0, 1)`), so it also settles a
-//! row a sweeper claimed meanwhile; an event claimed under a lease (poll mode, sweeper) marks its
+//! `seq`) marks its row while still PENDING or SENDING (`status IN (0, 1)`, or a NULL status in
+//! a hand-made table, which the decoder fails), so it also settles a row a sweeper claimed
+//! meanwhile; an event claimed under a lease (poll mode, sweeper) marks its
 //! row only while this instance still owns it (`status = 1 AND owner = ?`). A claimed row whose
 //! lease expired and was taken back (PENDING again, claimed by another instance, or already SENT
 //! by the stream) is not overwritten: whoever holds it now records that outcome. That costs a
@@ -53,7 +54,8 @@ impl MarkRule {
     /// The WHERE condition after `id …` for `completion`, and the owner to bind for it (if any).
     fn condition(&self, completion: &Completion) -> (&'static str, Option<&str>) {
         match completion.seq {
-            Some(_) => ("status IN (0, 1)", None),
+            // NULL: a hand-made table without the NOT NULL; the decoder fails such a row.
+            Some(_) => ("(status IN (0, 1) OR status IS NULL)", None),
             None => ("status = 1 AND owner = ?", Some(&self.owner)),
         }
     }
@@ -209,4 +211,43 @@ async fn write(
         .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::TxSeq;
+    use std::sync::Arc;
+
+    fn completion(seq: Option<TxSeq>) -> Completion {
+        Completion {
+            seq,
+            table: Arc::new(TableName::parse("outbox_event").unwrap()),
+            id: 1,
+            event_id: "e".into(),
+            outcome: Outcome::Failed {
+                reason: "`status` unusable".into(),
+                attempts: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn a_streamed_row_with_a_null_status_can_be_marked() {
+        // Found by the bad-input campaign: a row whose status is NULL (a table without the NOT
+        // NULL) was "marked FAILED" by an UPDATE that matched nothing.
+        let rule = MarkRule {
+            watermark: None,
+            owner: "me".into(),
+        };
+        let (streamed, owner) = rule.condition(&completion(Some(TxSeq::default())));
+        assert!(streamed.contains("status IS NULL"), "{streamed}");
+        assert_eq!(owner, None);
+        let (claimed, owner) = rule.condition(&completion(None));
+        assert!(
+            !claimed.contains("NULL"),
+            "a claimed row is SENDING: {claimed}"
+        );
+        assert_eq!(owner, Some("me"));
+    }
 }

@@ -31,11 +31,11 @@ pub async fn run_instance<S: Sink>(
     options: RunOptions,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
-    let election = Election::new(
-        crate::db::opts(config)?,
-        &config.relay.name,
-        &config.instance_id(),
-    );
+    // Every instance checks the server and its grants first, so a missing privilege is named
+    // at start-up (not as a failed election or a refused binlog dump later).
+    let opts = crate::db::opts(config)?;
+    check_server(&opts, &super::qualified_tables(config)?).await?;
+    let election = Election::new(opts, &config.relay.name, &config.instance_id());
     let mut total = RunSummary::default();
     loop {
         let leadership = match election.try_lead().await {

@@ -136,30 +136,16 @@ impl RocketMqSink {
         if !is_missing_topic(error) {
             return classified;
         }
-        if self
+        let known = self
             .known_topics
             .lock()
             .expect("not poisoned")
-            .contains(topic)
-        {
-            return SendError::Retryable(format!(
-                "topic {topic} had a route moments ago (broker restarting?); {}",
-                classified.reason()
-            ));
+            .contains(topic);
+        if known {
+            return missing_topic_verdict(topic, classified.reason(), true, Ok((1, false)));
         }
-        match self.name_server_view(topic).await {
-            Ok((0, _)) => SendError::Retryable(format!(
-                "no broker is registered with the name server (down?); {}",
-                classified.reason()
-            )),
-            Ok((_, true)) => SendError::Retryable(format!(
-                "the name server has a route for {topic}; the client's view was stale"
-            )),
-            Ok((_, false)) => classified,
-            Err(e) => {
-                SendError::Retryable(format!("cannot ask the name server about {topic}: {e}"))
-            }
-        }
+        let view = self.name_server_view(topic).await;
+        missing_topic_verdict(topic, classified.reason(), false, view)
     }
 
     /// How many brokers the name server knows, and whether it has a route for `topic`.
@@ -243,6 +229,37 @@ fn is_missing_topic(error: &ClientError) -> bool {
             .map(MQClientException::response_code),
         Some(17) | Some(-1)
     ) || error.broker_response_code() == Some(17)
+}
+
+/// What a "no such topic" answer for `topic` means, given whether the topic had a route in this
+/// process (`known`) and the name server's view (`(brokers, has_route)`): final (`Rejected`) only
+/// when brokers are registered, none routes the topic, and it never had a route here. The client
+/// reports a missing topic either as TOPIC_NOT_EXIST (17) or as "Can not find Message Queue for
+/// this topic" (-1); both are the same verdict, not a reason to retry for minutes.
+fn missing_topic_verdict(
+    topic: &str,
+    reason: &str,
+    known: bool,
+    view: Result<(usize, bool), String>,
+) -> SendError {
+    if known {
+        return SendError::Retryable(format!(
+            "topic {topic} had a route moments ago (broker restarting?); {reason}"
+        ));
+    }
+    match view {
+        Ok((0, _)) => SendError::Retryable(format!(
+            "no broker is registered with the name server (down?); {reason}"
+        )),
+        Ok((_, true)) => SendError::Retryable(format!(
+            "the name server has a route for {topic}; the client's view was stale"
+        )),
+        Ok((_, false)) => SendError::Rejected(format!(
+            "no such topic {topic}: the name server has no route for it (create the topic, then \
+             `outbox-relay retry` the FAILED rows); {reason}"
+        )),
+        Err(e) => SendError::Retryable(format!("cannot ask the name server about {topic}: {e}")),
+    }
 }
 
 /// The broker message for `m`.
@@ -385,6 +402,30 @@ mod tests {
             accept(result(SendStatus::SendOk, Some("A")), 1),
             Ok(vec!["A".to_string()])
         );
+    }
+
+    #[test]
+    fn a_topic_the_name_server_does_not_route_is_rejected_at_once() {
+        // Found by the bad-input campaign: the client's "Can not find Message Queue" (-1) was
+        // classified retryable, so an unknown topic held its shard through every retry.
+        let reason = "Can not find Message Queue for this topic, t";
+        let rejected = missing_topic_verdict("t", reason, false, Ok((1, false)));
+        assert!(
+            matches!(&rejected, SendError::Rejected(r) if r.contains("no such topic t") && r.contains("no route")),
+            "{rejected:?}"
+        );
+        for (known, view) in [
+            (true, Ok((1, false))),
+            (false, Ok((0, false))),
+            (false, Ok((1, true))),
+            (false, Err("timeout".to_string())),
+        ] {
+            let verdict = missing_topic_verdict("t", reason, known, view.clone());
+            assert!(
+                matches!(verdict, SendError::Retryable(_)),
+                "{known} {view:?}: {verdict:?}"
+            );
+        }
     }
 
     #[test]

@@ -126,6 +126,17 @@ fn bad_rows_become_problems_with_reasons() {
 }
 
 #[test]
+fn a_null_status_is_a_problem_named_plainly() {
+    // Found by the bad-input campaign (a hand-made table where `status` may be NULL).
+    let mut null_status = good();
+    null_status[7] = v(Value::NULL);
+    assert_eq!(reason_of(null_status, 1024), "`status` is NULL");
+    let mut text_status = good();
+    text_status[7] = s("0");
+    assert!(reason_of(text_status, 1024).starts_with("`status` is not an integer"));
+}
+
+#[test]
 fn a_row_without_a_key_is_unidentifiable() {
     let mut values = good();
     values[0] = v(Value::NULL);

@@ -107,6 +107,7 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         }
         Err(e) => return Err(e.into()),
     };
+    check_replication_slave(&mut conn).await?;
     let mut current = BinlogPosition::default();
     if let Some(mut row) = status {
         current.file = row.take::<Option<String>, _>(0).flatten();
@@ -137,16 +138,38 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         }
     };
 
-    // SELECT and UPDATE on every outbox table, without changing a row.
+    // SELECT and UPDATE on every outbox table, and SELECT, INSERT and UPDATE on the relay's state
+    // table (leader election, checkpoint mirror), without changing a row.
+    let state = "outbox_relay_state";
+    let mut probes = Vec::new();
     for table in tables {
         let table = table.sql();
-        for (what, sql) in [
-            ("SELECT", format!("SELECT id FROM {table} LIMIT 0")),
-            (
-                "UPDATE",
-                format!("UPDATE {table} SET status = status WHERE 1 = 0"),
-            ),
-        ] {
+        probes.push((
+            "SELECT",
+            format!("SELECT id FROM {table} LIMIT 0"),
+            table.clone(),
+        ));
+        probes.push((
+            "UPDATE",
+            format!("UPDATE {table} SET status = status WHERE 1 = 0"),
+            table,
+        ));
+    }
+    for (what, sql) in [
+        ("SELECT", format!("SELECT name FROM {state} LIMIT 0")),
+        (
+            "INSERT",
+            format!("INSERT INTO {state} SELECT * FROM {state} WHERE 1 = 0"),
+        ),
+        (
+            "UPDATE",
+            format!("UPDATE {state} SET name = name WHERE 1 = 0"),
+        ),
+    ] {
+        probes.push((what, sql, state.to_string()));
+    }
+    for (what, sql, table) in probes {
+        {
             if let Err(e) = conn.query_drop(&sql).await {
                 return Err(match e {
                     mysql_async::Error::Server(s) if s.code == 1146 => misconfigured(format!(
@@ -165,6 +188,48 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         version,
         flavor,
         current,
+    })
+}
+
+/// REPLICATION SLAVE, without which the server refuses the binlog dump. Judged from the
+/// account's own global privileges (`information_schema.USER_PRIVILEGES`); when those are not
+/// visible, or a role is active (its privileges are not listed there), the dump request itself
+/// reports a missing privilege ([`super::ReaderError::NotAllowed`]).
+async fn check_replication_slave(conn: &mut Conn) -> Result<(), StartupError> {
+    const OWN_PRIVILEGES: &str = "SELECT GRANTEE, PRIVILEGE_TYPE \
+        FROM information_schema.USER_PRIVILEGES WHERE GRANTEE = CONCAT('''', \
+        SUBSTRING_INDEX(CURRENT_USER(), '@', 1), '''@''', \
+        SUBSTRING_INDEX(CURRENT_USER(), '@', -1), '''')";
+    let privileges: Vec<(String, String)> = conn.query(OWN_PRIVILEGES).await.unwrap_or_default();
+    let Some(grantee) = privileges.first().map(|p| p.0.clone()) else {
+        return Ok(());
+    };
+    let role: Option<Option<String>> = conn
+        .query_first("SELECT CURRENT_ROLE()")
+        .await
+        .unwrap_or(None);
+    if role
+        .flatten()
+        .is_some_and(|r| !r.is_empty() && !r.eq_ignore_ascii_case("NONE"))
+    {
+        return Ok(());
+    }
+    let types: Vec<&str> = privileges.iter().map(|p| p.1.as_str()).collect();
+    if has_replication_slave(&types) {
+        return Ok(());
+    }
+    Err(StartupError::Privilege(format!(
+        "{grantee} may not read the binlog (no REPLICATION SLAVE); \
+         GRANT REPLICATION SLAVE ON *.* TO {grantee}"
+    )))
+}
+
+/// Whether global privileges `types` (as `USER_PRIVILEGES` lists them) allow a binlog dump.
+fn has_replication_slave(types: &[&str]) -> bool {
+    types.iter().any(|t| {
+        ["REPLICATION SLAVE", "REPLICATION REPLICA", "ALL PRIVILEGES"]
+            .iter()
+            .any(|p| t.eq_ignore_ascii_case(p))
     })
 }
 
@@ -215,4 +280,21 @@ pub async fn oldest_position(
     }
     conn.disconnect().await?;
     Ok(position)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_replication_slave;
+
+    #[test]
+    fn replication_slave_is_recognised_under_each_name() {
+        assert!(has_replication_slave(&["SELECT", "REPLICATION SLAVE"]));
+        assert!(has_replication_slave(&["replication replica"]));
+        assert!(has_replication_slave(&["ALL PRIVILEGES"]));
+        assert!(!has_replication_slave(&["USAGE"]));
+        assert!(!has_replication_slave(&[
+            "BINLOG MONITOR",
+            "REPLICATION CLIENT"
+        ]));
+    }
 }
