@@ -49,6 +49,7 @@ pub struct Config {
     pub sweeper: SweeperConfig,
     pub poll: PollConfig,
     pub metrics: MetricsConfig,
+    pub cleanup: CleanupConfig,
 }
 
 /// `[mysql]`: the database that holds the outbox tables.
@@ -225,6 +226,37 @@ impl Default for PollConfig {
         Self {
             interval: Duration::from_millis(500),
             batch_size: 100,
+        }
+    }
+}
+
+/// `[cleanup]`: deleting old SENT rows from inside `run` (off by default; the relay's user then
+/// needs DELETE on the outbox tables). `outbox-relay cleanup` does the same by hand.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct CleanupConfig {
+    pub enabled: bool,
+    /// How often a cleanup round runs.
+    #[serde(with = "humantime_serde")]
+    pub every: Duration,
+    /// SENT rows created longer ago than this are deleted (FAILED rows never are).
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// Rows per DELETE (by primary key).
+    pub batch_size: usize,
+    /// Pause between two DELETEs.
+    #[serde(with = "humantime_serde")]
+    pub pause: Duration,
+}
+
+impl Default for CleanupConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            every: Duration::from_secs(3600),
+            retention: Duration::from_secs(7 * 24 * 3600),
+            batch_size: 1000,
+            pause: Duration::from_millis(100),
         }
     }
 }

@@ -251,3 +251,38 @@ mod tests {
         }
     }
 }
+
+/// Runs a cleanup round every `config.every` until `cancel` (the `[cleanup]` section inside
+/// `run`). A failed round is logged and tried again at the next one.
+pub async fn run_periodically(
+    config: crate::config::CleanupConfig,
+    pool: Pool,
+    tables: Vec<TableName>,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    let cleanup = Cleanup {
+        retention: config.retention,
+        batch_size: config.batch_size,
+        pause: config.pause,
+        dry_run: false,
+    };
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(config.every) => {}
+        }
+        let round = tokio::select! {
+            _ = cancel.cancelled() => return,
+            round = cleanup.run_once(&pool, &tables, |_| {}) => round,
+        };
+        match round {
+            Ok(summary) => tracing::info!(
+                deleted = summary.deleted(),
+                batches = summary.batches(),
+                "cleanup: old SENT rows deleted"
+            ),
+            Err(e) => tracing::warn!(error = %e,
+                "cleanup round failed (does the relay's user have DELETE on the outbox tables?); retrying at the next round"),
+        }
+    }
+}

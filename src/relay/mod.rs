@@ -347,6 +347,14 @@ impl RelayHandle {
             config.metrics.refresh,
             cancel.child_token(),
         ));
+        if config.cleanup.enabled {
+            tokio::spawn(crate::operate::cleanup::run_periodically(
+                config.cleanup.clone(),
+                crate::db::pool(&config)?,
+                qualified_tables(&config)?,
+                cancel.child_token(),
+            ));
+        }
         let task = tokio::spawn(async move {
             let result = match store {
                 Some(store) => {
