@@ -46,7 +46,8 @@ pub async fn run(
         let position = current();
         if position != saved {
             let (s, p) = (Arc::clone(&store), position.clone());
-            tokio::task::spawn_blocking(move || s.save(&p)).await??;
+            tokio::task::spawn_blocking(move || s.save(&p).map(|()| s.record_history(&p)))
+                .await??;
             saved = position;
         }
         if saved != mirrored && (stopping || last_mirror.elapsed() >= settings.mirror_every) {
