@@ -345,6 +345,8 @@ impl Replay {
         if let Some(sending) = sending {
             let interrupted = summary.stopped == Stop::Interrupted;
             sending.finish(&mut summary, interrupted).await;
+            (progress.sent, progress.failed) = (summary.sent, summary.failed);
+            observer(ReplayEvent::Progress(&progress));
         }
         if summary.stopped == Stop::Interrupted && !cancel.is_cancelled() {
             read?; // the reader ended on its own: a permanent error
@@ -581,7 +583,7 @@ pub fn open_history_store(dir: &Path) -> anyhow::Result<SledStore> {
         StoreError::Sled {
             source: sled::Error::Io(io),
             ..
-        } if io.kind() == std::io::ErrorKind::WouldBlock => anyhow::anyhow!(
+        } if is_lock_conflict(&io) => anyhow::anyhow!(
             "the checkpoint directory {0} is locked by a running relay: stop the relay or copy \
              the directory (cp -r {0} /tmp/relay-state-copy) and pass \
              --checkpoint-dir /tmp/relay-state-copy",
@@ -589,6 +591,13 @@ pub fn open_history_store(dir: &Path) -> anyhow::Result<SledStore> {
         ),
         other => other.into(),
     })
+}
+
+/// sled reports a directory locked by another process as an `Other` error whose text says so
+/// (wrapping the `WouldBlock` of the file lock).
+fn is_lock_conflict(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::WouldBlock
+        || error.to_string().contains("could not acquire lock")
 }
 
 /// A history time for people: `2025-06-01T13:00:00.123Z`.
