@@ -292,26 +292,8 @@ async fn replay_of_a_gtid_range_resends_exactly_its_events() {
     let rows_before = rows(&db).await;
 
     // The dry run lists exactly B's events and sends nothing.
-    let out = outbox_relay(&[
-        "-c",
-        config_file,
-        "replay",
-        "--from-gtid",
-        &after_a,
-        "--to-gtid",
-        &after_b,
-        "--dry-run",
-        "--json",
-    ])
-    .await;
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stderr}");
-    let listed: Vec<String> = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|v| v["event_id"].as_str().map(str::to_string))
-        .collect();
-    assert_eq!(listed, b, "{stdout}");
+    let listed = dry_run_ids(&db.url, &after_a, &["--to-gtid", &after_b]).await;
+    assert_eq!(listed, b);
 
     // A real replay wants to know who and why.
     let out = outbox_relay(&["-c", config_file, "replay", "--from-gtid", &after_a]).await;
@@ -396,4 +378,43 @@ async fn replay_of_a_gtid_range_resends_exactly_its_events() {
             .is_some_and(|l| l.contains("gtid 0-1-")),
         "{stdout}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_to_time_bound_stops_at_the_first_later_transaction() {
+    let db = TestDb::migrated("replay_time").await;
+    let gtid = |p: outbox_relay::binlog::BinlogPosition| p.mariadb_gtid.unwrap().to_string();
+    let start = gtid(current_position(&db).await);
+    let early = write(&db, "t", "early", 2).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let bound = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let late = write(&db, "t", "late", 2).await;
+
+    let bounded = dry_run_ids(&db.url, &start, &["--to-time", &bound]).await;
+    assert_eq!(bounded, early, "only the transaction before --to-time");
+    let everything: Vec<String> = early.iter().chain(&late).cloned().collect();
+    assert_eq!(dry_run_ids(&db.url, &start, &[]).await, everything);
+}
+
+/// The event_ids `replay --dry-run --json --from-gtid FROM EXTRA…` lists.
+async fn dry_run_ids(url: &str, from: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--mysql-url",
+        url,
+        "replay",
+        "--from-gtid",
+        from,
+        "--dry-run",
+        "--json",
+    ];
+    args.extend(extra);
+    let out = outbox_relay(&args).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["event_id"].as_str().map(str::to_string))
+        .collect()
 }
