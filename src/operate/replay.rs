@@ -25,9 +25,6 @@
 
 use crate::binlog::reader::{check_server, BinlogReader};
 use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, TxEnd, TxGtid};
-use crate::checkpoint::history::{CheckpointHistory, HistoryEntry};
-use crate::checkpoint::store::StoreError;
-use crate::checkpoint::SledStore;
 use crate::config::Config;
 use crate::relay::Shards;
 use crate::retry::RetryPolicy;
@@ -35,13 +32,20 @@ use crate::route::Router;
 use crate::send::{Completion, Outcome, ShardEvent, Sink};
 use mysql_async::prelude::*;
 use serde::Serialize;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+mod bounds;
+
+use bounds::format_unix;
+pub use bounds::{
+    checkpoint_at_or_before, format_millis, open_history_store, parse_gtid_position, parse_time,
+    unix_seconds,
+};
 
 const CHANNEL_CAPACITY: usize = 4096;
 /// Failed events listed in the summary (all are counted).
@@ -502,228 +506,9 @@ impl Sending {
     }
 }
 
-/// Parses `--from-gtid` / `--to-gtid`: a MariaDB GTID position (`0-1-100[,1-2-7]`) or a MySQL
-/// GTID set (`uuid:1-100[,…]`).
-pub fn parse_gtid_position(text: &str) -> Result<BinlogPosition, String> {
-    let mut position = BinlogPosition::default();
-    if text.contains(':') {
-        position.mysql_gtid_set = Some(text.parse().map_err(|e| format!("{e}"))?);
-    } else {
-        position.mariadb_gtid = Some(text.parse().map_err(|e| format!("{e}"))?);
-    }
-    if position.is_unknown() {
-        return Err(format!("{text:?} is an empty GTID position"));
-    }
-    Ok(position)
-}
-
-/// Parses `--from-time` / `--to-time`: a UTC time (`2025-06-01 13:00:00`, or RFC 3339 ending
-/// in `Z`; other offsets are refused) or a duration ago (`90m`).
-pub fn parse_time(text: &str) -> Result<SystemTime, String> {
-    if let Ok(time) = humantime::parse_rfc3339_weak(text.trim()) {
-        return Ok(time);
-    }
-    match humantime::parse_duration(text.trim()) {
-        Ok(ago) => Ok(SystemTime::now() - ago),
-        Err(_) => Err(format!(
-            "{text:?} is neither a UTC time (2025-06-01 13:00:00, or …T13:00:00Z) nor a duration ago (90m)"
-        )),
-    }
-}
-
-/// Unix seconds of `time` (for `Replay::to_time`).
-pub fn unix_seconds(time: SystemTime) -> u32 {
-    let secs = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    u32::try_from(secs).unwrap_or(u32::MAX)
-}
-
-fn format_unix(secs: u32) -> String {
-    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(secs.into())).to_string()
-}
-
-/// The newest saved checkpoint at or before `time` (where `--from-time` starts).
-pub fn checkpoint_at_or_before(
-    history: &CheckpointHistory,
-    time: SystemTime,
-) -> anyhow::Result<HistoryEntry> {
-    let millis = time
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    if let Some(entry) = history.at_or_before(millis)? {
-        return Ok(entry);
-    }
-    let oldest = history.list()?.into_iter().next();
-    match oldest {
-        Some(oldest) => anyhow::bail!(
-            "no checkpoint was saved at or before {}: the oldest in the history is #{} at {}; \
-             use --from-checkpoint {} or --from-gtid",
-            humantime::format_rfc3339_seconds(time),
-            oldest.number,
-            format_millis(oldest.at_millis),
-            oldest.number
-        ),
-        None => anyhow::bail!(
-            "the checkpoint history is empty (the relay records one entry per minute while it \
-             runs): use --from-gtid"
-        ),
-    }
-}
-
-/// Opens the sled store in `dir` to read its checkpoint history; a directory locked by a
-/// running relay is an error that says what to do.
-pub fn open_history_store(dir: &Path) -> anyhow::Result<SledStore> {
-    if !dir.is_dir() {
-        anyhow::bail!(
-            "no checkpoint directory at {}: the history is kept in the relay's relay.checkpoint_dir \
-             (pass the relay's config with -c, or --checkpoint-dir)",
-            dir.display()
-        );
-    }
-    SledStore::open(dir).map_err(|e| match e {
-        StoreError::Sled {
-            source: sled::Error::Io(io),
-            ..
-        } if is_lock_conflict(&io) => anyhow::anyhow!(
-            "the checkpoint directory {0} is locked by a running relay: stop the relay or copy \
-             the directory (cp -r {0} /tmp/relay-state-copy) and pass \
-             --checkpoint-dir /tmp/relay-state-copy",
-            dir.display()
-        ),
-        other => other.into(),
-    })
-}
-
-/// sled reports a directory locked by another process as an `Other` error whose text says so
-/// (wrapping the `WouldBlock` of the file lock).
-fn is_lock_conflict(error: &std::io::Error) -> bool {
-    error.kind() == std::io::ErrorKind::WouldBlock
-        || error.to_string().contains("could not acquire lock")
-}
-
-/// A history time for people: `2025-06-01T13:00:00.123Z`.
-pub fn format_millis(millis: u64) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(millis)).to_string()
-}
-
 fn truncate(text: &str, max_chars: usize) -> String {
     text.chars().take(max_chars).collect()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn end_maria(seq: u64) -> TxEnd {
-        TxEnd {
-            gtid: Some(TxGtid::MariaDb(format!("0-1-{seq}").parse().unwrap())),
-            file: "binlog.000001".into(),
-            end_pos: 100 * seq,
-            timestamp: 0,
-        }
-    }
-
-    #[test]
-    fn the_range_ends_at_the_bound_inclusive() {
-        let to = parse_gtid_position("0-1-20").unwrap();
-        assert!(within(&to, &end_maria(20)));
-        assert!(!within(&to, &end_maria(21)));
-        let other_domain = TxEnd {
-            gtid: Some(TxGtid::MariaDb("1-1-5".parse().unwrap())),
-            ..end_maria(5)
-        };
-        assert!(!within(&to, &other_domain), "a domain the bound lacks");
-        let by_file = BinlogPosition {
-            file: Some("binlog.000001".into()),
-            pos: 2000,
-            ..BinlogPosition::default()
-        };
-        let no_gtid = |pos| TxEnd {
-            gtid: None,
-            end_pos: pos,
-            ..end_maria(1)
-        };
-        assert!(within(&by_file, &no_gtid(2000)));
-        assert!(!within(&by_file, &no_gtid(2001)));
-        let uuid = "3e11fa47-71ca-11e1-9e33-c80aa9429562";
-        let set = parse_gtid_position(&format!("{uuid}:1-10")).unwrap();
-        let source = crate::binlog::MySqlSource {
-            uuid: uuid.into(),
-            tag: None,
-        };
-        let mysql = |gno| TxEnd {
-            gtid: Some(TxGtid::MySql(source.clone(), gno)),
-            ..end_maria(1)
-        };
-        assert!(within(&set, &mysql(10)) && !within(&set, &mysql(11)));
-    }
-
-    #[test]
-    fn gtid_and_time_arguments() {
-        assert_eq!(
-            parse_gtid_position("0-1-100").unwrap().to_string(),
-            "gtid 0-1-100"
-        );
-        assert!(parse_gtid_position("").is_err());
-        assert!(parse_gtid_position("x-y").is_err());
-        let t = parse_time("2025-06-01 13:00:00").unwrap();
-        assert_eq!(unix_seconds(t), 1_748_782_800);
-        assert_eq!(parse_time("2025-06-01T13:00:00Z").unwrap(), t);
-        assert!(parse_time("2025-06-01T15:00:00+02:00").is_err(), "UTC only");
-        let ago = parse_time("10m").unwrap();
-        let diff = SystemTime::now().duration_since(ago).unwrap();
-        assert!(diff >= Duration::from_secs(600) && diff < Duration::from_secs(660));
-        assert!(parse_time("yesterday-ish").is_err());
-        assert_eq!(format_unix(1_748_782_800), "2025-06-01T13:00:00Z");
-    }
-
-    #[test]
-    fn a_real_run_needs_operator_and_reason() {
-        let config = Config::default();
-        let replay = Replay {
-            from: parse_gtid_position("0-1-1").unwrap(),
-            to: None,
-            to_time: None,
-            operator: String::new(),
-            reason: "why".into(),
-            server_id: config.mysql.server_id + 1,
-        };
-        assert!(replay.validate(&config, true).is_ok());
-        let err = replay.validate(&config, false).unwrap_err();
-        assert!(err
-            .to_string()
-            .contains("--operator and --reason are required"));
-        let own_id = Replay {
-            server_id: config.mysql.server_id,
-            ..replay.clone()
-        };
-        assert!(matches!(
-            own_id.validate(&config, true),
-            Err(ReplayError::RelayServerId(_))
-        ));
-        let no_start = Replay {
-            from: BinlogPosition::default(),
-            ..replay
-        };
-        assert!(matches!(
-            no_start.validate(&config, true),
-            Err(ReplayError::NoStart)
-        ));
-    }
-
-    #[test]
-    fn a_time_maps_to_the_newest_checkpoint_before_it() {
-        let db = sled::Config::new().temporary(true).open().unwrap();
-        let history = CheckpointHistory::new(db.open_tree("h").unwrap());
-        let err = checkpoint_at_or_before(&history, SystemTime::now()).unwrap_err();
-        assert!(err.to_string().contains("history is empty"), "{err}");
-        history
-            .record_at(1_748_782_800_000, &parse_gtid_position("0-1-5").unwrap())
-            .unwrap();
-        let entry =
-            checkpoint_at_or_before(&history, parse_time("2025-06-01 13:30:00").unwrap()).unwrap();
-        assert_eq!(entry.position.to_string(), "gtid 0-1-5");
-        let err = checkpoint_at_or_before(&history, parse_time("2025-06-01 12:00:00").unwrap())
-            .unwrap_err();
-        assert!(err.to_string().contains("--from-checkpoint 1"), "{err}");
-    }
-}
+mod tests;
