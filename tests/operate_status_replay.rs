@@ -390,11 +390,16 @@ async fn a_to_time_bound_stops_at_the_first_later_transaction() {
     let bound = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let late = write(&db, "t", "late", 2).await;
+    let end = gtid(current_position(&db).await);
 
     let bounded = dry_run_ids(&db.url, &start, &["--to-time", &bound]).await;
     assert_eq!(bounded, early, "only the transaction before --to-time");
     let everything: Vec<String> = early.iter().chain(&late).cloned().collect();
     assert_eq!(dry_run_ids(&db.url, &start, &[]).await, everything);
+    assert!(
+        dry_run_ids(&db.url, &end, &[]).await.is_empty(),
+        "an empty range ends at once"
+    );
 }
 
 /// The event_ids `replay --dry-run --json --from-gtid FROM EXTRA…` lists.

@@ -218,8 +218,10 @@ impl Replay {
         self.validate(config, false)?;
         let sending = Sending::start(&sink, config);
         let summary = self.execute(config, Some(sending), observer, cancel).await;
-        self.audit(config, &summary).await?;
-        summary
+        let audited = self.audit(config, &summary).await;
+        let summary = summary?; // the replay's own error first
+        audited?;
+        Ok(summary)
     }
 
     /// Lists the events of the range; sends and writes nothing.
@@ -243,7 +245,13 @@ impl Replay {
         let opts = crate::db::opts(config)?;
         let tables = crate::relay::qualified_tables(config)?;
         let server = check_server(&opts, &tables).await?;
-        let to = self.to.clone().unwrap_or_else(|| server.current.clone());
+        let mut to = self.to.clone().unwrap_or_else(|| server.current.clone());
+        let same_gtids = (self.from.mariadb_gtid.is_some() && to.mariadb_gtid.is_some())
+            || (self.from.mysql_gtid_set.is_some() && to.mysql_gtid_set.is_some());
+        if same_gtids {
+            // Compare GTIDs only: a `from` given as a GTID has no file to compare with.
+            (to.file, to.pos) = (None, 0);
+        }
         if !server.current.covers(&to) {
             return Err(ReplayError::PastTheEnd {
                 to: to.to_string(),
