@@ -19,6 +19,9 @@ pub struct TxEnd {
     pub file: String,
     /// Offset just past the commit event.
     pub end_pos: u64,
+    /// The commit event's header timestamp: seconds since the Unix epoch, the server's clock
+    /// (`replay --to-time` stops at the first transaction past its bound).
+    pub timestamp: u32,
 }
 
 /// A resumable binlog position: everything up to and including it has been handled.
@@ -201,11 +204,13 @@ mod tests {
             gtid: Some(TxGtid::MariaDb("0-1-7".parse().unwrap())),
             file: "binlog.000002".into(),
             end_pos: 900,
+            timestamp: 0,
         });
         p.advance(&TxEnd {
             gtid: Some(TxGtid::MariaDb("0-1-8".parse().unwrap())),
             file: "binlog.000002".into(),
             end_pos: 1200,
+            timestamp: 0,
         });
         assert_eq!(p.mariadb_gtid.as_ref().unwrap().to_string(), "0-1-8");
         assert_eq!((p.file.as_deref(), p.pos), (Some("binlog.000002"), 1200));
@@ -226,6 +231,7 @@ mod tests {
                 gtid: Some(TxGtid::MySql(source.clone(), gno)),
                 file: "binlog.000001".into(),
                 end_pos: 100 * gno,
+                timestamp: 0,
             });
         }
         assert_eq!(

@@ -333,16 +333,16 @@ impl BinlogReader {
                     state.in_body = true;
                 } else if sql.eq_ignore_ascii_case("COMMIT") || sql.eq_ignore_ascii_case("ROLLBACK")
                 {
-                    items.extend(self.end(state, end_pos));
+                    items.extend(self.end(state, end_pos, header.timestamp()));
                 } else if !state.in_body {
                     // A statement on its own (DDL, or a non-transactional change).
                     if !state.in_tx {
                         items.extend(self.begin(state, None));
                     }
-                    items.extend(self.end(state, end_pos));
+                    items.extend(self.end(state, end_pos, header.timestamp()));
                 }
             }
-            EventData::XidEvent(_) => items.extend(self.end(state, end_pos)),
+            EventData::XidEvent(_) => items.extend(self.end(state, end_pos, header.timestamp())),
             EventData::TableMapEvent(tme) => {
                 state.tables.remove(&tme.table_id());
             }
@@ -362,7 +362,7 @@ impl BinlogReader {
         Some(BinlogItem::TxBegin)
     }
 
-    fn end(&self, state: &mut StreamState, end_pos: u64) -> Option<BinlogItem> {
+    fn end(&self, state: &mut StreamState, end_pos: u64, timestamp: u32) -> Option<BinlogItem> {
         if !state.in_tx {
             return None;
         }
@@ -372,6 +372,7 @@ impl BinlogReader {
             gtid: state.gtid.take(),
             file: state.file.clone(),
             end_pos,
+            timestamp,
         }))
     }
 

@@ -4,6 +4,7 @@
 //! Guarantee: a stored checkpoint never passes an event that is not SENT or terminally FAILED
 //! and recorded in the outbox table.
 
+pub mod history;
 pub mod store;
 pub mod watermark;
 

@@ -4,6 +4,7 @@
 //! [`CheckpointStore`] is the seam over sled (0.34, beta on-disk format): the pipeline names only
 //! the trait, so the store can be swapped without touching it.
 
+use super::history::{self, CheckpointHistory};
 use crate::binlog::BinlogPosition;
 use mysql_async::prelude::*;
 use std::path::Path;
@@ -33,6 +34,9 @@ pub trait CheckpointStore: Send + Sync + 'static {
     fn load(&self) -> Result<Option<BinlogPosition>, StoreError>;
     /// Saves `position` durably (fsync).
     fn save(&self, position: &BinlogPosition) -> Result<(), StoreError>;
+    /// Offers a saved `position` to the checkpoint history, if the store keeps one (best
+    /// effort: rate-limited inside, failures are logged). The default keeps none.
+    fn record_history(&self, _position: &BinlogPosition) {}
 }
 
 const CHECKPOINT_KEY: &[u8] = b"checkpoint";
@@ -41,6 +45,7 @@ const CHECKPOINT_KEY: &[u8] = b"checkpoint";
 pub struct SledStore {
     db: sled::Db,
     path: String,
+    history: CheckpointHistory,
 }
 
 impl SledStore {
@@ -55,7 +60,16 @@ impl SledStore {
                 .mode(sled::Mode::LowSpace)
                 .open();
             match opened {
-                Ok(db) => return Ok(SledStore { db, path }),
+                Ok(db) => {
+                    let tree = db
+                        .open_tree(history::TREE)
+                        .map_err(|source| StoreError::Sled {
+                            path: path.clone(),
+                            source,
+                        })?;
+                    let history = CheckpointHistory::new(tree);
+                    return Ok(SledStore { db, path, history });
+                }
                 Err(sled::Error::Io(e))
                     if e.kind() == std::io::ErrorKind::WouldBlock
                         && std::time::Instant::now() < deadline =>
@@ -70,6 +84,11 @@ impl SledStore {
                 }
             }
         }
+    }
+
+    /// The checkpoint history kept beside the checkpoint (for `replay`).
+    pub fn history(&self) -> &CheckpointHistory {
+        &self.history
     }
 
     fn err(&self, source: sled::Error) -> StoreError {
@@ -98,6 +117,12 @@ impl CheckpointStore for SledStore {
             .map_err(|e| self.err(e))?;
         self.db.flush().map_err(|e| self.err(e))?;
         Ok(())
+    }
+
+    fn record_history(&self, position: &BinlogPosition) {
+        if let Err(e) = self.history.record(position) {
+            tracing::warn!(error = %e, "cannot record the checkpoint history (replay by time may start earlier)");
+        }
     }
 }
 

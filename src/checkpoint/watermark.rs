@@ -135,6 +135,7 @@ mod tests {
             })),
             file: "binlog.000001".into(),
             end_pos: 100 * (seq + 1),
+            timestamp: 0,
         }
     }
 

@@ -8,7 +8,9 @@ mod demo;
 mod dev;
 mod migrate;
 mod reconcile;
+mod replay;
 mod run;
+mod status;
 
 use clap::{Args, Parser, Subcommand};
 use outbox_relay::config::{Config, RelayMode};
@@ -124,6 +126,12 @@ pub enum Command {
     MarkFailed(compensate::CompensateArgs),
     /// Compare SENT events with a consumer group's event_dedup; record the missing ones.
     Reconcile(reconcile::ReconcileArgs),
+    /// Outbox and relay health: counts, oldest PENDING, FAILED reasons, checkpoint, leader,
+    /// binlog lag and a verdict (exit code 0 healthy, 1 lagging/stuck/failing).
+    Status(status::StatusArgs),
+    /// Publish the outbox INSERTs of a binlog range again (original event_ids; rows unchanged;
+    /// audited). `--list-checkpoints` shows the saved checkpoint history.
+    Replay(replay::ReplayArgs),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -139,5 +147,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Resend(args) => compensate::run(&cli.global, Action::Resend, args).await,
         Command::MarkFailed(args) => compensate::run(&cli.global, Action::MarkFailed, args).await,
         Command::Reconcile(args) => reconcile::run(&cli.global, args).await,
+        Command::Status(args) => status::run(&cli.global, args).await,
+        Command::Replay(args) => replay::run(&cli.global, args).await,
     }
 }

@@ -1,5 +1,5 @@
 //! Operating the outbox by hand: the library behind `outbox-relay cleanup`, `retry` / `resend` /
-//! `mark-failed`, and `reconcile`. Each command is also usable from code (e.g. `run` can call
+//! `mark-failed`, `reconcile`, `status` and `replay`. Each command is also usable from code (e.g. `run` can call
 //! [`Cleanup::run_once`] periodically).
 //!
 //! Guarantees each command keeps:
@@ -20,6 +20,10 @@
 //!   is its own work queue `outbox_reconcile_diff` (one row per consumer group, outbox table and
 //!   event_id, so repeating a run never duplicates a row). It never changes business data or
 //!   outbox rows.
+//! - [`status`]: reads only; the verdict rules are in its module doc.
+//! - [`replay`]: re-publishes the outbox INSERTs of a binlog range through the relay's shard
+//!   senders, with their original `event_id`; it never changes outbox rows and writes one
+//!   `outbox_audit` summary row per run.
 //!
 //! Times are the database's: windows and cutoffs are computed with `NOW(3)` on the server, so
 //! the machine running the command may have any clock and time zone.
@@ -27,12 +31,16 @@
 pub mod cleanup;
 pub mod compensate;
 pub mod reconcile;
+pub mod replay;
 pub mod selection;
+pub mod status;
 
 pub use cleanup::{Cleanup, CleanupProgress, CleanupSummary};
 pub use compensate::{Action, Compensation, CompensationReport, Outcome, RowReport};
 pub use reconcile::{Reconcile, ReconcileReport};
+pub use replay::{Replay, ReplaySummary};
 pub use selection::{Selection, TimeBound};
+pub use status::{StatusOptions, StatusReport, Verdict};
 
 use crate::config::TableName;
 use mysql_async::prelude::*;

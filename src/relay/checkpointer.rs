@@ -53,7 +53,8 @@ pub async fn run(
         age.set(last_moved.elapsed().as_secs_f64());
         if position != saved {
             let (s, p) = (Arc::clone(&store), position.clone());
-            tokio::task::spawn_blocking(move || s.save(&p)).await??;
+            tokio::task::spawn_blocking(move || s.save(&p).map(|()| s.record_history(&p)))
+                .await??;
             saved = position;
         }
         if saved != mirrored && (stopping || last_mirror.elapsed() >= settings.mirror_every) {

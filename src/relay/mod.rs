@@ -93,7 +93,7 @@ pub fn qualified_tables(config: &Config) -> anyhow::Result<Vec<TableName>> {
         .collect())
 }
 
-fn reader_options(
+pub(crate) fn reader_options(
     config: &Config,
     opts: mysql_async::Opts,
     tables: Vec<TableName>,

@@ -1,0 +1,173 @@
+//! `outbox-relay status [--json] [--lag-threshold 30s] [--failing-window 1h]`.
+
+use super::GlobalArgs;
+use clap::Args;
+use outbox_relay::operate::status::{StatusOptions, StatusReport, TableStatus};
+use outbox_relay::operate::thousands;
+use std::time::Duration;
+
+/// Exit code when the status could not be read at all.
+const EXIT_UNKNOWN: i32 = 2;
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Verdict (most severe first):
+  stuck    a SENDING row's lease expired, or the oldest PENDING row is older than
+           --lag-threshold while the checkpoint has not moved for --stuck-after
+  failing  rows were marked FAILED within --failing-window
+  lagging  the oldest PENDING row is older than --lag-threshold
+  healthy  none of the above
+
+Exit code: 0 healthy; 1 lagging, stuck or failing; 2 the status could not be read.
+The database password is never printed.")]
+pub struct StatusArgs {
+    /// The oldest PENDING row older than this makes the verdict `lagging`.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    lag_threshold: Duration,
+    /// A checkpoint unchanged this long while rows wait makes the verdict `stuck`.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    stuck_after: Duration,
+    /// Rows marked FAILED within this window make the verdict `failing`.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    failing_window: Duration,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(global: &GlobalArgs, args: StatusArgs) -> anyhow::Result<()> {
+    let config = global.load_config()?;
+    let options = StatusOptions {
+        lag_threshold: args.lag_threshold,
+        stuck_after: args.stuck_after,
+        failing_window: args.failing_window,
+    };
+    let report = match StatusReport::gather(&config, &options).await {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("error: cannot read the status: {e:#}");
+            std::process::exit(EXIT_UNKNOWN);
+        }
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    let code = report.exit_code();
+    if code != 0 {
+        use std::io::Write;
+        std::io::stdout().flush().ok();
+        std::process::exit(code.into());
+    }
+    Ok(())
+}
+
+fn print_report(r: &StatusReport) {
+    println!(
+        "outbox-relay status: relay `{}` ({} mode), database time {}",
+        r.relay.name,
+        serde_json::to_value(r.mode)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        r.database_time
+    );
+    println!();
+    println!(
+        "{:<24} {:>9} {:>9} {:>11} {:>9} {:>14} {:>8} {:>12}",
+        "table", "PENDING", "SENDING", "SENT", "FAILED", "oldest PENDING", "expired", "FAILED new"
+    );
+    for t in &r.tables {
+        println!(
+            "{:<24} {:>9} {:>9} {:>11} {:>9} {:>14} {:>8} {:>12}",
+            t.table,
+            thousands(t.pending),
+            thousands(t.sending),
+            thousands(t.sent),
+            thousands(t.failed),
+            format!("{:.1} s", t.oldest_pending_seconds),
+            thousands(t.expired_leases),
+            thousands(t.failed_recently),
+        );
+    }
+    println!(
+        "(expired: SENDING rows whose lease has passed; FAILED new: marked FAILED in the last {})",
+        humantime::format_duration(r.thresholds.failing_window)
+    );
+    for t in &r.tables {
+        print_table_details(t);
+    }
+    println!();
+    let relay = &r.relay;
+    match (&relay.checkpoint, &relay.checkpoint_at) {
+        (Some(position), at) => println!(
+            "checkpoint  {position}, saved {} ({})",
+            at.as_deref().unwrap_or("?"),
+            relay
+                .checkpoint_age_seconds
+                .map_or("age unknown".into(), |a| format!("{a:.1} s ago"))
+        ),
+        (None, _) => println!("checkpoint  none mirrored in outbox_relay_state"),
+    }
+    match &relay.leader {
+        Some(leader) => println!("leader      {leader} (epoch {})", relay.leader_epoch),
+        None if relay.found => println!(
+            "leader      none (last epoch {}): no instance streams",
+            relay.leader_epoch
+        ),
+        None => println!(
+            "leader      none: no relay named `{}` has run here",
+            relay.name
+        ),
+    }
+    match (&r.binlog, &r.binlog_error) {
+        (Some(lag), _) => {
+            let mut behind = Vec::new();
+            if let Some(n) = lag.transactions_behind {
+                let domains: Vec<String> = lag
+                    .domains
+                    .iter()
+                    .map(|d| format!("domain {}: {}", d.domain, d.behind))
+                    .collect();
+                let detail = match domains.len() {
+                    0 => String::new(),
+                    _ => format!(" ({})", domains.join(", ")),
+                };
+                behind.push(format!("{} transactions{detail}", thousands(n)));
+            }
+            if let Some(bytes) = lag.bytes_behind {
+                behind.push(format!("{} bytes", thousands(bytes)));
+            }
+            let behind = match (relay.position.is_some(), behind.is_empty()) {
+                (false, _) => "no checkpoint to compare".to_string(),
+                (true, true) => "distance unknown (different binlog files)".to_string(),
+                (true, false) => format!("checkpoint behind by {}", behind.join(", ")),
+            };
+            println!("binlog      server at {}; {behind}", lag.server_position);
+        }
+        (None, Some(error)) => println!("binlog      position unavailable: {error}"),
+        (None, None) => {}
+    }
+    println!();
+    println!("{}", r.verdict_line());
+}
+
+fn print_table_details(t: &TableStatus) {
+    if let Some(o) = &t.oldest_pending {
+        println!(
+            "{}: oldest PENDING id {} event {} topic {} created {}",
+            t.table, o.id, o.event_id, o.topic, o.created_at
+        );
+    }
+    if !t.failed_reasons.is_empty() {
+        println!(
+            "{}: FAILED rows by reason (top {}):",
+            t.table,
+            t.failed_reasons.len()
+        );
+        for reason in &t.failed_reasons {
+            println!("  {:>9}  {}", thousands(reason.count), reason.reason);
+        }
+    }
+}
