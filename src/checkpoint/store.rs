@@ -71,8 +71,7 @@ impl SledStore {
                     return Ok(SledStore { db, path, history });
                 }
                 Err(sled::Error::Io(e))
-                    if e.kind() == std::io::ErrorKind::WouldBlock
-                        && std::time::Instant::now() < deadline =>
+                    if is_locked(&e) && std::time::Instant::now() < deadline =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
@@ -124,6 +123,13 @@ impl CheckpointStore for SledStore {
             tracing::warn!(error = %e, "cannot record the checkpoint history (replay by time may start earlier)");
         }
     }
+}
+
+/// True for sled's "another process (or a store not yet closed) holds this directory": sled
+/// 0.34 reports it as an `Other` error with this text, not as `WouldBlock`.
+fn is_locked(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::WouldBlock
+        || error.to_string().contains("could not acquire lock")
 }
 
 /// An in-memory store, for tests of pure pipeline logic.
@@ -220,6 +226,20 @@ impl MysqlMirror {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn opening_waits_for_a_store_closed_a_moment_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = SledStore::open(dir.path()).unwrap();
+        let path = dir.path().to_path_buf();
+        let second = std::thread::spawn(move || SledStore::open(&path).map(|_| ()));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(first);
+        second
+            .join()
+            .unwrap()
+            .expect("opened once the first store closed");
+    }
 
     #[test]
     fn sled_store_survives_reopening() {
