@@ -226,32 +226,6 @@ impl Cleanup {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_seven_days_1000_rows_100ms() {
-        let c = Cleanup::default();
-        assert_eq!(c.retention, Duration::from_secs(604_800));
-        assert_eq!(c.batch_size, 1000);
-        assert_eq!(c.pause, Duration::from_millis(100));
-        assert!(!c.dry_run);
-        assert!(c.validate().is_ok());
-    }
-
-    #[test]
-    fn a_zero_or_huge_batch_is_refused() {
-        for batch_size in [0, 100_001] {
-            let c = Cleanup {
-                batch_size,
-                ..Cleanup::default()
-            };
-            assert!(c.validate().is_err());
-        }
-    }
-}
-
 /// Runs a cleanup round every `config.every` until `cancel` (the `[cleanup]` section inside
 /// `run`). A failed round is logged and tried again at the next one.
 pub async fn run_periodically(
@@ -283,6 +257,32 @@ pub async fn run_periodically(
             ),
             Err(e) => tracing::warn!(error = %e,
                 "cleanup round failed (does the relay's user have DELETE on the outbox tables?); retrying at the next round"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_seven_days_1000_rows_100ms() {
+        let c = Cleanup::default();
+        assert_eq!(c.retention, Duration::from_secs(604_800));
+        assert_eq!(c.batch_size, 1000);
+        assert_eq!(c.pause, Duration::from_millis(100));
+        assert!(!c.dry_run);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_zero_or_huge_batch_is_refused() {
+        for batch_size in [0, 100_001] {
+            let c = Cleanup {
+                batch_size,
+                ..Cleanup::default()
+            };
+            assert!(c.validate().is_err());
         }
     }
 }
