@@ -6,15 +6,14 @@
 mod common;
 
 use common::relay::{
-    count_status, current_position, relay_config, seed_checkpoint, wait_for, write_config_file,
-    RunningRelay,
+    commit_events, count_status, current_position, relay_config, seed_checkpoint, wait_for,
+    write_config_file, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
-use mysql_async::TxOpts;
 use outbox_relay::devenv::TopicReader;
-use outbox_relay::producer::{NewEvent, Outbox};
+use outbox_relay::producer::NewEvent;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::Output;
@@ -221,16 +220,10 @@ async fn an_empty_outbox_is_healthy() {
 
 /// Commits one transaction of `count` events with keys `<prefix>-<i>`; their event_ids.
 async fn write(db: &TestDb, topic: &str, prefix: &str, count: usize) -> Vec<String> {
-    let mut tx = db.pool.start_transaction(TxOpts::default()).await.unwrap();
     let events = (0..count)
         .map(|i| NewEvent::new(topic, format!("{prefix}-{}", i % 3), json!({ "i": i })))
         .collect();
-    let ids = Outbox::default()
-        .enqueue_batch(&mut tx, events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    ids.into_iter().map(|id| id.to_string()).collect()
+    commit_events(&mut db.conn().await, events).await
 }
 
 /// Deliveries per event_id once `at_least` messages arrived and nothing more comes for 3 s.

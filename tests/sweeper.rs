@@ -6,8 +6,8 @@
 mod common;
 
 use common::relay::{
-    count_status, current_position, deliveries, seed_checkpoint, sweeping_config, wait_for,
-    write_events, RunningRelay,
+    commit_events, count_status, current_position, deliveries, seed_checkpoint, sweeping_config,
+    wait_for, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -23,16 +23,10 @@ async fn write_unlogged(db: &TestDb, topic: &str, count: usize) -> Vec<String> {
     conn.query_drop("SET SESSION sql_log_bin = 0")
         .await
         .unwrap();
-    let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
     let events = (0..count)
         .map(|i| NewEvent::new(topic, format!("hidden-{i}"), json!({ "hidden": i })))
         .collect();
-    let ids = Outbox::default()
-        .enqueue_batch(&mut tx, events)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    ids.into_iter().map(|id| id.to_string()).collect()
+    commit_events(&mut conn, events).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -179,6 +179,17 @@ pub async fn write_events(
     }
 }
 
+/// Commits `events` in one transaction on `conn`; their event_ids.
+pub async fn commit_events(conn: &mut mysql_async::Conn, events: Vec<NewEvent>) -> Vec<String> {
+    let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
+    let ids = Outbox::default()
+        .enqueue_batch(&mut tx, events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    ids.into_iter().map(|id| id.to_string()).collect()
+}
+
 /// Writes `config` as the TOML file of a relay process.
 pub fn write_config_file(config: &Config, dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join("relay.toml");
