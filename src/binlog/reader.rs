@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 mod checks;
 
-pub use checks::{check_server, oldest_position, ServerInfo, StartupError};
+pub use checks::{check_server, oldest_position, server_position, ServerInfo, StartupError};
 
 /// What the reader yields, in binlog order.
 #[derive(Debug)]

@@ -34,7 +34,7 @@
 //! partition) so SENT rows do not pile up.
 
 use super::Status;
-use crate::binlog::reader::check_server;
+use crate::binlog::reader::server_position;
 use crate::binlog::{BinlogPosition, MariaDbGtid};
 use crate::config::{Config, RelayMode, TableName};
 use mysql_async::prelude::*;
@@ -198,7 +198,7 @@ impl StatusReport {
         let report = Self::gather_on(&mut conn, config, options).await;
         conn.disconnect().await.ok();
         let mut report = report?;
-        match check_server(&opts, &crate::relay::qualified_tables(config)?).await {
+        match server_position(&opts).await {
             Ok(server) => {
                 report.binlog = Some(binlog_lag(
                     server.version,

@@ -91,52 +91,8 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         }
     }
 
-    // REPLICATION CLIENT (BINLOG MONITOR on MariaDB 10.5+): needed to ask for the position.
-    let status: Result<Option<Row>, _> = conn.query_first("SHOW MASTER STATUS").await;
-    let status = match status {
-        Ok(status) => status,
-        Err(mysql_async::Error::Server(e)) if e.code == 1227 || e.code == 1142 => {
-            return Err(StartupError::Privilege(format!(
-                "{}; grant REPLICATION CLIENT (BINLOG MONITOR on MariaDB) to the relay's user",
-                e.message
-            )))
-        }
-        Err(mysql_async::Error::Server(e)) if e.code == 1064 => {
-            // MySQL 8.4 renamed it.
-            conn.query_first("SHOW BINARY LOG STATUS").await?
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let (flavor, current) = read_position(&mut conn, is_mariadb).await?;
     check_replication_slave(&mut conn).await?;
-    let mut current = BinlogPosition::default();
-    if let Some(mut row) = status {
-        current.file = row.take::<Option<String>, _>(0).flatten();
-        current.pos = row.take::<Option<u64>, _>(1).flatten().unwrap_or(4);
-    }
-    let flavor = if is_mariadb {
-        let gtid: String = conn
-            .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
-            .await?
-            .unwrap_or_default();
-        current.mariadb_gtid = Some(gtid.parse().map_err(|e| misconfigured(format!("{e}")))?);
-        ServerFlavor::MariaDb
-    } else {
-        let mode = variable(&mut conn, "gtid_mode").await?.unwrap_or_default();
-        if mode.eq_ignore_ascii_case("ON") {
-            let executed: String = conn
-                .query_first("SELECT @@GLOBAL.gtid_executed")
-                .await?
-                .unwrap_or_default();
-            current.mysql_gtid_set = Some(
-                executed
-                    .parse()
-                    .map_err(|e| misconfigured(format!("{e}")))?,
-            );
-            ServerFlavor::MySqlGtid
-        } else {
-            ServerFlavor::MySqlFilePos
-        }
-    };
 
     // SELECT and UPDATE on every outbox table, and SELECT, INSERT and UPDATE on the relay's state
     // table (leader election, checkpoint mirror), without changing a row.
@@ -189,6 +145,79 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         flavor,
         current,
     })
+}
+
+/// The server's version, flavour and current end of binlog, with no other check (what `status`
+/// needs: REPLICATION CLIENT / BINLOG MONITOR only).
+pub async fn server_position(opts: &Opts) -> Result<ServerInfo, StartupError> {
+    let mut conn = Conn::new(opts.clone())
+        .await
+        .map_err(StartupError::Connect)?;
+    let version: String = conn
+        .query_first("SELECT VERSION()")
+        .await?
+        .unwrap_or_default();
+    let is_mariadb = version.to_ascii_lowercase().contains("mariadb");
+    let (flavor, current) = read_position(&mut conn, is_mariadb).await?;
+    conn.disconnect().await?;
+    Ok(ServerInfo {
+        version,
+        flavor,
+        current,
+    })
+}
+
+/// The flavour and the current end of binlog (file/offset and GTIDs).
+async fn read_position(
+    conn: &mut Conn,
+    is_mariadb: bool,
+) -> Result<(ServerFlavor, BinlogPosition), StartupError> {
+    // REPLICATION CLIENT (BINLOG MONITOR on MariaDB 10.5+): needed to ask for the position.
+    let status: Result<Option<Row>, _> = conn.query_first("SHOW MASTER STATUS").await;
+    let status = match status {
+        Ok(status) => status,
+        Err(mysql_async::Error::Server(e)) if e.code == 1227 || e.code == 1142 => {
+            return Err(StartupError::Privilege(format!(
+                "{}; grant REPLICATION CLIENT (BINLOG MONITOR on MariaDB) to the relay's user",
+                e.message
+            )))
+        }
+        Err(mysql_async::Error::Server(e)) if e.code == 1064 => {
+            // MySQL 8.4 renamed it.
+            conn.query_first("SHOW BINARY LOG STATUS").await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut current = BinlogPosition::default();
+    if let Some(mut row) = status {
+        current.file = row.take::<Option<String>, _>(0).flatten();
+        current.pos = row.take::<Option<u64>, _>(1).flatten().unwrap_or(4);
+    }
+    let flavor = if is_mariadb {
+        let gtid: String = conn
+            .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
+            .await?
+            .unwrap_or_default();
+        current.mariadb_gtid = Some(gtid.parse().map_err(|e| misconfigured(format!("{e}")))?);
+        ServerFlavor::MariaDb
+    } else {
+        let mode = variable(conn, "gtid_mode").await?.unwrap_or_default();
+        if mode.eq_ignore_ascii_case("ON") {
+            let executed: String = conn
+                .query_first("SELECT @@GLOBAL.gtid_executed")
+                .await?
+                .unwrap_or_default();
+            current.mysql_gtid_set = Some(
+                executed
+                    .parse()
+                    .map_err(|e| misconfigured(format!("{e}")))?,
+            );
+            ServerFlavor::MySqlGtid
+        } else {
+            ServerFlavor::MySqlFilePos
+        }
+    };
+    Ok((flavor, current))
 }
 
 /// REPLICATION SLAVE, without which the server refuses the binlog dump. Judged from the
