@@ -62,6 +62,9 @@ pub struct RelayMetrics {
     pub commit_to_sent: Histogram,
     /// Seconds between the newest binlog event read and now (0 when caught up).
     pub binlog_lag_seconds: Gauge<f64, AtomicU64>,
+    /// Transactions / bytes the mirrored checkpoint is behind the server's end of binlog.
+    pub binlog_behind_transactions: Gauge,
+    pub binlog_behind_bytes: Gauge,
     /// Seconds since the checkpoint last moved while events were in flight (0 when idle).
     pub checkpoint_age_seconds: Gauge<f64, AtomicU64>,
     /// Events waiting in each shard's input.
@@ -89,6 +92,8 @@ impl RelayMetrics {
             commit_to_sent: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             binlog_lag_seconds: Gauge::default(),
             checkpoint_age_seconds: Gauge::default(),
+            binlog_behind_transactions: Gauge::default(),
+            binlog_behind_bytes: Gauge::default(),
             shard_queue_depth: Family::default(),
             oldest_pending_seconds: Family::default(),
             pending: Family::default(),
@@ -145,6 +150,16 @@ impl RelayMetrics {
             "binlog_lag_seconds",
             "Age of the newest binlog event read (0 when the stream is caught up)",
             metrics.binlog_lag_seconds.clone(),
+        );
+        registry.register(
+            "binlog_behind_transactions",
+            "Transactions between the mirrored checkpoint and the server's end of binlog",
+            metrics.binlog_behind_transactions.clone(),
+        );
+        registry.register(
+            "binlog_behind_bytes",
+            "Bytes between the mirrored checkpoint and the server's end of binlog (same file only)",
+            metrics.binlog_behind_bytes.clone(),
         );
         registry.register(
             "checkpoint_age_seconds",

@@ -8,10 +8,20 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Refreshes the gauges every `every` until `cancel`; a failed refresh marks MySQL unreachable
-/// in `/readyz`.
-pub async fn watch(pool: Pool, tables: Vec<TableName>, every: Duration, cancel: CancellationToken) {
+/// in `/readyz`. With `deployment` (CDC mode: the connection options and `relay.name`), also how
+/// far the mirrored checkpoint is behind the server.
+pub async fn watch(
+    pool: Pool,
+    tables: Vec<TableName>,
+    deployment: Option<(mysql_async::Opts, String)>,
+    every: Duration,
+    cancel: CancellationToken,
+) {
     loop {
-        let refreshed = refresh(&pool, &tables).await;
+        let mut refreshed = refresh(&pool, &tables).await;
+        if let (Ok(()), Some((opts, name))) = (&refreshed, &deployment) {
+            refreshed = refresh_binlog(&pool, opts, name).await;
+        }
         if let Err(e) = &refreshed {
             tracing::warn!(error = %e, "cannot read the outbox table metrics");
         }
@@ -21,6 +31,32 @@ pub async fn watch(pool: Pool, tables: Vec<TableName>, every: Duration, cancel: 
             _ = tokio::time::sleep(every) => {}
         }
     }
+}
+
+/// How far the mirrored checkpoint of deployment `name` is behind the server's end of binlog.
+async fn refresh_binlog(
+    pool: &Pool,
+    opts: &mysql_async::Opts,
+    name: &str,
+) -> Result<(), mysql_async::Error> {
+    let mirror = crate::checkpoint::MysqlMirror::new(name);
+    let checkpoint = {
+        let mut conn = pool.get_conn().await?;
+        mirror.load(&mut conn).await.ok().flatten()
+    };
+    let Ok(server) = crate::binlog::reader::server_position(opts).await else {
+        return Ok(()); // no BINLOG MONITOR: the checks at start-up say so
+    };
+    let lag =
+        crate::operate::status::binlog_lag(server.version, &server.current, checkpoint.as_ref());
+    let metrics = super::relay();
+    metrics
+        .binlog_behind_transactions
+        .set(lag.transactions_behind.unwrap_or(0) as i64);
+    metrics
+        .binlog_behind_bytes
+        .set(lag.bytes_behind.unwrap_or(0) as i64);
+    Ok(())
 }
 
 /// One refresh: per table, counts of PENDING, SENDING and FAILED rows (served by the

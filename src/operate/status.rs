@@ -459,7 +459,7 @@ fn judge(
 }
 
 /// The checkpoint's distance from the server's `current` position.
-fn binlog_lag(
+pub(crate) fn binlog_lag(
     server_version: String,
     current: &BinlogPosition,
     checkpoint: Option<&BinlogPosition>,

@@ -341,9 +341,14 @@ impl RelayHandle {
         };
         let sink = Arc::new(crate::send::RocketMqSink::start(&config.rocketmq).await?);
         let (config, token) = (config.clone(), cancel.clone());
+        let deployment = match config.relay.mode {
+            RelayMode::Cdc => Some((crate::db::opts(&config)?, config.relay.name.clone())),
+            RelayMode::Poll => None,
+        };
         let tables_watch = tokio::spawn(crate::metrics::tables::watch(
             crate::sweep::read_committed_pool(&config)?,
             qualified_tables(&config)?,
+            deployment,
             config.metrics.refresh,
             cancel.child_token(),
         ));
