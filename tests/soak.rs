@@ -11,7 +11,7 @@
 //!
 //! ```sh
 //! SOAK_EVENTS=200000 SOAK_RATE=1000 SOAK_FAULT_EVERY=5s \
-//!   cargo test --release --test soak -- --ignored --nocapture
+//!   cargo test --features failpoints --test soak -- --ignored --nocapture
 //! ```
 
 mod common;

@@ -37,17 +37,31 @@ pub struct Audit {
     pub report: String,
 }
 
-/// Checks the run; `bounds` = (sweeper bound for PENDING age, recovery bound).
+/// What the run measured besides the table and the deliveries.
+pub struct RunFacts {
+    pub faults: Vec<FaultRecord>,
+    pub calm: CalmSamples,
+    /// The sweeper bound a PENDING row must stay under while no fault is active.
+    pub pending_bound: Duration,
+    pub relay_restarts: u32,
+    pub elapsed: Duration,
+}
+
+/// Checks the run against what the writers did and the consumer saw.
 pub async fn audit(
     servers: &Servers,
     log: &WriteLog,
     deliveries: &[Delivery],
-    faults: &[FaultRecord],
-    calm: &CalmSamples,
-    pending_bound: Duration,
-    relay_restarts: u32,
-    elapsed: Duration,
+    facts: &RunFacts,
 ) -> Audit {
+    let RunFacts {
+        faults,
+        calm,
+        pending_bound,
+        relay_restarts,
+        elapsed,
+    } = facts;
+    let pending_bound = *pending_bound;
     let mut failures = Vec::new();
     let mut fail = |f: String| failures.push(f);
     // The table: (id, event_id, biz_key, topic, status, msg_id).

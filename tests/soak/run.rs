@@ -1,7 +1,7 @@
 //! One soak run: servers, relays under a supervisor, the consumer, the writers, the fault
 //! schedule with recovery measured after each fault, the drain, then the audit.
 
-use super::audit::{audit, Audit, CalmSamples, FaultRecord};
+use super::audit::{audit, Audit, CalmSamples, FaultRecord, RunFacts};
 use super::consumer::SoakConsumer;
 use super::faults::{inject, leader, schedule};
 use super::relays::{soak_config, Relays};
@@ -165,17 +165,14 @@ pub async fn run(spec: SoakSpec) -> Audit {
     let unclean = relays.lock().unwrap().stop_all();
     let deliveries = consumer.deliveries();
     consumer.shutdown().await;
-    let mut result = audit(
-        &servers,
-        &log,
-        &deliveries,
-        &records,
-        &calm,
+    let facts = RunFacts {
+        faults: records,
+        calm,
         pending_bound,
-        relays.lock().unwrap().restarts(),
-        started.elapsed(),
-    )
-    .await;
+        relay_restarts: relays.lock().unwrap().restarts(),
+        elapsed: started.elapsed(),
+    };
+    let mut result = audit(&servers, &log, &deliveries, &facts).await;
     if !unclean.is_empty() {
         result.failures.push(format!(
             "relays {unclean:?} did not stop cleanly on SIGTERM"
