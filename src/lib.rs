@@ -18,6 +18,7 @@ pub mod consumer;
 pub mod db;
 pub mod devenv;
 pub mod event;
+pub mod failpoint;
 pub mod leader;
 pub mod mark;
 pub mod metrics;

@@ -56,6 +56,8 @@ pub async fn run(
             tokio::task::spawn_blocking(move || s.save(&p).map(|()| s.record_history(&p)))
                 .await??;
             saved = position;
+            // Saved locally (fsync'd), not yet mirrored into MySQL.
+            crate::failpoint::hit("after_checkpoint_save");
         }
         if saved != mirrored && (stopping || last_mirror.elapsed() >= settings.mirror_every) {
             match mirror_once(&mirror, &pool, &saved).await {

@@ -282,6 +282,8 @@ async fn send_batch<S: Sink>(
     loop {
         let error = match sink.send(&topic, queue, &messages).await {
             Ok(ids) => {
+                // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
+                crate::failpoint::hit("after_send_ok");
                 crate::metrics::health().set_broker(true);
                 for (event, msg_id) in batch.into_iter().zip(ids) {
                     report(done, event, Outcome::Sent { msg_id }).await?;

@@ -1,0 +1,139 @@
+//! Crashes at the two points no process-level fault can aim at, through the relay's fault hooks
+//! (`src/failpoint.rs`, feature `failpoints`): right after SEND_OK and before the SENT mark, and
+//! after the local (sled) checkpoint save and before its MySQL mirror. Two instances run; the
+//! hooked leader crashes mid-stream (exit status 86), the standby takes over from the mirror,
+//! the crashed one comes back as a standby. Every event arrives: a crash costs duplicates, never
+//! an event.
+
+mod common;
+
+use common::relay::{
+    count_status, current_position, deliveries, duplicates, relay_config, seed_checkpoint,
+    wait_for, write_config_file, write_events,
+};
+use common::rocketmq::{new_topic, rocketmq};
+use common::TestDb;
+use mysql_async::prelude::*;
+use outbox_relay::failpoint::EXIT_CODE;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A relay process, killed if the test ends first.
+struct Relay(Child);
+
+impl Relay {
+    fn spawn(config_file: &Path, failpoints: Option<&str>) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        command
+            .args(["-c", config_file.to_str().unwrap(), "--metrics-listen", ""])
+            .arg("run")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null());
+        if let Some(spec) = failpoints {
+            command.env("FAILPOINTS", spec);
+        }
+        Relay(command.spawn().expect("start outbox-relay run"))
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child; SIGTERM drains, as a supervisor's stop would.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+async fn leader(db: &TestDb, name: &str) -> Option<String> {
+    db.conn()
+        .await
+        .exec_first(
+            "SELECT leader FROM outbox_relay_state WHERE name = ?",
+            (name,),
+        )
+        .await
+        .unwrap()
+        .flatten()
+}
+
+/// Runs 4 × 1,000 events through instances `a` (with `failpoints`) and `b`; `a` must crash
+/// through the hook, and everything must arrive. Returns the duplicates.
+async fn crash_at(prefix: &str, failpoints: &str) -> usize {
+    let db = TestDb::migrated(prefix).await;
+    let topic = new_topic(prefix);
+    let (mut config, _base) = relay_config(&db);
+    config.sweeper.interval = Duration::from_millis(500);
+    config.sweeper.min_age = Duration::from_secs(5);
+    config.sweeper.lease = Duration::from_secs(5);
+    let start = current_position(&db).await;
+    let mut dirs = Vec::new();
+    let mut files: Vec<PathBuf> = Vec::new();
+    for instance in ["a", "b"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut own = config.clone();
+        own.relay.instance_id = Some(instance.into());
+        own.relay.checkpoint_dir = dir.path().join("checkpoint");
+        own.mysql.server_id += u32::from(instance == "b");
+        own.rocketmq.producer_group = format!("{}_{instance}", config.rocketmq.producer_group);
+        seed_checkpoint(&own, &start);
+        files.push(write_config_file(&own, dir.path()));
+        dirs.push(dir);
+    }
+    let name = config.relay.name.clone();
+    let mut a = Relay::spawn(&files[0], Some(failpoints));
+    wait_for("a leads", Duration::from_secs(30), || async {
+        leader(&db, &name).await.as_deref() == Some("a")
+    })
+    .await;
+    let _b = Relay::spawn(&files[1], None);
+
+    const TOTAL: usize = 4_000;
+    let writer = {
+        let (db, topic) = (db.clone_handle(), topic.clone());
+        tokio::spawn(async move { write_events(&db, &topic, 4, TOTAL / 4, 200).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = a.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the hook {failpoints} never fired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(EXIT_CODE), "a crashed through the hook");
+    let sent_at_crash = count_status(&db, 2).await;
+    // A supervisor restarts the crashed instance (without the hook): a standby now.
+    let _a = Relay::spawn(&files[0], None);
+    writer.await.unwrap();
+    wait_for("every row SENT", Duration::from_secs(120), || async {
+        count_status(&db, 2).await == TOTAL as u64
+    })
+    .await;
+    assert_eq!(count_status(&db, 1).await, 0, "nothing left SENDING");
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, TOTAL).await;
+    assert_eq!(per_event.len(), TOTAL, "every event arrived");
+    let dups = duplicates(&per_event);
+    println!(
+        "{failpoints}: crashed after {sent_at_crash} of {TOTAL} SENT; 0 lost, {dups} duplicates"
+    );
+    dups
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_send_ok_before_the_sent_mark_loses_nothing() {
+    let dups = crash_at("hook_send_ok", "after_send_ok=exit@30").await;
+    // The batch the broker stored just before the crash was never marked: it is sent again.
+    assert!(
+        dups >= 1,
+        "the unmarked batch is resent (a duplicate), not dropped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_sled_save_before_the_mirror_loses_nothing() {
+    crash_at("hook_checkpoint", "after_checkpoint_save=exit@5").await;
+}

@@ -1,0 +1,308 @@
+//! The end-of-run audit: what the writers committed against what the table, the consumer and
+//! the dedup table say, and the report.
+
+use super::consumer::{Delivery, GROUP};
+use super::faults::FaultKind;
+use super::servers::{Servers, TOPIC};
+use super::workload::WriteLog;
+use outbox_relay::consumer::Disposition;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// One injected fault and how long the pipeline took to catch up after it.
+#[derive(Debug, Clone)]
+pub struct FaultRecord {
+    pub kind: FaultKind,
+    pub at: Duration,
+    pub detail: String,
+    pub purge_gap: Option<std::ops::RangeInclusive<u64>>,
+    /// From the fault's end until the oldest unsent row was younger than the threshold again
+    /// (and stayed so); `None` if that never happened within the bound.
+    pub recovery: Option<Duration>,
+    /// The oldest unsent row's age at its worst during the fault and its recovery.
+    pub peak_age: Duration,
+}
+
+/// Invariants sampled while no fault was active or recovering.
+#[derive(Debug, Default, Clone)]
+pub struct CalmSamples {
+    pub samples: u64,
+    pub max_pending_age: Duration,
+    pub max_stale_sending: u64,
+}
+
+pub struct Audit {
+    pub failures: Vec<String>,
+    pub report: String,
+}
+
+/// What the run measured besides the table and the deliveries.
+pub struct RunFacts {
+    pub faults: Vec<FaultRecord>,
+    pub calm: CalmSamples,
+    /// The sweeper bound a PENDING row must stay under while no fault is active.
+    pub pending_bound: Duration,
+    pub relay_restarts: u32,
+    pub elapsed: Duration,
+}
+
+/// Checks the run against what the writers did and the consumer saw.
+pub async fn audit(
+    servers: &Servers,
+    log: &WriteLog,
+    deliveries: &[Delivery],
+    facts: &RunFacts,
+) -> Audit {
+    let RunFacts {
+        faults,
+        calm,
+        pending_bound,
+        relay_restarts,
+        elapsed,
+    } = facts;
+    let pending_bound = *pending_bound;
+    let mut failures = Vec::new();
+    let mut fail = |f: String| failures.push(f);
+    // The table: (id, event_id, biz_key, topic, status, msg_id).
+    let rows: Vec<(u64, String, String, String, u8, Option<String>)> = servers
+        .query("SELECT id, event_id, biz_key, topic, status, msg_id FROM outbox_event ORDER BY id")
+        .await;
+    let in_table: HashMap<&str, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.1.as_str(), i))
+        .collect();
+    let logged: HashSet<&str> = [&log.committed, &log.rolled_back, &log.unknown, &log.poison]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    let unknown_committed = log
+        .unknown
+        .iter()
+        .filter(|id| in_table.contains_key(id.as_str()))
+        .count();
+    let not_committed: HashSet<&str> = log
+        .rolled_back
+        .iter()
+        .chain(&log.unknown)
+        .map(String::as_str)
+        .filter(|id| !in_table.contains_key(id))
+        .collect();
+    for id in &log.rolled_back {
+        if in_table.contains_key(id.as_str()) {
+            fail(format!("rolled-back event {id} is in the table"));
+        }
+    }
+    for id in log.committed.iter().chain(&log.poison) {
+        if !in_table.contains_key(id.as_str()) {
+            fail(format!("committed event {id} is missing from the table"));
+        }
+    }
+    let mut status_counts = BTreeMap::new();
+    let (mut events, mut poison) = (HashSet::new(), 0usize);
+    for (_, event_id, _, topic, status, msg_id) in &rows {
+        *status_counts.entry(*status).or_insert(0u64) += 1;
+        if !logged.contains(event_id.as_str()) {
+            fail(format!("row {event_id} was written by nobody"));
+        }
+        if topic == TOPIC {
+            events.insert(event_id.as_str());
+        }
+        if topic != TOPIC {
+            poison += 1;
+            if *status != 3 {
+                fail(format!(
+                    "poison event {event_id} is status {status}, not FAILED"
+                ));
+            }
+        } else if *status != 2 || msg_id.as_deref().is_none_or(str::is_empty) {
+            fail(format!(
+                "event {event_id} is status {status} (msg_id {msg_id:?}), not SENT"
+            ));
+        }
+    }
+
+    // The consumer.
+    let mut processed: HashSet<&str> = HashSet::new();
+    let mut copies: HashSet<(&str, &str)> = HashSet::new();
+    let (mut dedup_hits, mut retries, mut rejected, mut leaked) = (0u64, 0u64, 0u64, 0u64);
+    let mut order: HashMap<&str, Vec<u64>> = HashMap::new();
+    for d in deliveries {
+        if not_committed.contains(d.event_id.as_str()) {
+            leaked += 1;
+            fail(format!(
+                "event {} of a rolled-back transaction was published",
+                d.event_id
+            ));
+        }
+        match &d.disposition {
+            Disposition::Processed => {
+                if !processed.insert(d.event_id.as_str()) {
+                    fail(format!("the handler committed event {} twice", d.event_id));
+                }
+                if let Some(&i) = in_table.get(d.event_id.as_str()) {
+                    order.entry(d.biz_key.as_str()).or_default().push(rows[i].0);
+                }
+            }
+            Disposition::Duplicate { .. } => dedup_hits += 1,
+            Disposition::Retry { .. } => retries += 1,
+            Disposition::Rejected { reason } => {
+                rejected += 1;
+                fail(format!("event {} rejected: {reason}", d.event_id));
+            }
+        }
+        if d.disposition.is_ack() {
+            copies.insert((d.event_id.as_str(), d.msg_id.as_str()));
+        }
+    }
+    let lost: Vec<&&str> = events.iter().filter(|e| !processed.contains(**e)).collect();
+    if !lost.is_empty() {
+        fail(format!(
+            "{} events never reached the consumer, e.g. {:?}",
+            lost.len(),
+            &lost[..lost.len().min(5)]
+        ));
+    }
+    // Per key, an event delivered before an earlier-committed one overtook it. If the overtaken
+    // event was in a purged-binlog gap, the stream could not see it and the sweeper sent it after
+    // min_age: a known limit (README, "Chaos soak"), counted apart; any other is a failure.
+    let gaps: Vec<_> = faults.iter().filter_map(|f| f.purge_gap.clone()).collect();
+    let (mut order_violations, mut gap_reorders) = (0usize, 0usize);
+    for (key, ids) in &order {
+        for (i, &id) in ids.iter().enumerate() {
+            let overtaken = ids[..i].iter().any(|&earlier| earlier > id);
+            if !overtaken {
+                continue;
+            }
+            if gaps.iter().any(|g| g.contains(&id)) {
+                gap_reorders += 1;
+            } else {
+                order_violations += 1;
+                fail(format!(
+                    "key {key}: event id {id} delivered after a later one: {ids:?}"
+                ));
+            }
+        }
+    }
+    let effects: Vec<(u64, u64)> = servers
+        .query("SELECT COUNT(*), COUNT(DISTINCT event_id) FROM soak_effect")
+        .await;
+    let (effect_rows, effect_events) = effects[0];
+    if effect_rows != effect_events || effect_events != events.len() as u64 {
+        fail(format!(
+            "business effects: {effect_rows} rows for {effect_events} events; expected one per each of {} events",
+            events.len()
+        ));
+    }
+    let marks: Vec<u64> = servers
+        .query(&format!(
+            "SELECT COUNT(*) FROM event_dedup WHERE consumer_group = '{GROUP}' AND status = 'PROCESSED'"
+        ))
+        .await;
+    if marks[0] != events.len() as u64 {
+        fail(format!(
+            "{} dedup marks for {} events",
+            marks[0],
+            events.len()
+        ));
+    }
+    if calm.max_pending_age > pending_bound {
+        fail(format!(
+            "a PENDING row was {:?} old while no fault was active (bound {pending_bound:?})",
+            calm.max_pending_age
+        ));
+    }
+    if calm.max_stale_sending > 0 {
+        fail(format!(
+            "{} rows stayed SENDING past their lease",
+            calm.max_stale_sending
+        ));
+    }
+    for f in faults.iter().filter(|f| f.recovery.is_none()) {
+        fail(format!("no recovery after {} at {:?}", f.kind.name(), f.at));
+    }
+
+    let relay_resends = copies.len().saturating_sub(processed.len());
+    let redeliveries = (dedup_hits as usize).saturating_sub(relay_resends);
+    let mut report = String::new();
+    let w = &mut report;
+    let pct = |n: usize| 100.0 * n as f64 / events.len().max(1) as f64;
+    let _ = writeln!(
+        w,
+        "chaos soak: {} events in {} transactions over {:.0?}",
+        events.len(),
+        log.transactions,
+        elapsed
+    );
+    let _ = writeln!(
+        w,
+        "  written: {} committed, {} rolled back on purpose, {} with a failed COMMIT ({} of them committed), {} poison (FAILED by design)",
+        log.committed.len(), log.rolled_back.len(), log.unknown.len(), unknown_committed, poison
+    );
+    let _ = writeln!(
+        w,
+        "  table by status (0 PENDING, 1 SENDING, 2 SENT, 3 FAILED): {status_counts:?}"
+    );
+    let _ = writeln!(
+        w,
+        "  lost: {}   rolled-back published: {leaked}   order violations: {order_violations} (over {} keys); events overtaken after a purged-binlog gap: {gap_reorders}",
+        lost.len(), order.len()
+    );
+    let _ = writeln!(
+        w,
+        "  duplicates: {dedup_hits} ({:.2}%) all absorbed by event_dedup: {relay_resends} relay resends, {redeliveries} broker redeliveries; handler commits per event: 1; consumer retries: {retries}; rejected: {rejected}",
+        pct(dedup_hits as usize)
+    );
+    let _ = writeln!(
+        w,
+        "  calm-period invariants ({} samples): oldest PENDING ≤ {:?} (bound {:?}), rows SENDING past lease: {}",
+        calm.samples, calm.max_pending_age, pending_bound, calm.max_stale_sending
+    );
+    let _ = writeln!(
+        w,
+        "  faults: {} ({} relay process restarts)",
+        faults.len(),
+        relay_restarts
+    );
+    for f in faults {
+        let recovery = f.recovery.map_or("never".into(), |r| format!("{r:.1?}"));
+        let _ = writeln!(
+            w,
+            "    {:>8.1?} {:<26} recovered in {recovery:<8} {}",
+            f.at,
+            f.kind.name(),
+            f.detail
+        );
+    }
+    let _ = writeln!(
+        w,
+        "    {:<26} {:>5} {:>14} {:>14} {:>12}",
+        "kind", "count", "recovery p50", "recovery max", "peak age"
+    );
+    let mut by_kind: BTreeMap<FaultKind, Vec<&FaultRecord>> = BTreeMap::new();
+    for f in faults {
+        by_kind.entry(f.kind).or_default().push(f);
+    }
+    for (kind, records) in &by_kind {
+        let mut times: Vec<Duration> = records.iter().filter_map(|r| r.recovery).collect();
+        times.sort();
+        let p50 = times
+            .get(times.len().saturating_sub(1) / 2)
+            .copied()
+            .unwrap_or_default();
+        let max = times.last().copied().unwrap_or_default();
+        let peak = records.iter().map(|r| r.peak_age).max().unwrap_or_default();
+        let _ = writeln!(
+            w,
+            "    {:<26} {:>5} {:>14.1?} {:>14.1?} {:>12.1?}",
+            kind.name(),
+            records.len(),
+            p50,
+            max,
+            peak
+        );
+    }
+    Audit { failures, report }
+}

@@ -1,0 +1,183 @@
+//! The soak's own servers: a MariaDB it may restart and a RocketMQ whose broker it may stop,
+//! freeze or restart (the shared per-binary fixtures of `tests/common` must never be stopped).
+//! Also the soak database (outbox schema, the business table, a dedicated `relay` account so the
+//! harness can tell the relay's connections apart) and resilient helper queries.
+
+use mysql_async::prelude::*;
+use mysql_async::{Opts, Pool};
+use outbox_relay::devenv::{scratch_dir, MariaDb, MariaDbOptions, RocketMq, RocketMqOptions};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The business table the writers update in the same transaction as their events.
+const ACCOUNT_DDL: &str = "CREATE TABLE soak_account (
+    biz_key VARCHAR(64) NOT NULL PRIMARY KEY,
+    balance BIGINT      NOT NULL,
+    version BIGINT      NOT NULL
+  ) ENGINE = InnoDB";
+
+/// The consumer's business effect: one row per handler commit, no unique key on purpose, so a
+/// handler that ran twice for one event would show as two rows.
+const EFFECT_DDL: &str = "CREATE TABLE soak_effect (
+    id       BIGINT      NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    event_id VARCHAR(64) NOT NULL,
+    biz_key  VARCHAR(64) NOT NULL,
+    KEY idx_event (event_id)
+  ) ENGINE = InnoDB";
+
+pub const RELAY_USER: &str = "soak_relay";
+const RELAY_PASSWORD: &str = "soak-relay-pw";
+/// The topic the workload publishes to, and its queue count.
+pub const TOPIC: &str = "soak_events";
+pub const QUEUES: u32 = 8;
+
+pub struct Servers {
+    pub mariadb: Mutex<MariaDb>,
+    pub rocketmq: Mutex<RocketMq>,
+    pub database: String,
+    port: u16,
+    namesrv: String,
+    /// Root pool on the soak database (writers, consumer, harness).
+    pub pool: Pool,
+}
+
+impl Servers {
+    /// Starts MariaDB and RocketMQ (blocking: call from `spawn_blocking` or before the runtime
+    /// gets busy), creates the database, the relay account and the topic.
+    pub async fn start() -> Self {
+        let mariadb = tokio::task::spawn_blocking(|| {
+            let dir = scratch_dir("soak-mariadb").expect("scratch dir");
+            // Small binlog files: FLUSH/PURGE faults have several files to work with.
+            let mut options = MariaDbOptions::new(dir);
+            options.extra_args.push("--max-binlog-size=4194304".into());
+            MariaDb::start(options).expect("MariaDB must start (run scripts/setup.sh)")
+        });
+        let rocketmq = tokio::task::spawn_blocking(|| {
+            let dir = scratch_dir("soak-rocketmq").expect("scratch dir");
+            let options = RocketMqOptions {
+                auto_create_topics: false,
+            };
+            let mq = RocketMq::start_with(&dir, options).expect(
+                "RocketMQ must start (run scripts/setup.sh; 'disk capacity requires reclaim' \
+                 means the disk is too full: TMPDIR=/dev/shm/soak works around it)",
+            );
+            mq.create_topic(TOPIC, QUEUES).expect("create topic");
+            mq
+        });
+        let mariadb = mariadb.await.unwrap();
+        let rocketmq = rocketmq.await.unwrap();
+        let database = "soak".to_string();
+        mariadb
+            .run_sql_as_root(&format!(
+                "CREATE DATABASE {database}; \
+                 CREATE USER '{RELAY_USER}'@'127.0.0.1' IDENTIFIED BY '{RELAY_PASSWORD}'; \
+                 GRANT ALL PRIVILEGES ON *.* TO '{RELAY_USER}'@'127.0.0.1';"
+            ))
+            .expect("database and relay account");
+        let url = mariadb.url(&database);
+        let opts = Opts::from_url(&format!("{url}?pool_min=1&pool_max=40")).unwrap();
+        let pool = Pool::new(opts);
+        let mut conn = pool.get_conn().await.unwrap();
+        let tables = outbox_relay::config::Config::default().outbox_tables();
+        outbox_relay::schema::migrate(&mut conn, &tables)
+            .await
+            .expect("migrate");
+        conn.query_drop(ACCOUNT_DDL).await.unwrap();
+        conn.query_drop(EFFECT_DDL).await.unwrap();
+        let (port, namesrv) = (mariadb.port(), rocketmq.namesrv_addr());
+        Servers {
+            mariadb: Mutex::new(mariadb),
+            rocketmq: Mutex::new(rocketmq),
+            database,
+            port,
+            namesrv,
+            pool,
+        }
+    }
+
+    /// The relay account's URL (what the relay processes are configured with).
+    pub fn relay_url(&self) -> String {
+        format!(
+            "mysql://{RELAY_USER}:{RELAY_PASSWORD}@127.0.0.1:{}/{}",
+            self.port, self.database
+        )
+    }
+
+    pub fn namesrv_addr(&self) -> String {
+        self.namesrv.clone()
+    }
+
+    /// Runs `f` on the broker handle on a blocking thread (starting a broker blocks for seconds).
+    pub async fn with_rocketmq<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut RocketMq) -> T + Send + 'static,
+    ) -> T {
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || f(&mut this.rocketmq.lock().unwrap()))
+            .await
+            .unwrap()
+    }
+
+    /// Runs `f` on the MariaDB handle on a blocking thread.
+    pub async fn with_mariadb<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut MariaDb) -> T + Send + 'static,
+    ) -> T {
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || f(&mut this.mariadb.lock().unwrap()))
+            .await
+            .unwrap()
+    }
+
+    /// `query` as root, retried every 200 ms while the server is unreachable (a restart fault).
+    pub async fn query<T: FromRow + Send + 'static>(&self, query: &str) -> Vec<T> {
+        loop {
+            match self.try_query(query).await {
+                Ok(rows) => return rows,
+                Err(e) => {
+                    tracing::debug!(error = %e, query, "harness query failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    pub async fn try_query<T: FromRow + Send + 'static>(
+        &self,
+        query: &str,
+    ) -> mysql_async::Result<Vec<T>> {
+        let mut conn = self.pool.get_conn().await?;
+        conn.query(query).await
+    }
+
+    /// Age of the oldest row not yet SENT or FAILED (PENDING or SENDING), workload keys only;
+    /// `None` when there is none or the server cannot be reached.
+    pub async fn oldest_unsent_age(&self) -> Result<Option<Duration>, ()> {
+        let rows: Vec<Option<i64>> = self
+            .try_query(
+                "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) FROM outbox_event \
+                 WHERE status IN (0, 1) AND biz_key NOT LIKE 'poison-%'",
+            )
+            .await
+            .map_err(|_| ())?;
+        Ok(rows
+            .into_iter()
+            .next()
+            .flatten()
+            .map(|us| Duration::from_micros(us.max(0) as u64)))
+    }
+
+    /// Rows SENDING whose lease ran out more than `slack` ago (lease recovery should have put
+    /// them back to PENDING).
+    pub async fn stale_sending(&self, slack: Duration) -> Result<u64, ()> {
+        let rows: Vec<u64> = self
+            .try_query(&format!(
+                "SELECT COUNT(*) FROM outbox_event WHERE status = 1 \
+                 AND lease_until < NOW(3) - INTERVAL {} MICROSECOND",
+                slack.as_micros()
+            ))
+            .await
+            .map_err(|_| ())?;
+        Ok(rows.into_iter().next().unwrap_or(0))
+    }
+}
