@@ -15,7 +15,7 @@ use crate::checkpoint::{CheckpointStore, MysqlMirror};
 use crate::config::Config;
 use crate::leader::{Election, Leadership};
 use crate::send::Sink;
-use crate::sweep::{run_sweeper_alone, SweepSettings};
+use crate::sweep::{run_sweeper_alone, SweepGate, SweepSettings};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -76,10 +76,14 @@ async fn stand_by<S: Sink>(
     let sweep = async {
         if config.sweeper.enabled {
             let settings = SweepSettings::beside_stream(config);
+            let gate = SweepGate::BehindMirror {
+                relay_name: config.relay.name.clone(),
+            };
             run_sweeper_alone(
                 config,
                 Arc::clone(sink),
                 settings,
+                gate,
                 options.clone(),
                 sweeping.clone(),
             )

@@ -214,6 +214,7 @@ pub async fn run_cdc<S: Sink>(
             Router::new(config.relay.shards),
             shard_inputs.clone(),
             done_tx.clone(),
+            crate::sweep::SweepGate::beside_stream(Arc::clone(&watermark)),
         )
     });
     let checkpoint_stop = CancellationToken::new();

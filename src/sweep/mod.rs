@@ -31,11 +31,13 @@
 //!   affected it.
 
 pub mod claim;
+pub mod gate;
 pub mod lease;
 mod poll;
 mod sweeper;
 
 pub use claim::{ClaimStrategy, Claimed, Claimer};
+pub use gate::SweepGate;
 pub use poll::{run_poll, run_sweeper_alone};
 pub use sweeper::{read_committed_pool, RunningSweeper, SweepSettings, Sweeper};
 

@@ -2,6 +2,7 @@
 //! the same ordered shard senders as the CDC relay → the marker (owner rule); leases renewed and
 //! expired ones recovered beside it.
 
+use super::gate::SweepGate;
 use super::sweeper::{read_committed_pool, SweepSettings, Sweeper};
 use crate::binlog::decode::RowLimits;
 use crate::binlog::BinlogPosition;
@@ -29,7 +30,8 @@ pub async fn run_poll<S: Sink>(
 ) -> anyhow::Result<RunSummary> {
     tracing::info!(interval = ?config.poll.interval, "poll mode");
     crate::metrics::health().set_role(crate::metrics::Role::Polling);
-    run_sweeper_alone(config, sink, SweepSettings::poll(config), options, cancel).await
+    let settings = SweepSettings::poll(config);
+    run_sweeper_alone(config, sink, settings, SweepGate::Always, options, cancel).await
 }
 
 /// Runs a sweeper with `settings` and its own shards and marker, until `cancel` fires: poll mode,
@@ -38,6 +40,7 @@ pub async fn run_sweeper_alone<S: Sink>(
     config: &Config,
     sink: Arc<S>,
     settings: SweepSettings,
+    gate: SweepGate,
     options: RunOptions,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
@@ -76,7 +79,7 @@ pub async fn run_sweeper_alone<S: Sink>(
             owner,
         },
     ));
-    let mut running = sweeper.spawn(router, shard_inputs, done_tx);
+    let mut running = sweeper.spawn(router, shard_inputs, done_tx, gate);
     cancel.cancelled().await;
 
     // Stopped claiming: let the shards finish what they hold, within the drain timeout.

@@ -3,6 +3,7 @@
 //! older than `sweeper.min_age`, every `sweeper.interval`) on the leader and on standbys.
 
 use super::claim::{ClaimStrategy, Claimed, Claimer};
+use super::gate::SweepGate;
 use super::lease;
 use crate::binlog::decode::RowLimits;
 use crate::config::{Config, TableName};
@@ -114,6 +115,7 @@ impl Sweeper {
         router: Router,
         shards: Vec<mpsc::Sender<ShardEvent>>,
         problems: mpsc::Sender<Completion>,
+        mut gate: SweepGate,
     ) -> RunningSweeper {
         let claim_stop = CancellationToken::new();
         let leases_stop = CancellationToken::new();
@@ -130,10 +132,12 @@ impl Sweeper {
             let (pool, claimers, stop) = (self.pool.clone(), self.claimers, claim_stop.clone());
             let interval = self.settings.interval;
             tokio::spawn(async move {
-                claim_loop(
-                    &pool, &claimers, &router, &shards, &problems, interval, &stop,
-                )
-                .await
+                let targets = Targets {
+                    router: &router,
+                    shards: &shards,
+                    problems: &problems,
+                };
+                claim_loop(&pool, &claimers, targets, &mut gate, interval, &stop).await
             })
         };
         RunningSweeper {
@@ -206,22 +210,41 @@ async fn detect_strategy(pool: &Pool, tables: &[TableName]) -> anyhow::Result<Cl
     Ok(strategy)
 }
 
-/// Claims and dispatches until `stop` fires.
+/// Where claimed rows go.
+struct Targets<'a> {
+    router: &'a Router,
+    shards: &'a [mpsc::Sender<ShardEvent>],
+    problems: &'a mpsc::Sender<Completion>,
+}
+
+/// Claims and dispatches until `stop` fires; `gate` decides before each round.
 async fn claim_loop(
     pool: &Pool,
     claimers: &[Claimer],
-    router: &Router,
-    shards: &[mpsc::Sender<ShardEvent>],
-    problems: &mpsc::Sender<Completion>,
+    to: Targets<'_>,
+    gate: &mut SweepGate,
     interval: Duration,
     stop: &CancellationToken,
 ) {
+    let (router, shards, problems) = (to.router, to.shards, to.problems);
     let reconnect = RetryPolicy::reconnect();
     let mut failures = 0;
+    let base = claimers.first().map_or(Duration::ZERO, |c| c.min_age);
     while !stop.is_cancelled() {
         let mut full = false;
         let mut pause = interval;
+        let Some(min_age) = gate.min_age(base, pool).await else {
+            tracing::debug!("the stream is stalled: not sweeping beside it this round");
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(interval) => continue,
+            }
+        };
         for claimer in claimers {
+            let claimer = &Claimer {
+                min_age,
+                ..claimer.clone()
+            };
             let claimed = match pool.get_conn().await {
                 Ok(mut conn) => claimer.claim(&mut conn).await,
                 Err(e) => Err(e),
