@@ -239,10 +239,29 @@ fn failed(reason: String, attempts: u32) -> Outcome {
     Outcome::Failed { reason, attempts }
 }
 
+/// Wakes every shard waiting out a retry delay when another shard got `SEND_OK`: the broker is
+/// back, so a shard need not sit out the rest of a long backoff (and hold its keys) after an
+/// outage that other shards have already seen end.
+static BROKER_ANSWERED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+/// Shards waiting out a retry delay (so a successful send only notifies when someone waits).
+static WAITING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 async fn wait(delay: Duration, cancel: &CancellationToken) -> Result<(), ()> {
-    tokio::select! {
+    use std::sync::atomic::Ordering;
+    WAITING.fetch_add(1, Ordering::SeqCst);
+    let waited = tokio::select! {
         _ = cancel.cancelled() => Err(()),
         _ = tokio::time::sleep(delay) => Ok(()),
+        _ = BROKER_ANSWERED.notified() => Ok(()),
+    };
+    WAITING.fetch_sub(1, Ordering::SeqCst);
+    waited
+}
+
+/// A send got `SEND_OK`: wakes the shards waiting out a retry delay, if any.
+fn broker_answered() {
+    if WAITING.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        BROKER_ANSWERED.notify_waiters();
     }
 }
 
@@ -285,6 +304,7 @@ async fn send_batch<S: Sink>(
                 // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
                 crate::failpoint::hit("after_send_ok");
                 crate::metrics::health().set_broker(true);
+                broker_answered();
                 for (event, msg_id) in batch.into_iter().zip(ids) {
                     report(done, event, Outcome::Sent { msg_id }).await?;
                 }
