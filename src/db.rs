@@ -1,7 +1,7 @@
 //! MySQL connection helpers shared by the commands and the relay.
 
-use crate::config::Config;
-use mysql_async::{Opts, OptsBuilder, Pool};
+use crate::config::{Config, TlsMode};
+use mysql_async::{Opts, OptsBuilder, Pool, SslOpts};
 
 /// Why a database URL could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -22,11 +22,74 @@ pub fn opts(config: &Config) -> anyhow::Result<Opts> {
     if opts.db_name().is_none_or(str::is_empty) {
         return Err(DbUrlError::NoDatabase.into());
     }
-    let builder = OptsBuilder::from_opts(opts).conn_ttl(Some(std::time::Duration::from_secs(300)));
+    let mut builder =
+        OptsBuilder::from_opts(opts).conn_ttl(Some(std::time::Duration::from_secs(300)));
+    if let Some(ssl) = ssl_opts(config.mysql.tls, config.mysql.tls_ca.as_deref())? {
+        builder = builder.ssl_opts(ssl);
+    }
     Ok(builder.into())
+}
+
+/// The TLS options of `mysql.tls` / `mysql.tls_ca` (`None`: leave the URL's own settings).
+fn ssl_opts(mode: TlsMode, ca: Option<&std::path::Path>) -> anyhow::Result<Option<SslOpts>> {
+    let with_ca = |ssl: SslOpts| -> anyhow::Result<SslOpts> {
+        Ok(match ca {
+            Some(path) => {
+                if !path.is_file() {
+                    anyhow::bail!(
+                        "mysql.tls_ca = {} is not a readable file: give the PEM of the CA that signed the server's certificate",
+                        path.display()
+                    );
+                }
+                ssl.with_root_certs(vec![path.to_path_buf().into()])
+            }
+            None => ssl,
+        })
+    };
+    if mode != TlsMode::Disabled {
+        // Two rustls crypto providers are compiled in (ours and a dependency's): pick one for
+        // the process, once; an error means one is installed already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    Ok(match mode {
+        TlsMode::Disabled => None,
+        TlsMode::Required => Some(
+            SslOpts::default()
+                .with_danger_accept_invalid_certs(true)
+                .with_danger_skip_domain_validation(true),
+        ),
+        TlsMode::VerifyCa => Some(with_ca(
+            SslOpts::default().with_danger_skip_domain_validation(true),
+        )?),
+        TlsMode::VerifyIdentity => Some(with_ca(SslOpts::default())?),
+    })
 }
 
 /// A connection pool for `mysql.url`.
 pub fn pool(config: &Config) -> anyhow::Result<Pool> {
     Ok(Pool::new(opts(config)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_modes_map_to_ssl_options() {
+        assert!(ssl_opts(TlsMode::Disabled, None).unwrap().is_none());
+        let required = ssl_opts(TlsMode::Required, None).unwrap().unwrap();
+        assert!(required.accept_invalid_certs() && required.skip_domain_validation());
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\n").unwrap();
+        let verify_ca = ssl_opts(TlsMode::VerifyCa, Some(&ca)).unwrap().unwrap();
+        assert!(!verify_ca.accept_invalid_certs() && verify_ca.skip_domain_validation());
+        assert_eq!(verify_ca.root_certs().len(), 1);
+        let identity = ssl_opts(TlsMode::VerifyIdentity, Some(&ca))
+            .unwrap()
+            .unwrap();
+        assert!(!identity.skip_domain_validation());
+        let missing = ssl_opts(TlsMode::VerifyCa, Some(&dir.path().join("nope.pem")));
+        assert!(missing.unwrap_err().to_string().contains("mysql.tls_ca"));
+    }
 }

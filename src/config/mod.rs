@@ -66,6 +66,11 @@ pub struct MysqlConfig {
     /// Connect and query timeout.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
+    /// TLS to the server.
+    pub tls: TlsMode,
+    /// PEM file of the CA that signed the server's certificate (`verify_ca`, `verify_identity`);
+    /// without it the built-in web roots are used.
+    pub tls_ca: Option<PathBuf>,
 }
 
 impl Default for MysqlConfig {
@@ -75,8 +80,25 @@ impl Default for MysqlConfig {
             server_id: 4_207_001,
             heartbeat: Duration::from_secs(5),
             timeout: Duration::from_secs(10),
+            tls: TlsMode::Disabled,
+            tls_ca: None,
         }
     }
+}
+
+/// `mysql.tls`: how the connection to MySQL is protected.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsMode {
+    /// Plain TCP (unless the URL asks for TLS, e.g. `?require_ssl=true`).
+    #[default]
+    Disabled,
+    /// Encrypted; the server's certificate is not checked (protects against sniffing only).
+    Required,
+    /// Encrypted; the certificate must chain to `mysql.tls_ca`; the host name is not checked.
+    VerifyCa,
+    /// Encrypted; the certificate must chain to `mysql.tls_ca` and name the URL's host.
+    VerifyIdentity,
 }
 
 /// `[outbox]`: which tables hold events and what an event may be.
