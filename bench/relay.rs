@@ -19,7 +19,8 @@
 //! Flags: `--backlog N` (200000) `--rates A,B` (1000,5000) `--steps C,D,..`
 //! (7500,10000,12500,15000,20000; "" for none) `--seconds S` (10) `--shards N` (8)
 //! `--poll-batch N` (100) `--poll-interval-ms N` (500) `--singles N` (3000) `--out DIR`
-//! (bench/results). Writes `results.md` and `latency.svg` there and prints the report.
+//! (bench/results) `--no-poll` (CDC only). `BENCH_PERF="-F 999 -g"` runs `perf record` on the
+//! relay during each drain and latency run (`perf.data` in its run directory). Writes `results.md` and `latency.svg` there and prints the report.
 
 #![recursion_limit = "256"] // the RocketMQ client futures are deeply nested
 
@@ -47,6 +48,7 @@ struct Args {
     poll_batch: u32,
     poll_interval_ms: u64,
     singles: usize,
+    poll: bool,
     out: PathBuf,
 }
 
@@ -67,6 +69,7 @@ fn parse_args() -> Args {
         poll_batch: 100,
         poll_interval_ms: 500,
         singles: 3000,
+        poll: true,
         out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results")),
     };
     let mut it = std::env::args().skip(1);
@@ -82,6 +85,7 @@ fn parse_args() -> Args {
             "--poll-interval-ms" => args.poll_interval_ms = value().parse().expect("ms"),
             "--singles" => args.singles = value().parse().expect("--singles N"),
             "--out" => args.out = PathBuf::from(value()),
+            "--no-poll" => args.poll = false,
             "--bench" => {}
             other => panic!("unknown flag {other}; see bench/relay.rs"),
         }
@@ -144,7 +148,9 @@ impl Bench {
         let label = mode_name(mode);
         let before = self.watched.sample();
         let began = Instant::now();
-        let relay = RelayChild::spawn(&config, &self.dir, &format!("drain-{label}"), Some(start));
+        let mut relay =
+            RelayChild::spawn(&config, &self.dir, &format!("drain-{label}"), Some(start));
+        relay.start_profile();
         let watched = self.watch_relay(&relay);
         let mut first_sent = None;
         let mut last_report = Instant::now();
@@ -186,20 +192,17 @@ impl Bench {
     }
 
     /// One latency run: a relay in `mode`, a writer at `rate` for `seconds`.
-    async fn latency(
-        &self,
-        url: &str,
-        pool: &mysql_async::Pool,
-        mode: RelayMode,
-        rate: usize,
-        seconds: u64,
-    ) -> LatencyResult {
+    /// Each run has a database of its own: poll mode's claim scans past SENT rows, so rows left
+    /// by earlier runs would slow it down (see the README).
+    async fn latency(&self, mode: RelayMode, rate: usize, seconds: u64) -> LatencyResult {
         let label = mode_name(mode);
         let topic = format!("bench_{label}_{rate}");
         self.rocketmq.create_topic(&topic, 8).unwrap();
+        let (pool, url) = self.database(&format!("bench_{label}_{rate}")).await;
+        let (pool, url) = (&pool, url.as_str());
         let config = self.config_for(url, mode);
         let start = workload::gtid_now(pool).await;
-        let relay = RelayChild::spawn(
+        let mut relay = RelayChild::spawn(
             &config,
             &self.dir,
             &format!("rate-{label}-{rate}"),
@@ -216,6 +219,7 @@ impl Bench {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        relay.start_profile();
         let before = watched.sample();
         let began = Instant::now();
         let written = workload::write_at_rate(pool, &topic, rate, seconds).await;
@@ -363,30 +367,29 @@ async fn main() {
         "  {:.0} events/s; resetting the rows to PENDING for poll mode ...",
         drains[0].rate()
     );
-    mysql_async::prelude::Queryable::query_drop(
-        &mut pool.get_conn().await.unwrap(),
-        "UPDATE outbox_event SET status = 0, msg_id = NULL, sent_at = NULL, owner = NULL, \
+    if args.poll {
+        mysql_async::prelude::Queryable::query_drop(
+            &mut pool.get_conn().await.unwrap(),
+            "UPDATE outbox_event SET status = 0, msg_id = NULL, sent_at = NULL, owner = NULL, \
          lease_until = NULL, retry_count = 0, next_retry_at = NOW(3) - INTERVAL 1 SECOND",
-    )
-    .await
-    .unwrap();
-    drains.push(
-        bench
-            .drain(&url, &pool, RelayMode::Poll, &start, &end, args.backlog)
-            .await,
-    );
-    eprintln!("  poll: {:.0} events/s", drains[1].rate());
+        )
+        .await
+        .unwrap();
+        drains.push(
+            bench
+                .drain(&url, &pool, RelayMode::Poll, &start, &end, args.backlog)
+                .await,
+        );
+        eprintln!("  poll: {:.0} events/s", drains[1].rate());
+    }
     pool.disconnect().await.unwrap();
 
     // 3. Latency at fixed rates; CDC steps up until a rate is not sustained.
-    let (pool, url) = bench.database("bench_latency").await;
     let mut latencies = Vec::new();
     let mut highest = None;
     for (i, &rate) in args.rates.iter().chain(&args.steps).enumerate() {
         eprintln!("latency, CDC, {rate} events/s for {} s ...", args.seconds);
-        let result = bench
-            .latency(&url, &pool, RelayMode::Cdc, rate, args.seconds)
-            .await;
+        let result = bench.latency(RelayMode::Cdc, rate, args.seconds).await;
         eprintln!(
             "  p50 {} p99 {} max {} ms, committed {:.0}/s, sustained {}",
             result.p50, result.p99, result.max, result.achieved, result.sustained
@@ -400,22 +403,28 @@ async fn main() {
             break;
         }
     }
-    let mut poll_rates = args.rates.clone();
-    if let Some(h) = highest.filter(|h| !poll_rates.contains(h)) {
+    let mut poll_rates = if args.poll {
+        args.rates.clone()
+    } else {
+        Vec::new()
+    };
+    if let Some(h) = highest.filter(|h| args.poll && !poll_rates.contains(h)) {
         poll_rates.push(h);
     }
+    // Poll mode stops after the first rate it does not sustain (a growing backlog drains slowly).
     for rate in poll_rates {
         eprintln!("latency, poll, {rate} events/s for {} s ...", args.seconds);
-        let result = bench
-            .latency(&url, &pool, RelayMode::Poll, rate, args.seconds)
-            .await;
+        let result = bench.latency(RelayMode::Poll, rate, args.seconds).await;
         eprintln!(
             "  p50 {} p99 {} max {} ms, sustained {}",
             result.p50, result.p99, result.max, result.sustained
         );
+        let sustained = result.sustained;
         latencies.push(result);
+        if !sustained {
+            break;
+        }
     }
-    pool.disconnect().await.unwrap();
 
     let report = Report {
         machine: procs::machine_description(),

@@ -90,8 +90,13 @@ impl Report<'_> {
         );
         let _ = writeln!(
             s,
-            "| batches of 100, one stream per queue (8) | {:.0} | |\n",
+            "| batches of 100, one stream per queue (8) | {:.0} | |",
             c.batch_parallel_rate
+        );
+        let _ = writeln!(
+            s,
+            "\nBatches refused by the broker (busy, sent again after 10 ms): {}.\n",
+            c.refused
         );
 
         let _ = writeln!(

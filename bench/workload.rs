@@ -133,6 +133,8 @@ pub async fn write_at_rate(
 pub struct RelayChild {
     child: Child,
     pub checkpoint_dir: PathBuf,
+    run_dir: PathBuf,
+    perf: Option<Child>,
 }
 
 impl RelayChild {
@@ -158,7 +160,10 @@ impl RelayChild {
         let file = run_dir.join("relay.toml");
         std::fs::write(&file, toml::to_string(&config).unwrap()).unwrap();
         let log = std::fs::File::create(run_dir.join("relay.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        // BENCH_RELAY_BIN runs another build (before/after comparisons of a change).
+        let bin = std::env::var("BENCH_RELAY_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox-relay").to_string());
+        let child = Command::new(bin)
             .args(["-c", file.to_str().unwrap(), "--metrics-listen", "", "run"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -168,6 +173,39 @@ impl RelayChild {
         RelayChild {
             child,
             checkpoint_dir: config.relay.checkpoint_dir,
+            run_dir,
+            perf: None,
+        }
+    }
+
+    /// With `BENCH_PERF` set (e.g. `BENCH_PERF="-F 999 --call-graph dwarf"`), samples the relay
+    /// with `perf record` into `<run dir>/perf.data` until [`Self::stop_profile`].
+    pub fn start_profile(&mut self) {
+        let Ok(flags) = std::env::var("BENCH_PERF") else {
+            return;
+        };
+        let out = self.run_dir.join("perf.data");
+        eprintln!("  profiling the relay into {}", out.display());
+        self.perf = Command::new("perf")
+            .arg("record")
+            .args(flags.split_whitespace())
+            .args([
+                "-p",
+                &self.child.id().to_string(),
+                "-o",
+                out.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
+    }
+
+    pub fn stop_profile(&mut self) {
+        if let Some(mut perf) = self.perf.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(perf.id() as libc::pid_t, libc::SIGINT) };
+            let _ = perf.wait();
         }
     }
 
@@ -177,6 +215,7 @@ impl RelayChild {
 
     /// SIGTERM (drain, final checkpoint) and wait; the final checkpoint from sled (CDC mode).
     pub fn stop(mut self) -> Option<BinlogPosition> {
+        self.stop_profile();
         // SAFETY: kill(2) on our own child, not yet reaped.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         let status = self.child.wait().unwrap();
