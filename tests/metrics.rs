@@ -117,7 +117,10 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     );
     assert!(sample(&body, "outbox_commit_to_sent_seconds_count").unwrap() >= 20.0);
     assert_eq!(sample(&body, "outbox_leader"), Some(1.0));
-    assert!(sample(&body, "outbox_binlog_behind_transactions").is_some(), "{body}");
+    assert!(
+        sample(&body, "outbox_binlog_behind_transactions").is_some(),
+        "{body}"
+    );
 
     broker.stop_broker();
     write_events(&db, &topic, 2, 5, 4).await;
