@@ -44,6 +44,14 @@ pub struct LatencyResult {
     pub split: CpuSplit,
 }
 
+/// A chart line: mode, label, colour, the value plotted.
+type Series = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&LatencyResult) -> i64,
+);
+
 pub struct Report<'a> {
     pub machine: String,
     pub load_before: String,
@@ -274,7 +282,7 @@ impl Report<'_> {
             s,
             r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
         );
-        let series: [(&str, &str, &str, fn(&LatencyResult) -> i64); 4] = [
+        let series: [Series; 4] = [
             ("cdc", "CDC p50", "#1f77b4", |l| l.p50),
             ("cdc", "CDC p99", "#1f77b4", |l| l.p99),
             ("poll", "poll p50", "#d62728", |l| l.p50),
