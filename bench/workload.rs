@@ -163,7 +163,15 @@ impl RelayChild {
         // BENCH_RELAY_BIN runs another build (before/after comparisons of a change).
         let bin = std::env::var("BENCH_RELAY_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox-relay").to_string());
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        // SAFETY: prctl is async-signal-safe; the relay dies with the bench even on SIGKILL.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
             .args(["-c", file.to_str().unwrap(), "--metrics-listen", "", "run"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
