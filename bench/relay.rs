@@ -1,53 +1,91 @@
-//! End-to-end benchmark of the CDC relay on this machine: real MariaDB, real RocketMQ broker.
+//! End-to-end benchmark on this machine: real MariaDB, real RocketMQ broker, the relay as a
+//! child process (`outbox-relay run`, release build), all in one run on the same data shape
+//! (1 KiB JSON payloads over 10k keys):
 //!
-//!     cargo bench --bench relay                 # defaults: 100k backlog, rates 1000 and 5000/s
-//!     cargo bench --bench relay -- --backlog 200000 --rates 1000,5000,10000 --seconds 10
+//!     cargo bench --bench relay                       # defaults below
+//!     cargo bench --bench relay -- --backlog 20000 --seconds 5 --steps ""   # quick run
 //!
-//! 1. Drain: a backlog of 1 KiB events over 10k keys, written while the relay is stopped, then
-//!    drained: events/s until every row is SENT.
-//! 2. Latency: writers commit at a fixed rate; commit→SEND_OK per event = broker store time of
-//!    the message − the millisecond the writer's COMMIT returned (both on this machine's clock).
+//! 1. Broker ceiling: the same messages sent by the RocketMQ Rust client alone: synchronous
+//!    single sends (msg/s, p50), batches of 100 (one in flight, and one stream per queue).
+//! 2. Drain: a backlog written while no relay runs, drained in CDC mode, then (rows reset to
+//!    PENDING) in poll mode: events/s until every row is SENT; CDC: the final checkpoint must
+//!    cover the last event. Relay CPU (utime+stime of its process) per event, its peak RSS
+//!    (VmHWM), and the CPU split between relay, mariadbd, broker, namesrv, this process and the
+//!    rest of the machine.
+//! 3. Latency: a writer commits at fixed rates; commit→SEND_OK per event = the broker's store
+//!    timestamp − the millisecond the writer's COMMIT returned (same clock). CDC steps up past
+//!    the fixed rates until a rate is not sustained; poll runs the fixed rates and CDC's highest.
 //!
-//! Prints a markdown table for the README.
+//! Flags: `--backlog N` (200000) `--rates A,B` (1000,5000) `--steps C,D,..`
+//! (7500,10000,12500,15000,20000; "" for none) `--seconds S` (10) `--shards N` (8)
+//! `--poll-batch N` (100) `--poll-interval-ms N` (500) `--singles N` (3000) `--out DIR`
+//! (bench/results) `--no-poll` (CDC only). `BENCH_PERF="-F 999 -g"` runs `perf record` on the
+//! relay during each drain and latency run (`perf.data` in its run directory). Writes `results.md` and `latency.svg` there and prints the report.
 
 #![recursion_limit = "256"] // the RocketMQ client futures are deeply nested
 
-use mysql_async::prelude::*;
-use mysql_async::TxOpts;
-use outbox_relay::binlog::BinlogPosition;
-use outbox_relay::checkpoint::{CheckpointStore, SledStore};
-use outbox_relay::config::Config;
+mod ceiling;
+mod procs;
+mod report;
+mod workload;
+
+use ceiling::Sample;
+use outbox_relay::config::{Config, RelayMode};
 use outbox_relay::devenv::{scratch_dir, MariaDb, MariaDbOptions, RocketMq, TopicReader};
-use outbox_relay::producer::{NewEvent, Outbox, Payload};
-use outbox_relay::relay::{RelayHandle, RunOptions};
-use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio_util::sync::CancellationToken;
+use procs::Watched;
+use report::{DrainResult, LatencyResult, Report};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use workload::RelayChild;
 
 struct Args {
     backlog: usize,
     rates: Vec<usize>,
+    steps: Vec<usize>,
     seconds: u64,
+    shards: usize,
+    poll_batch: u32,
+    poll_interval_ms: u64,
+    singles: usize,
+    poll: bool,
+    out: PathBuf,
+}
+
+fn list(text: &str) -> Vec<usize> {
+    text.split(',')
+        .filter(|r| !r.trim().is_empty())
+        .map(|r| r.trim().parse().expect("a comma-separated list of numbers"))
+        .collect()
 }
 
 fn parse_args() -> Args {
     let mut args = Args {
-        backlog: 100_000,
+        backlog: 200_000,
         rates: vec![1000, 5000],
+        steps: vec![7500, 10_000, 12_500, 15_000, 20_000],
         seconds: 10,
+        shards: 8,
+        poll_batch: 100,
+        poll_interval_ms: 500,
+        singles: 3000,
+        poll: true,
+        out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results")),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         match flag.as_str() {
             "--backlog" => args.backlog = value().parse().expect("--backlog N"),
-            "--rates" => {
-                args.rates = value()
-                    .split(',')
-                    .map(|r| r.parse().expect("--rates A,B"))
-                    .collect()
-            }
+            "--rates" => args.rates = list(&value()),
+            "--steps" => args.steps = list(&value()),
             "--seconds" => args.seconds = value().parse().expect("--seconds N"),
+            "--shards" => args.shards = value().parse().expect("--shards N"),
+            "--poll-batch" => args.poll_batch = value().parse().expect("--poll-batch N"),
+            "--poll-interval-ms" => args.poll_interval_ms = value().parse().expect("ms"),
+            "--singles" => args.singles = value().parse().expect("--singles N"),
+            "--out" => args.out = PathBuf::from(value()),
+            "--no-poll" => args.poll = false,
             "--bench" => {}
             other => panic!("unknown flag {other}; see bench/relay.rs"),
         }
@@ -55,221 +93,356 @@ fn parse_args() -> Args {
     args
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn payload(n: usize) -> Payload {
-    // ~1 KiB of JSON.
-    Payload::raw(format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(1000)))
-}
-
-async fn gtid_now(pool: &mysql_async::Pool) -> BinlogPosition {
-    let gtid: String = pool
-        .get_conn()
-        .await
-        .unwrap()
-        .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
-        .await
-        .unwrap()
-        .unwrap_or_default();
-    BinlogPosition {
-        mariadb_gtid: Some(gtid.parse().unwrap()),
-        ..BinlogPosition::default()
-    }
-}
-
-async fn sent_count(pool: &mysql_async::Pool, topic: &str) -> u64 {
-    pool.get_conn()
-        .await
-        .unwrap()
-        .exec_first(
-            "SELECT COUNT(*) FROM outbox_event WHERE status = 2 AND topic = ?",
-            (topic,),
-        )
-        .await
-        .unwrap()
-        .unwrap_or_default()
-}
-
-/// Runs the relay from `start` until `expected` rows of `topic` are SENT; returns the time taken.
-async fn relay_until(
-    config: &Config,
-    start: &BinlogPosition,
-    pool: &mysql_async::Pool,
-    topic: &str,
-    expected: u64,
-) -> Duration {
-    let mut config = config.clone();
-    config.relay.checkpoint_dir = scratch_dir("bench-checkpoint").unwrap();
-    SledStore::open(&config.relay.checkpoint_dir)
-        .unwrap()
-        .save(start)
-        .unwrap();
-    let began = Instant::now();
-    let relay = RelayHandle::spawn(&config, RunOptions::default(), CancellationToken::new())
-        .await
-        .unwrap();
-    let mut last_report = Instant::now();
-    loop {
-        let sent = sent_count(pool, topic).await;
-        if sent >= expected {
-            break;
-        }
-        if last_report.elapsed() > Duration::from_secs(5) {
-            eprintln!("  ... {sent}/{expected} SENT");
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let elapsed = began.elapsed();
-    relay.stop().await.unwrap();
-    elapsed
-}
-
 fn percentile(sorted: &[i64], p: f64) -> i64 {
     if sorted.is_empty() {
         return 0;
     }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank]
+    sorted[((p / 100.0) * (sorted.len() - 1) as f64).round() as usize]
 }
 
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(0.0)
+/// Everything the phases share.
+struct Bench {
+    rocketmq: RocketMq,
+    mariadb: MariaDb,
+    config: Config,
+    watched: Watched,
+    dir: PathBuf,
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() {
-    let args = parse_args();
-    eprintln!("starting MariaDB and RocketMQ ...");
-    let mariadb =
-        MariaDb::start(MariaDbOptions::new(scratch_dir("bench-mariadb").unwrap())).unwrap();
-    let rocketmq = RocketMq::start(&scratch_dir("bench-rocketmq").unwrap()).unwrap();
-    let url = mariadb.create_database("bench").unwrap();
-    let mut config = Config::default();
-    config.mysql.url = Some(url);
-    config.rocketmq.namesrv_addr = Some(rocketmq.namesrv_addr());
-    config.relay.shards = 8;
-    let pool = outbox_relay::db::pool(&config).unwrap();
-    outbox_relay::schema::migrate(&mut pool.get_conn().await.unwrap(), &config.outbox_tables())
-        .await
-        .unwrap();
-    let outbox = Outbox::default();
-
-    // 1. Drain.
-    let topic = "bench_drain";
-    rocketmq.create_topic(topic, 8).unwrap();
-    let start = gtid_now(&pool).await;
-    eprintln!(
-        "writing a backlog of {} events (1 KiB, 10k keys) ...",
-        args.backlog
-    );
-    let written = Instant::now();
-    for chunk in (0..args.backlog).collect::<Vec<_>>().chunks(1000) {
-        let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
-        let events = chunk
-            .iter()
-            .map(|&n| NewEvent::new(topic, format!("key-{}", n % 10_000), payload(n)))
-            .collect();
-        outbox.enqueue_batch(&mut tx, events).await.unwrap();
-        tx.commit().await.unwrap();
+impl Bench {
+    fn watch_relay(&self, relay: &RelayChild) -> Watched {
+        let mut watched = self.watched.clone();
+        watched.pids.insert("relay", vec![relay.pid()]);
+        watched
     }
-    eprintln!(
-        "  written in {:.1} s; draining with the relay ...",
-        written.elapsed().as_secs_f64()
-    );
-    let drain = relay_until(&config, &start, &pool, topic, args.backlog as u64).await;
-    let drain_rate = args.backlog as f64 / drain.as_secs_f64();
 
-    // 2. Latency at fixed rates.
-    let mut rows = Vec::new();
-    for &rate in &args.rates {
-        let topic = format!("bench_rate_{rate}");
-        rocketmq.create_topic(&topic, 8).unwrap();
-        let start = gtid_now(&pool).await;
-        let total = rate * args.seconds as usize;
-        eprintln!("latency at {rate} events/s for {} s ...", args.seconds);
-        let relay = {
-            let (config, pool, topic) = (config.clone(), pool.clone(), topic.clone());
-            tokio::spawn(
-                async move { relay_until(&config, &start, &pool, &topic, total as u64).await },
-            )
-        };
-        tokio::time::sleep(Duration::from_secs(2)).await; // the relay connects
-                                                          // Commit every 10 ms a transaction of rate/100 events.
-        let per_tick = (rate / 100).max(1);
-        let mut committed_at: HashMap<String, i64> = HashMap::with_capacity(total);
-        let mut ticker = tokio::time::interval(Duration::from_millis(10));
-        let mut n = 0;
-        while n < total {
-            ticker.tick().await;
-            let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
-            let events = (n..(n + per_tick).min(total))
-                .map(|i| NewEvent::new(topic.as_str(), format!("key-{}", i % 10_000), payload(i)))
-                .collect();
-            let ids = outbox.enqueue_batch(&mut tx, events).await.unwrap();
-            tx.commit().await.unwrap();
-            let at = now_ms();
-            n += ids.len();
-            committed_at.extend(ids.into_iter().map(|id| (String::from(id), at)));
+    async fn database(&self, name: &str) -> (mysql_async::Pool, String) {
+        let url = self.mariadb.create_database(name).unwrap();
+        let mut config = self.config.clone();
+        config.mysql.url = Some(url.clone());
+        let pool = outbox_relay::db::pool(&config).unwrap();
+        outbox_relay::schema::migrate(&mut pool.get_conn().await.unwrap(), &config.outbox_tables())
+            .await
+            .unwrap();
+        (pool, url)
+    }
+
+    fn config_for(&self, pool_url: &str, mode: RelayMode) -> Config {
+        let mut config = self.config.clone();
+        config.mysql.url = Some(pool_url.to_string());
+        config.relay.mode = mode;
+        config
+    }
+
+    /// Drains every unfinished row of the database with a relay in `mode`.
+    async fn drain(
+        &self,
+        url: &str,
+        pool: &mysql_async::Pool,
+        mode: RelayMode,
+        start: &outbox_relay::binlog::BinlogPosition,
+        end: &outbox_relay::binlog::BinlogPosition,
+        events: usize,
+    ) -> DrainResult {
+        let config = self.config_for(url, mode);
+        let label = mode_name(mode);
+        let before = self.watched.sample();
+        let began = Instant::now();
+        let mut relay =
+            RelayChild::spawn(&config, &self.dir, &format!("drain-{label}"), Some(start));
+        relay.start_profile();
+        let watched = self.watch_relay(&relay);
+        let mut first_sent = None;
+        let mut last_report = Instant::now();
+        loop {
+            let left = workload::unfinished(pool).await;
+            if first_sent.is_none() && left < events as u64 {
+                first_sent = Some(began.elapsed().as_secs_f64());
+            }
+            if left == 0 {
+                break;
+            }
+            if last_report.elapsed() > Duration::from_secs(5) {
+                eprintln!("  ... {label}: {left} rows left");
+                last_report = Instant::now();
+            }
+            assert!(began.elapsed() < Duration::from_secs(1800), "drain stalled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        relay.await.unwrap();
-        let mut reader = TopicReader::new(&rocketmq.namesrv_addr(), &topic)
+        let secs = began.elapsed().as_secs_f64();
+        let after = watched.sample();
+        let split = before.until(&after, secs);
+        let relay_rss_mib = procs::peak_rss_mib(relay.pid());
+        let stopping = Instant::now();
+        let checkpoint = relay.stop();
+        let stop_secs = stopping.elapsed().as_secs_f64();
+        DrainResult {
+            mode: label,
+            events,
+            secs,
+            secs_from_first: secs - first_sent.unwrap_or(0.0),
+            stop_secs,
+            relay_cpu_us_per_event: split.of("relay") * 1e6 / events as f64,
+            relay_rss_mib,
+            split,
+            checkpoint_ok: (mode == RelayMode::Cdc)
+                .then(|| checkpoint.is_some_and(|c| c.covers(end))),
+            failed: workload::failed(pool).await,
+        }
+    }
+
+    /// One latency run: a relay in `mode`, a writer at `rate` for `seconds`.
+    /// Each run has a database of its own: poll mode's claim scans past SENT rows, so rows left
+    /// by earlier runs would slow it down (see the README).
+    async fn latency(&self, mode: RelayMode, rate: usize, seconds: u64) -> LatencyResult {
+        let label = mode_name(mode);
+        let topic = format!("bench_{label}_{rate}");
+        self.rocketmq.create_topic(&topic, 8).unwrap();
+        let (pool, url) = self.database(&format!("bench_{label}_{rate}")).await;
+        let (pool, url) = (&pool, url.as_str());
+        let config = self.config_for(url, mode);
+        let start = workload::gtid_now(pool).await;
+        let mut relay = RelayChild::spawn(
+            &config,
+            &self.dir,
+            &format!("rate-{label}-{rate}"),
+            Some(&start),
+        );
+        let watched = self.watch_relay(&relay);
+        // A probe event: the relay is connected and sending once it is SENT.
+        workload::write_backlog(pool, &topic, 1).await;
+        let waiting = Instant::now();
+        while workload::unfinished(pool).await > 0 {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(60),
+                "relay did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        relay.start_profile();
+        let before = watched.sample();
+        let began = Instant::now();
+        let written = workload::write_at_rate(pool, &topic, rate, seconds).await;
+        while workload::unfinished(pool).await > 0 {
+            assert!(
+                began.elapsed() < Duration::from_secs(1800),
+                "latency run stalled"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let tail_ms = written.last_commit.elapsed().as_secs_f64() * 1000.0;
+        let after = watched.sample();
+        let split = before.until(&after, began.elapsed().as_secs_f64());
+        let relay_rss_mib = procs::peak_rss_mib(relay.pid());
+        relay.stop();
+        let total = written.committed_at.len();
+        let mut reader = TopicReader::new(&self.rocketmq.namesrv_addr(), &topic)
             .await
             .unwrap();
         let messages = reader
-            .read_at_least(total, Duration::from_secs(120))
+            .read_at_least(total + 1, Duration::from_secs(300))
             .await
             .unwrap();
         reader.close().await;
         let mut latencies: Vec<i64> = messages
             .iter()
             .filter_map(|m| {
-                committed_at
-                    .get(&m.properties["event_id"])
-                    .map(|c| m.store_timestamp - c)
+                let committed = written.committed_at.get(&m.properties["event_id"])?;
+                Some(m.store_timestamp - committed)
             })
             .collect();
         latencies.sort_unstable();
-        rows.push((
+        let poll_slack = if mode == RelayMode::Poll {
+            self.config.poll.interval.as_secs_f64() * 1000.0
+        } else {
+            0.0
+        };
+        LatencyResult {
+            mode: label,
             rate,
-            percentile(&latencies, 50.0),
-            percentile(&latencies, 95.0),
-            percentile(&latencies, 99.0),
-            *latencies.last().unwrap_or(&0),
-        ));
+            achieved: written.achieved_rate,
+            p50: percentile(&latencies, 50.0),
+            p95: percentile(&latencies, 95.0),
+            p99: percentile(&latencies, 99.0),
+            max: latencies.last().copied().unwrap_or(0),
+            tail_ms,
+            sustained: written.achieved_rate >= 0.95 * rate as f64 && tail_ms < 2000.0 + poll_slack,
+            relay_cpu_us_per_event: split.of("relay") * 1e6 / total as f64,
+            relay_rss_mib,
+            split,
+        }
+    }
+}
+
+fn mode_name(mode: RelayMode) -> &'static str {
+    match mode {
+        RelayMode::Cdc => "cdc",
+        RelayMode::Poll => "poll",
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let args = parse_args();
+    let load_before = procs::load_average();
+    eprintln!("starting MariaDB and RocketMQ ... (load average {load_before})");
+    let mariadb_dir = scratch_dir("bench-mariadb").unwrap();
+    let mariadb = MariaDb::start(MariaDbOptions::new(mariadb_dir.clone())).unwrap();
+    let rocketmq_dir = scratch_dir("bench-rocketmq").unwrap();
+    let rocketmq = RocketMq::start(&rocketmq_dir).unwrap();
+    let mut config = Config::default();
+    config.rocketmq.namesrv_addr = Some(rocketmq.namesrv_addr());
+    config.relay.shards = args.shards;
+    config.mysql.heartbeat = Duration::from_secs(1);
+    // The stream alone: a sweeper looking for rows PENDING > 30 s would race the drain of a
+    // backlog written long before (the relay would send those rows twice).
+    config.sweeper.enabled = false;
+    config.poll.batch_size = args.poll_batch;
+    config.poll.interval = Duration::from_millis(args.poll_interval_ms);
+    let mut watched = Watched::default();
+    let find = |bin: &str, dir: &PathBuf| procs::pids_matching(&[bin, dir.to_str().unwrap()]);
+    watched
+        .pids
+        .insert("mariadbd", find("mariadbd", &mariadb_dir));
+    watched
+        .pids
+        .insert("broker", find("rocketmq-broker-rust", &rocketmq_dir));
+    watched
+        .pids
+        .insert("namesrv", find("rocketmq-namesrv-rust", &rocketmq_dir));
+    watched
+        .pids
+        .insert("bench (writer, reader, client)", vec![std::process::id()]);
+    for (role, pids) in &watched.pids {
+        assert!(!pids.is_empty(), "no process found for {role}");
+    }
+    let bench = Bench {
+        rocketmq,
+        mariadb,
+        config,
+        watched,
+        dir: scratch_dir("bench-relays").unwrap(),
+    };
+
+    // 1. Broker ceiling.
+    eprintln!(
+        "broker ceiling: {} single sends, {} in batches ...",
+        args.singles, args.backlog
+    );
+    bench.rocketmq.create_topic("bench_ceiling", 8).unwrap();
+    let samples: Vec<Sample> = (0..args.backlog)
+        .map(|n| Sample {
+            key: workload::key(n),
+            event_id: uuid::Uuid::now_v7().to_string(),
+            body: Arc::new(workload::payload_text(n)),
+        })
+        .collect();
+    let ceiling = ceiling::measure(
+        &bench.rocketmq.namesrv_addr(),
+        "bench_ceiling",
+        samples,
+        args.singles,
+    )
+    .await;
+    eprintln!("  {ceiling:?}");
+
+    // 2. Drain, CDC then poll, of the same rows.
+    let (pool, url) = bench.database("bench_drain").await;
+    bench.rocketmq.create_topic("bench_drain", 8).unwrap();
+    let start = workload::gtid_now(&pool).await;
+    eprintln!("writing a backlog of {} events ...", args.backlog);
+    let writing = Instant::now();
+    workload::write_backlog(&pool, "bench_drain", args.backlog).await;
+    let end = workload::gtid_now(&pool).await;
+    eprintln!(
+        "  written in {:.1} s; CDC drain ...",
+        writing.elapsed().as_secs_f64()
+    );
+    let mut drains = vec![
+        bench
+            .drain(&url, &pool, RelayMode::Cdc, &start, &end, args.backlog)
+            .await,
+    ];
+    eprintln!(
+        "  {:.0} events/s; resetting the rows to PENDING for poll mode ...",
+        drains[0].rate()
+    );
+    if args.poll {
+        mysql_async::prelude::Queryable::query_drop(
+            &mut pool.get_conn().await.unwrap(),
+            "UPDATE outbox_event SET status = 0, msg_id = NULL, sent_at = NULL, owner = NULL, \
+         lease_until = NULL, retry_count = 0, next_retry_at = NOW(3) - INTERVAL 1 SECOND",
+        )
+        .await
+        .unwrap();
+        drains.push(
+            bench
+                .drain(&url, &pool, RelayMode::Poll, &start, &end, args.backlog)
+                .await,
+        );
+        eprintln!("  poll: {:.0} events/s", drains[1].rate());
+    }
+    pool.disconnect().await.unwrap();
+
+    // 3. Latency at fixed rates; CDC steps up until a rate is not sustained.
+    let mut latencies = Vec::new();
+    let mut highest = None;
+    for (i, &rate) in args.rates.iter().chain(&args.steps).enumerate() {
+        eprintln!("latency, CDC, {rate} events/s for {} s ...", args.seconds);
+        let result = bench.latency(RelayMode::Cdc, rate, args.seconds).await;
+        eprintln!(
+            "  p50 {} p99 {} max {} ms, committed {:.0}/s, sustained {}",
+            result.p50, result.p99, result.max, result.achieved, result.sustained
+        );
+        let sustained = result.sustained;
+        if sustained {
+            highest = Some(rate);
+        }
+        latencies.push(result);
+        if !sustained && i >= args.rates.len() {
+            break;
+        }
+    }
+    let mut poll_rates = if args.poll {
+        args.rates.clone()
+    } else {
+        Vec::new()
+    };
+    if let Some(h) = highest.filter(|h| args.poll && !poll_rates.contains(h)) {
+        poll_rates.push(h);
+    }
+    // Poll mode stops after the first rate it does not sustain (a growing backlog drains slowly).
+    for rate in poll_rates {
+        eprintln!("latency, poll, {rate} events/s for {} s ...", args.seconds);
+        let result = bench.latency(RelayMode::Poll, rate, args.seconds).await;
+        eprintln!(
+            "  p50 {} p99 {} max {} ms, sustained {}",
+            result.p50, result.p99, result.max, result.sustained
+        );
+        let sustained = result.sustained;
+        latencies.push(result);
+        if !sustained {
+            break;
+        }
     }
 
-    println!(
-        "\n## outbox-relay benchmark (CDC mode, {} cores)\n",
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0)
-    );
-    println!("| measurement | result |\n| --- | --- |");
-    println!(
-        "| drain of {} × 1 KiB events, 10k keys, 8 shards | {:.0} events/s ({:.1} s) |",
-        args.backlog,
-        drain_rate,
-        drain.as_secs_f64()
-    );
-    println!(
-        "| peak RSS of the bench process (relay + writer) | {:.0} MiB |",
-        peak_rss_mib()
-    );
-    println!("\n| rate (events/s) | commit→SEND_OK p50 | p95 | p99 | max |\n| --- | --- | --- | --- | --- |");
-    for (rate, p50, p95, p99, max) in rows {
-        println!("| {rate} | {p50} ms | {p95} ms | {p99} ms | {max} ms |");
-    }
+    let report = Report {
+        machine: procs::machine_description(),
+        load_before,
+        load_after: procs::load_average(),
+        settings: format!(
+            "backlog {}, {} s per rate, relay.shards {}, poll.interval {} ms, poll.batch_size {}, \
+             sweeper off, 8 queues per topic, relay log level warn",
+            args.backlog, args.seconds, args.shards, args.poll_interval_ms, args.poll_batch
+        ),
+        ceiling: &ceiling,
+        drains: &drains,
+        latencies: &latencies,
+    };
+    let markdown = report.markdown();
+    std::fs::create_dir_all(&args.out).unwrap();
+    std::fs::write(args.out.join("results.md"), &markdown).unwrap();
+    std::fs::write(args.out.join("latency.svg"), report.svg()).unwrap();
+    println!("\n{markdown}");
+    eprintln!("written to {}", args.out.display());
 }

@@ -121,24 +121,30 @@ pub async fn run_marker(
 /// Records created → SENT latencies of the batch's SENT rows in `outbox_commit_to_sent_seconds`
 /// (both times from the database clock, in milliseconds). Best effort: a failed query is skipped.
 async fn observe_latencies(pool: &Pool, batch: &[Completion]) {
-    let mut sent: BTreeMap<&TableName, Vec<Value>> = BTreeMap::new();
+    let mut sent: BTreeMap<&TableName, Vec<u64>> = BTreeMap::new();
     for completion in batch {
         if let Outcome::Sent { .. } = completion.outcome {
             sent.entry(&*completion.table)
                 .or_default()
-                .push(Value::from(completion.id));
+                .push(completion.id);
         }
     }
     let histogram = &crate::metrics::relay().commit_to_sent;
     for (table, ids) in sent {
+        // Text protocol with the integer ids inline: one round trip. A prepared statement has
+        // as many placeholders as the batch has rows, so nearly every batch would prepare (and
+        // later close) a statement of its own.
         let sql = format!(
             "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) FROM {} \
              WHERE id IN ({}) AND status = 2",
             table.sql(),
-            vec!["?"; ids.len()].join(", ")
+            ids.iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         let micros: Result<Vec<Option<i64>>, _> = match pool.get_conn().await {
-            Ok(mut conn) => conn.exec(sql, ids).await,
+            Ok(mut conn) => conn.query(sql).await,
             Err(e) => Err(e),
         };
         match micros {
@@ -190,6 +196,10 @@ async fn write(
         }
     }
     for ((table, (condition, owner)), rows) in sent {
+        if let Some(sql) = inline_sent_update(table, condition, owner, &rows) {
+            conn.query_drop(sql).await?;
+            continue;
+        }
         let cases = " WHEN ? THEN ?".repeat(rows.len());
         let ids = vec!["?"; rows.len()].join(", ");
         let mut params: Vec<Value> = Vec::with_capacity(rows.len() * 3);
@@ -213,6 +223,44 @@ async fn write(
     Ok(())
 }
 
+/// `'text'` when `text` is safe to inline as is (broker message ids are hex; instance ids are
+/// host names and pids), else `None`.
+fn plain_literal(text: &str) -> Option<String> {
+    text.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"#,-_.:".contains(&b))
+        .then(|| format!("'{text}'"))
+}
+
+/// The SENT UPDATE of `rows` as one text-protocol statement (a single round trip, no statement to
+/// prepare: its placeholder count would change with every batch size), or `None` when a value is
+/// not plain enough to inline (then the prepared form is used).
+fn inline_sent_update(
+    table: &TableName,
+    condition: &str,
+    owner: Option<&str>,
+    rows: &[(u64, &str)],
+) -> Option<String> {
+    let mut cases = String::with_capacity(rows.len() * 48);
+    for (id, msg_id) in rows {
+        cases.push_str(&format!(" WHEN {id} THEN {}", plain_literal(msg_id)?));
+    }
+    let ids = rows
+        .iter()
+        .map(|(id, _)| id.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let condition = match owner {
+        Some(owner) => condition.replace('?', &plain_literal(owner)?),
+        None => condition.to_string(),
+    };
+    Some(format!(
+        "UPDATE {} SET status = 2, msg_id = CASE id{cases} END, sent_at = NOW(3), \
+         owner = NULL, lease_until = NULL, last_error = NULL \
+         WHERE id IN ({ids}) AND {condition}",
+        table.sql()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,6 +278,22 @@ mod tests {
                 attempts: 0,
             },
         }
+    }
+
+    #[test]
+    fn the_inline_sent_update_binds_nothing_unsafe() {
+        let table = TableName::parse("outbox_event").unwrap();
+        let rows = [(7, "C0A8000100002A9F"), (9, "C0A8000100002AA0")];
+        let sql =
+            inline_sent_update(&table, "status = 1 AND owner = ?", Some("host-1"), &rows).unwrap();
+        assert!(sql.contains("WHEN 7 THEN 'C0A8000100002A9F' WHEN 9 THEN 'C0A8000100002AA0'"));
+        assert!(
+            sql.contains("WHERE id IN (7, 9) AND status = 1 AND owner = 'host-1'"),
+            "{sql}"
+        );
+        // Anything that would need escaping goes through the prepared statement instead.
+        assert!(inline_sent_update(&table, "status = 1", None, &[(1, "a'b")]).is_none());
+        assert!(inline_sent_update(&table, "owner = ?", Some("x\\"), &[(1, "A")]).is_none());
     }
 
     #[test]

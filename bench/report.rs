@@ -1,0 +1,339 @@
+//! The results: a markdown report (tables, ratios against the targets, CPU split) and an SVG
+//! chart of commit→SEND_OK latency against the committed rate, both modes.
+
+use crate::ceiling::Ceiling;
+use crate::procs::CpuSplit;
+use std::fmt::Write as _;
+
+pub struct DrainResult {
+    pub mode: &'static str,
+    pub events: usize,
+    /// From starting the relay process until every row was SENT.
+    pub secs: f64,
+    /// From the first SENT row until every row was SENT (without start-up).
+    pub secs_from_first: f64,
+    /// SIGTERM → exit (drain, final checkpoint, shutdown).
+    pub stop_secs: f64,
+    pub relay_cpu_us_per_event: f64,
+    pub relay_rss_mib: f64,
+    pub split: CpuSplit,
+    /// CDC: the final checkpoint covers the last event's transaction.
+    pub checkpoint_ok: Option<bool>,
+    pub failed: u64,
+}
+
+impl DrainResult {
+    pub fn rate(&self) -> f64 {
+        self.events as f64 / self.secs
+    }
+}
+
+pub struct LatencyResult {
+    pub mode: &'static str,
+    pub rate: usize,
+    pub achieved: f64,
+    pub p50: i64,
+    pub p95: i64,
+    pub p99: i64,
+    pub max: i64,
+    /// Last commit → last row SENT.
+    pub tail_ms: f64,
+    pub sustained: bool,
+    pub relay_cpu_us_per_event: f64,
+    pub relay_rss_mib: f64,
+    pub split: CpuSplit,
+}
+
+/// A chart line: mode, label, colour, the value plotted.
+type Series = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&LatencyResult) -> i64,
+);
+
+pub struct Report<'a> {
+    pub machine: String,
+    pub load_before: String,
+    pub load_after: String,
+    pub settings: String,
+    pub ceiling: &'a Ceiling,
+    pub drains: &'a [DrainResult],
+    pub latencies: &'a [LatencyResult],
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "**met**"
+    } else {
+        "**not met**"
+    }
+}
+
+impl Report<'_> {
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let c = self.ceiling;
+        let _ = writeln!(s, "## outbox-relay benchmark\n");
+        let _ = writeln!(
+            s,
+            "Machine: {}. Load average before {}, after {}.",
+            self.machine, self.load_before, self.load_after
+        );
+        let _ = writeln!(s, "Settings: {}.\n", self.settings);
+        let _ = writeln!(
+            s,
+            "### Broker ceiling (RocketMQ Rust client alone, same messages)\n"
+        );
+        let _ = writeln!(s, "| send pattern | msg/s | latency |\n| --- | --- | --- |");
+        let _ = writeln!(
+            s,
+            "| sync single sends, one at a time ({}) | {:.0} | p50 {:.2} ms, p99 {:.2} ms |",
+            c.single_count, c.single_rate, c.single_p50_ms, c.single_p99_ms
+        );
+        let _ = writeln!(
+            s,
+            "| batches of 100, one in flight ({}) | {:.0} | |",
+            c.batch_count, c.batch_rate
+        );
+        let _ = writeln!(
+            s,
+            "| batches of 100, one stream per queue (8) | {:.0} | |",
+            c.batch_parallel_rate
+        );
+        let _ = writeln!(
+            s,
+            "\nBatches refused by the broker (busy, sent again after 10 ms): {}.\n",
+            c.refused
+        );
+
+        let _ = writeln!(
+            s,
+            "### Drain of a backlog (relay = `outbox-relay run` child process)\n"
+        );
+        let _ = writeln!(s, "| mode | events | events/s (start → all SENT) | events/s (first → last SENT) | stop (final checkpoint) | relay CPU µs/event | relay peak RSS | checkpoint past last event |\n| --- | --- | --- | --- | --- | --- | --- | --- |");
+        for d in self.drains {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} ({:.1} s) | {:.0} | {:.2} s | {:.1} | {:.0} MiB | {} |",
+                d.mode,
+                d.events,
+                d.rate(),
+                d.secs,
+                d.events as f64 / d.secs_from_first,
+                d.stop_secs,
+                d.relay_cpu_us_per_event,
+                d.relay_rss_mib,
+                match d.checkpoint_ok {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "n/a (poll)",
+                }
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nCPU during each drain (seconds of CPU, % of one core over the drain):\n"
+        );
+        for d in self.drains {
+            let _ = writeln!(
+                s,
+                "- {}: {}{}",
+                d.mode,
+                d.split.describe(),
+                if d.failed > 0 {
+                    format!(" — {} rows FAILED", d.failed)
+                } else {
+                    String::new()
+                }
+            );
+        }
+
+        let _ = writeln!(s, "\n### Commit → SEND_OK latency at fixed commit rates\n");
+        let _ = writeln!(s, "| mode | target rate | committed rate | p50 | p95 | p99 | max | last commit → all SENT | sustained | relay CPU µs/event | relay RSS |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        for l in self.latencies {
+            let _ = writeln!(s, "| {} | {} | {:.0} | {} ms | {} ms | {} ms | {} ms | {:.0} ms | {} | {:.1} | {:.0} MiB |",
+                l.mode, l.rate, l.achieved, l.p50, l.p95, l.p99, l.max, l.tail_ms,
+                if l.sustained { "yes" } else { "no" }, l.relay_cpu_us_per_event, l.relay_rss_mib);
+        }
+        let _ = writeln!(s, "\nCPU during each latency run:\n");
+        for l in self.latencies {
+            let _ = writeln!(s, "- {} {}/s: {}", l.mode, l.rate, l.split.describe());
+        }
+
+        let _ = writeln!(s, "\n### Targets (ratios from this run)\n");
+        let _ = writeln!(s, "| target | measured | verdict |\n| --- | --- | --- |");
+        for d in self.drains {
+            let ratio = d.rate() / c.batch_rate;
+            let _ = writeln!(s, "| {} drain ≥ 0.8 × broker batched ingest | {:.0} / {:.0} = {:.2}× (vs parallel batches: {:.2}×) | {} |",
+                d.mode, d.rate(), c.batch_rate, ratio, d.rate() / c.batch_parallel_rate, verdict(ratio >= 0.8));
+            let _ = writeln!(
+                s,
+                "| {} drain relay CPU ≤ 10 µs/event | {:.1} µs | {} |",
+                d.mode,
+                d.relay_cpu_us_per_event,
+                verdict(d.relay_cpu_us_per_event <= 10.0)
+            );
+        }
+        let cdc5k = self
+            .latencies
+            .iter()
+            .find(|l| l.mode == "cdc" && l.rate == 5000);
+        let poll5k = self
+            .latencies
+            .iter()
+            .find(|l| l.mode == "poll" && l.rate == 5000);
+        if let Some(l) = cdc5k {
+            let limit = c.single_p50_ms + 1.0;
+            let _ = writeln!(
+                s,
+                "| CDC p50 at 5k/s ≤ client single-send p50 + 1 ms | {} ms vs {:.2} ms | {} |",
+                l.p50,
+                limit,
+                verdict((l.p50 as f64) <= limit)
+            );
+            let _ = writeln!(
+                s,
+                "| CDC p99 at 5k/s ≤ 10 ms | {} ms | {} |",
+                l.p99,
+                verdict(l.p99 <= 10)
+            );
+        }
+        for rate in [1000, 5000] {
+            let cdc = self
+                .latencies
+                .iter()
+                .find(|l| l.mode == "cdc" && l.rate == rate);
+            let poll = self
+                .latencies
+                .iter()
+                .find(|l| l.mode == "poll" && l.rate == rate);
+            if let (Some(cdc), Some(poll)) = (cdc, poll) {
+                let ratio = poll.p50 as f64 / (cdc.p50.max(1)) as f64;
+                let _ = writeln!(
+                    s,
+                    "| CDC p50 ≥ 100× lower than poll at {rate}/s | {} ms vs {} ms = {:.0}× | {} |",
+                    cdc.p50,
+                    poll.p50,
+                    ratio,
+                    verdict(ratio >= 100.0)
+                );
+            }
+        }
+        let _ = poll5k;
+        s
+    }
+
+    /// Latency (log scale) against committed rate: p50 and p99 of each mode.
+    pub fn svg(&self) -> String {
+        let (w, h, left, right, top, bottom) = (760.0, 440.0, 70.0, 170.0, 30.0, 50.0);
+        let plot_w = w - left - right;
+        let plot_h = h - top - bottom;
+        let max_rate = self.latencies.iter().map(|l| l.rate).max().unwrap_or(1000) as f64 * 1.05;
+        let (y_lo, y_hi) = (0.0f64, 4.0f64); // 1 ms .. 10 s
+        let x = |rate: f64| left + plot_w * rate / max_rate;
+        let y = |ms: i64| {
+            let v = (ms.max(1) as f64).log10().clamp(y_lo, y_hi);
+            top + plot_h * (1.0 - (v - y_lo) / (y_hi - y_lo))
+        };
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+        );
+        let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="18" text-anchor="middle" font-size="14">commit → SEND_OK latency vs committed rate (log scale)</text>"#,
+            left + plot_w / 2.0
+        );
+        for (i, label) in ["1 ms", "10 ms", "100 ms", "1 s", "10 s"]
+            .iter()
+            .enumerate()
+        {
+            let yy = top + plot_h * (1.0 - i as f64 / 4.0);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{left}" x2="{}" y1="{yy}" y2="{yy}" stroke="#ddd"/><text x="{}" y="{}" text-anchor="end">{label}</text>"##,
+                left + plot_w,
+                left - 6.0,
+                yy + 4.0
+            );
+        }
+        let step = if max_rate > 20_000.0 { 5000 } else { 2500 };
+        let mut r = 0;
+        while (r as f64) <= max_rate {
+            let xx = x(r as f64);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{xx}" x2="{xx}" y1="{top}" y2="{}" stroke="#eee"/><text x="{xx}" y="{}" text-anchor="middle">{r}</text>"##,
+                top + plot_h,
+                top + plot_h + 16.0
+            );
+            r += step;
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">committed events/s</text>"#,
+            left + plot_w / 2.0,
+            h - 10.0
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
+        );
+        let series: [Series; 4] = [
+            ("cdc", "CDC p50", "#1f77b4", |l| l.p50),
+            ("cdc", "CDC p99", "#1f77b4", |l| l.p99),
+            ("poll", "poll p50", "#d62728", |l| l.p50),
+            ("poll", "poll p99", "#d62728", |l| l.p99),
+        ];
+        for (i, (mode, name, color, value)) in series.iter().enumerate() {
+            let mut points: Vec<&LatencyResult> =
+                self.latencies.iter().filter(|l| l.mode == *mode).collect();
+            points.sort_by_key(|l| l.rate);
+            let dash = if i % 2 == 1 {
+                r#" stroke-dasharray="6 4""#
+            } else {
+                ""
+            };
+            let coords: Vec<String> = points
+                .iter()
+                .map(|l| format!("{:.1},{:.1}", x(l.rate as f64), y(value(l))))
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#,
+                coords.join(" ")
+            );
+            for l in &points {
+                let fill = if l.sustained { *color } else { "white" };
+                let _ = writeln!(
+                    s,
+                    r#"<circle cx="{:.1}" cy="{:.1}" r="3.5" fill="{fill}" stroke="{color}"><title>{name} at {}/s: {} ms</title></circle>"#,
+                    x(l.rate as f64),
+                    y(value(l)),
+                    l.rate,
+                    value(l)
+                );
+            }
+            let ly = top + 20.0 + 20.0 * i as f64;
+            let lx = left + plot_w + 15.0;
+            let _ = writeln!(
+                s,
+                r#"<line x1="{lx}" x2="{}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="{}">{name}</text>"#,
+                lx + 30.0,
+                lx + 36.0,
+                ly + 4.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" font-size="11">hollow: rate not sustained</text>"#,
+            left + plot_w + 15.0,
+            top + 110.0
+        );
+        let _ = writeln!(s, "</svg>");
+        s
+    }
+}

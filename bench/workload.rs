@@ -1,0 +1,244 @@
+//! The data and the actors: 1 KiB events over 10k keys, the backlog writer, the fixed-rate
+//! writer, and the relay as a child process (`outbox-relay run`, release build).
+
+use mysql_async::prelude::*;
+use mysql_async::TxOpts;
+use outbox_relay::binlog::BinlogPosition;
+use outbox_relay::checkpoint::{CheckpointStore, SledStore};
+use outbox_relay::config::{Config, RelayMode};
+use outbox_relay::producer::{NewEvent, Outbox, Payload};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub const KEYS: usize = 10_000;
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// ~1 KiB of JSON: the payload of event `n`.
+pub fn payload_text(n: usize) -> String {
+    format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(1000))
+}
+
+pub fn key(n: usize) -> String {
+    format!("key-{}", n % KEYS)
+}
+
+fn event(topic: &str, n: usize) -> NewEvent {
+    NewEvent::new(topic, key(n), Payload::raw(payload_text(n)))
+}
+
+/// The server's current GTID position (where a relay started now would begin).
+pub async fn gtid_now(pool: &mysql_async::Pool) -> BinlogPosition {
+    let gtid: String = pool
+        .get_conn()
+        .await
+        .unwrap()
+        .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
+        .await
+        .unwrap()
+        .unwrap_or_default();
+    BinlogPosition {
+        mariadb_gtid: Some(gtid.parse().unwrap()),
+        ..BinlogPosition::default()
+    }
+}
+
+/// Rows not yet SENT or FAILED (PENDING or SENDING): cheap, on the `(status, …)` index.
+pub async fn unfinished(pool: &mysql_async::Pool) -> u64 {
+    pool.get_conn()
+        .await
+        .unwrap()
+        .query_first("SELECT COUNT(*) FROM outbox_event WHERE status IN (0, 1)")
+        .await
+        .unwrap()
+        .unwrap_or_default()
+}
+
+pub async fn failed(pool: &mysql_async::Pool) -> u64 {
+    pool.get_conn()
+        .await
+        .unwrap()
+        .query_first("SELECT COUNT(*) FROM outbox_event WHERE status = 3")
+        .await
+        .unwrap()
+        .unwrap_or_default()
+}
+
+/// Writes `count` events to `topic` in transactions of 1,000.
+pub async fn write_backlog(pool: &mysql_async::Pool, topic: &str, count: usize) {
+    let outbox = Outbox::default();
+    let mut n = 0;
+    while n < count {
+        let end = (n + 1000).min(count);
+        let mut tx = pool.start_transaction(TxOpts::default()).await.unwrap();
+        let events = (n..end).map(|i| event(topic, i)).collect();
+        outbox.enqueue_batch(&mut tx, events).await.unwrap();
+        tx.commit().await.unwrap();
+        n = end;
+    }
+}
+
+/// What the fixed-rate writer did.
+pub struct Written {
+    /// event_id → wall-clock ms when its COMMIT returned.
+    pub committed_at: HashMap<String, i64>,
+    /// Events per second actually committed.
+    pub achieved_rate: f64,
+    pub last_commit: Instant,
+}
+
+/// Commits `rate` events/s to `topic` for `seconds`: every 10 ms one transaction of `rate/100`
+/// events; records the millisecond each COMMIT returned.
+pub async fn write_at_rate(
+    pool: &mysql_async::Pool,
+    topic: &str,
+    rate: usize,
+    seconds: u64,
+) -> Written {
+    let outbox = Outbox::default();
+    let total = rate * seconds as usize;
+    let per_tick = (rate / 100).max(1);
+    let mut committed_at = HashMap::with_capacity(total);
+    let mut conn = pool.get_conn().await.unwrap();
+    let mut ticker = tokio::time::interval(Duration::from_millis(10));
+    let began = Instant::now();
+    let mut n = 0;
+    while n < total {
+        ticker.tick().await;
+        let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
+        let events = (n..(n + per_tick).min(total))
+            .map(|i| event(topic, i))
+            .collect();
+        let ids = outbox.enqueue_batch(&mut tx, events).await.unwrap();
+        tx.commit().await.unwrap();
+        let at = now_ms();
+        n += ids.len();
+        committed_at.extend(ids.into_iter().map(|id| (String::from(id), at)));
+    }
+    Written {
+        committed_at,
+        achieved_rate: total as f64 / began.elapsed().as_secs_f64(),
+        last_commit: Instant::now(),
+    }
+}
+
+/// A relay run by `outbox-relay -c FILE run` in a child process; killed if dropped running.
+pub struct RelayChild {
+    child: Child,
+    pub checkpoint_dir: PathBuf,
+    run_dir: PathBuf,
+    perf: Option<Child>,
+}
+
+impl RelayChild {
+    /// Writes `config` (with its own name, server id and checkpoint dir under `dir`) and starts
+    /// the relay; in CDC mode it starts at `start`.
+    pub fn spawn(config: &Config, dir: &Path, label: &str, start: Option<&BinlogPosition>) -> Self {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut config = config.clone();
+        let run_dir = dir.join(format!("{label}-{n}"));
+        std::fs::create_dir_all(&run_dir).unwrap();
+        config.relay.checkpoint_dir = run_dir.join("checkpoint");
+        config.relay.name = format!("bench-{label}-{n}");
+        config.relay.instance_id = Some(format!("bench-{label}-{n}"));
+        config.mysql.server_id = 500_000 + n;
+        config.metrics.listen = String::new();
+        if let (RelayMode::Cdc, Some(start)) = (config.relay.mode, start) {
+            SledStore::open(&config.relay.checkpoint_dir)
+                .unwrap()
+                .save(start)
+                .unwrap();
+        }
+        let file = run_dir.join("relay.toml");
+        std::fs::write(&file, toml::to_string(&config).unwrap()).unwrap();
+        let log = std::fs::File::create(run_dir.join("relay.log")).unwrap();
+        // BENCH_RELAY_BIN runs another build (before/after comparisons of a change).
+        let bin = std::env::var("BENCH_RELAY_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox-relay").to_string());
+        let mut command = Command::new(bin);
+        // SAFETY: prctl is async-signal-safe; the relay dies with the bench even on SIGKILL.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
+            .args(["-c", file.to_str().unwrap(), "--metrics-listen", "", "run"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start outbox-relay run");
+        RelayChild {
+            child,
+            checkpoint_dir: config.relay.checkpoint_dir,
+            run_dir,
+            perf: None,
+        }
+    }
+
+    /// With `BENCH_PERF` set (e.g. `BENCH_PERF="-F 999 --call-graph dwarf"`), samples the relay
+    /// with `perf record` into `<run dir>/perf.data` until [`Self::stop_profile`].
+    pub fn start_profile(&mut self) {
+        let Ok(flags) = std::env::var("BENCH_PERF") else {
+            return;
+        };
+        let out = self.run_dir.join("perf.data");
+        eprintln!("  profiling the relay into {}", out.display());
+        self.perf = Command::new("perf")
+            .arg("record")
+            .args(flags.split_whitespace())
+            .args([
+                "-p",
+                &self.child.id().to_string(),
+                "-o",
+                out.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
+    }
+
+    pub fn stop_profile(&mut self) {
+        if let Some(mut perf) = self.perf.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(perf.id() as libc::pid_t, libc::SIGINT) };
+            let _ = perf.wait();
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM (drain, final checkpoint) and wait; the final checkpoint from sled (CDC mode).
+    pub fn stop(mut self) -> Option<BinlogPosition> {
+        self.stop_profile();
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "relay exit: {status:?}");
+        SledStore::open(&self.checkpoint_dir)
+            .ok()
+            .and_then(|s| s.load().ok().flatten())
+    }
+}
+
+impl Drop for RelayChild {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
