@@ -38,6 +38,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(5, "0005_consumer_quarantine"),
     migration!(6, "0006_outbox_key_order"),
     migration!(7, "0007_reconcile_diff"),
+    migration!(8, "0008_outbox_pending_order"),
 ];
 
 /// The table every configured outbox table is shaped like.
