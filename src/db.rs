@@ -70,6 +70,23 @@ pub fn pool(config: &Config) -> anyhow::Result<Pool> {
     Ok(Pool::new(opts(config)?))
 }
 
+/// Longest a single housekeeping query may take (leader checks, claims, lease updates, status
+/// look-ups) before it counts as failed: a connection cut mid-statement must turn into a retry,
+/// never a hang.
+pub const QUERY_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// `work` bounded by [`QUERY_LIMIT`]; running out of time is an error like any other.
+pub async fn bounded<T>(
+    work: impl std::future::Future<Output = Result<T, mysql_async::Error>>,
+) -> Result<T, mysql_async::Error> {
+    match tokio::time::timeout(QUERY_LIMIT, work).await {
+        Ok(result) => result,
+        Err(_) => Err(mysql_async::Error::Other(
+            format!("no answer from MySQL within {QUERY_LIMIT:?}").into(),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

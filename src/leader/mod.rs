@@ -93,7 +93,8 @@ impl Election {
             let attempt = async {
                 let mut conn = self.connect().await?;
                 loop {
-                    if take_lock(&mut conn, &self.lock, WAIT_STEP).await? {
+                    let took = crate::db::bounded(take_lock(&mut conn, &self.lock, WAIT_STEP));
+                    if took.await? {
                         return self.begin(conn).await;
                     }
                 }
@@ -220,12 +221,11 @@ async fn watch(
             _ = stop.cancelled() => return Some(conn),
             _ = tokio::time::sleep(CHECK_EVERY) => {}
         }
-        let held: Result<Option<Option<u64>>, _> = conn
-            .exec_first(
-                "SELECT IS_USED_LOCK(?) = CONNECTION_ID()",
-                (&election.lock,),
-            )
-            .await;
+        let held: Result<Option<Option<u64>>, _> = crate::db::bounded(conn.exec_first(
+            "SELECT IS_USED_LOCK(?) = CONNECTION_ID()",
+            (&election.lock,),
+        ))
+        .await;
         match held {
             Ok(Some(Some(1))) => {
                 failures = 0;
@@ -241,7 +241,7 @@ async fn watch(
             }
             Err(e) => tracing::warn!(error = %e, "cannot confirm the leader lock; taking it again"),
         }
-        match election.regain(epoch).await {
+        match crate::db::bounded(election.regain(epoch)).await {
             Ok(Some(new_conn)) => {
                 tracing::info!(
                     epoch,

@@ -143,10 +143,11 @@ async fn observe_latencies(pool: &Pool, batch: &[Completion]) {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let micros: Result<Vec<Option<i64>>, _> = match pool.get_conn().await {
-            Ok(mut conn) => conn.query(sql).await,
-            Err(e) => Err(e),
-        };
+        let micros: Result<Vec<Option<i64>>, _> = crate::db::bounded(async {
+            let mut conn = pool.get_conn().await?;
+            conn.query(sql).await
+        })
+        .await;
         match micros {
             Ok(micros) => {
                 for m in micros.into_iter().flatten() {

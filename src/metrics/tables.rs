@@ -18,9 +18,9 @@ pub async fn watch(
     cancel: CancellationToken,
 ) {
     loop {
-        let mut refreshed = refresh(&pool, &tables).await;
+        let mut refreshed = crate::db::bounded(refresh(&pool, &tables)).await;
         if let (Ok(()), Some((opts, name))) = (&refreshed, &deployment) {
-            refreshed = refresh_binlog(&pool, opts, name).await;
+            refreshed = crate::db::bounded(refresh_binlog(&pool, opts, name)).await;
         }
         if let Err(e) = &refreshed {
             tracing::warn!(error = %e, "cannot read the outbox table metrics");

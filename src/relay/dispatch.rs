@@ -83,10 +83,11 @@ impl CatchUp {
                     .collect::<Vec<_>>()
                     .join(", ")
             );
-            let found: Result<Vec<u64>, _> = match self.pool.get_conn().await {
-                Ok(mut conn) => conn.query(sql).await,
-                Err(e) => Err(e),
-            };
+            let found: Result<Vec<u64>, _> = crate::db::bounded(async {
+                let mut conn = self.pool.get_conn().await?;
+                conn.query(sql).await
+            })
+            .await;
             match found {
                 Ok(ids) => recorded.extend(ids.into_iter().map(|id| (Arc::clone(&table), id))),
                 Err(e) => tracing::warn!(%table, error = %e,

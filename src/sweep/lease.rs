@@ -88,7 +88,7 @@ pub async fn keep(
             _ = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        let mut conn = match pool.get_conn().await {
+        let mut conn = match crate::db::bounded(pool.get_conn()).await {
             Ok(conn) => conn,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot renew or recover leases; retrying");
@@ -96,10 +96,11 @@ pub async fn keep(
             }
         };
         for table in &tables {
-            if let Err(e) = renew(&mut conn, table, &owner, lease_length).await {
+            let renewed = crate::db::bounded(renew(&mut conn, table, &owner, lease_length)).await;
+            if let Err(e) = renewed {
                 tracing::warn!(%table, error = %e, "cannot renew leases; retrying");
             }
-            match recover_expired(&mut conn, table).await {
+            match crate::db::bounded(recover_expired(&mut conn, table)).await {
                 Ok(0) => {}
                 Ok(n) => {
                     crate::metrics::relay().leases_recovered.inc_by(n);

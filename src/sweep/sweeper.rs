@@ -245,10 +245,11 @@ async fn claim_loop(
                 min_age,
                 ..claimer.clone()
             };
-            let claimed = match pool.get_conn().await {
-                Ok(mut conn) => claimer.claim(&mut conn).await,
-                Err(e) => Err(e),
-            };
+            let claimed = crate::db::bounded(async {
+                let mut conn = pool.get_conn().await?;
+                claimer.claim(&mut conn).await
+            })
+            .await;
             match claimed {
                 Ok(rows) => {
                     failures = 0;
