@@ -87,6 +87,17 @@ pub async fn bounded<T>(
     }
 }
 
+/// Closes `pool`, waiting at most [`QUERY_LIMIT`]: a connection the server killed mid-statement
+/// can keep `Pool::disconnect` waiting for ever, and shutting down (or handing leadership over)
+/// must not hang on it. Whatever is left is dropped.
+pub async fn close(pool: Pool) {
+    match tokio::time::timeout(QUERY_LIMIT, pool.disconnect()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "pool did not close cleanly"),
+        Err(_) => tracing::warn!("a MySQL pool did not close within {QUERY_LIMIT:?}; dropping it"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,30 +34,81 @@ pub async fn run_instance<S: Sink>(
     // Every instance checks the server and its grants first, so a missing privilege is named
     // at start-up (not as a failed election or a refused binlog dump later).
     let opts = crate::db::opts(config)?;
-    check_server(&opts, &super::qualified_tables(config)?).await?;
-    let election = Election::new(opts, &config.relay.name, &config.instance_id());
+    let tables = super::qualified_tables(config)?;
+    let election = Election::new(opts.clone(), &config.relay.name, &config.instance_id());
     let mut total = RunSummary::default();
+    let policy = crate::retry::RetryPolicy::reconnect();
+    let mut failures = 0;
+    let mut first_round = true;
     loop {
-        let leadership = match election.try_lead().await {
-            Ok(Some(leadership)) => leadership,
-            Ok(None) => {
-                match stand_by(config, &sink, &election, &options, &cancel, &mut total).await? {
-                    Some(leadership) => leadership,
-                    None => return Ok(total),
+        // A connection lost during start-up or a run (a killed connection, a restarting server)
+        // is retried with backoff; a misconfigured server or missing grant stops the instance.
+        let round = async {
+            check_server(&opts, &tables).await?;
+            let leadership = match election.try_lead().await.map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot enter the leader election in MySQL (has `outbox-relay migrate` run?): {e}"
+                )
+            })? {
+                Some(leadership) => leadership,
+                None => {
+                    match stand_by(config, &sink, &election, &options, &cancel, &mut total).await? {
+                        Some(leadership) => leadership,
+                        None => return Ok(None),
+                    }
+                }
+            };
+            let led = lead(config, &sink, &store, &options, &cancel, &leadership).await;
+            leadership.resign(&election).await;
+            led.map(Some)
+        };
+        let outcome = round.await;
+        let started = std::mem::replace(&mut first_round, false);
+        let started = !started;
+        match outcome {
+            Ok(None) => return Ok(total),
+            Ok(Some(summary)) => {
+                failures = 0;
+                total.absorb(summary);
+                if cancel.is_cancelled() {
+                    return Ok(total);
+                }
+                tracing::warn!("no longer the leader: standing by");
+            }
+            Err(e) if is_permanent(&e, started) || cancel.is_cancelled() => return Err(e),
+            Err(e) => {
+                failures += 1;
+                let delay = policy.delay(failures).unwrap_or(policy.max);
+                tracing::warn!(error = %e, retry_in = ?delay, "relay round failed; retrying");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(total),
+                    _ = tokio::time::sleep(delay) => {}
                 }
             }
-            Err(e) => anyhow::bail!(
-                "cannot enter the leader election in MySQL (has `outbox-relay migrate` run?): {e}"
-            ),
-        };
-        let led = lead(config, &sink, &store, &options, &cancel, &leadership).await;
-        leadership.resign(&election).await;
-        total.absorb(led?);
-        if cancel.is_cancelled() {
-            return Ok(total);
         }
-        tracing::warn!("no longer the leader: standing by");
     }
+}
+
+/// Errors retrying cannot fix: the server's configuration, missing grants, a refused or
+/// unsupported binlog, a broken checkpoint store; and, before the instance ever ran, a server it
+/// cannot connect to (the user must see that at once). A connection lost mid-way is retried.
+fn is_permanent(error: &anyhow::Error, started: bool) -> bool {
+    use crate::binlog::reader::StartupError;
+    use crate::checkpoint::store::StoreError;
+    if let Some(e) = error.downcast_ref::<StartupError>() {
+        return match e {
+            StartupError::Misconfigured(_) | StartupError::Privilege(_) => true,
+            StartupError::Connect(_) => !started,
+            StartupError::Database(_) => false,
+        };
+    }
+    if let Some(e) = error.downcast_ref::<ReaderError>() {
+        return matches!(e, ReaderError::NotAllowed(_) | ReaderError::Unsupported(_));
+    }
+    if let Some(e) = error.downcast_ref::<StoreError>() {
+        return matches!(e, StoreError::Sled { .. } | StoreError::Corrupt(_));
+    }
+    false
 }
 
 /// Sweeps (if enabled) while waiting for leadership; `None` when cancelled first.

@@ -254,7 +254,7 @@ pub async fn run_cdc<S: Sink>(
     }
     checkpoint_stop.cancel();
     let checkpoint = checkpoint_task.await??;
-    pool.disconnect().await?;
+    crate::db::close(pool).await;
     reader_result?;
     Ok(RunSummary {
         marked,

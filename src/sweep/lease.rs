@@ -119,12 +119,12 @@ pub async fn keep(
 /// outcome was recorded); on failure they return when their lease expires.
 pub async fn release_all(pool: &Pool, tables: &[TableName], owner: &str) {
     let later = "cannot release claimed rows; they return when their lease expires";
-    let mut conn = match pool.get_conn().await {
+    let mut conn = match crate::db::bounded(pool.get_conn()).await {
         Ok(conn) => conn,
         Err(e) => return tracing::warn!(error = %e, "{later}"),
     };
     for table in tables {
-        match release(&mut conn, table, owner).await {
+        match crate::db::bounded(release(&mut conn, table, owner)).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(%table, rows = n, "released unsent claimed rows"),
             Err(e) => tracing::warn!(%table, error = %e, "{later}"),

@@ -93,7 +93,7 @@ pub async fn run_sweeper_alone<S: Sink>(
     let marked = marker_task.await?;
     // Every outcome is recorded; what this instance still holds was not sent (or not proven).
     running.finish().await;
-    pool.disconnect().await?;
+    crate::db::close(pool).await;
     Ok(RunSummary {
         marked,
         checkpoint: BinlogPosition::default(),

@@ -180,9 +180,7 @@ impl RunningSweeper {
         self.leases_stop.cancel();
         let _ = self.leases_task.await;
         lease::release_all(&self.pool, &self.tables, &self.owner).await;
-        if let Err(e) = self.pool.disconnect().await {
-            tracing::debug!(error = %e, "sweeper pool did not close cleanly");
-        }
+        crate::db::close(self.pool).await;
     }
 }
 
