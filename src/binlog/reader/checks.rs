@@ -49,8 +49,8 @@ async fn variable(conn: &mut Conn, name: &str) -> Result<Option<String>, Startup
     Ok(value.flatten())
 }
 
-/// Checks binlog settings and privileges; returns the flavour and current position.
-pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInfo, StartupError> {
+/// A connection, the server's `VERSION()`, and whether it is MariaDB.
+async fn connect(opts: &Opts) -> Result<(Conn, String, bool), StartupError> {
     let mut conn = Conn::new(opts.clone())
         .await
         .map_err(StartupError::Connect)?;
@@ -59,6 +59,12 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         .await?
         .unwrap_or_default();
     let is_mariadb = version.to_ascii_lowercase().contains("mariadb");
+    Ok((conn, version, is_mariadb))
+}
+
+/// Checks binlog settings and privileges; returns the flavour and current position.
+pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInfo, StartupError> {
+    let (mut conn, version, is_mariadb) = connect(opts).await?;
 
     let log_bin = variable(&mut conn, "log_bin").await?.unwrap_or_default();
     if !matches!(log_bin.to_ascii_uppercase().as_str(), "ON" | "1") {
@@ -150,14 +156,7 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
 /// The server's version, flavour and current end of binlog, with no other check (what `status`
 /// needs: REPLICATION CLIENT / BINLOG MONITOR only).
 pub async fn server_position(opts: &Opts) -> Result<ServerInfo, StartupError> {
-    let mut conn = Conn::new(opts.clone())
-        .await
-        .map_err(StartupError::Connect)?;
-    let version: String = conn
-        .query_first("SELECT VERSION()")
-        .await?
-        .unwrap_or_default();
-    let is_mariadb = version.to_ascii_lowercase().contains("mariadb");
+    let (mut conn, version, is_mariadb) = connect(opts).await?;
     let (flavor, current) = read_position(&mut conn, is_mariadb).await?;
     conn.disconnect().await?;
     Ok(ServerInfo {
