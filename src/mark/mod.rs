@@ -113,22 +113,29 @@ pub async fn run_marker(
                 watermark.complete(seq);
             }
         }
-        observe_latencies(&pool, &batch).await;
+        // Off the marking loop: the next batch's UPDATE does not wait for a metric's query.
+        tokio::spawn(observe_latencies(pool.clone(), sent_ids(&batch)));
     }
     stats
 }
 
-/// Records created → SENT latencies of the batch's SENT rows in `outbox_commit_to_sent_seconds`
-/// (both times from the database clock, in milliseconds). Best effort: a failed query is skipped.
-async fn observe_latencies(pool: &Pool, batch: &[Completion]) {
-    let mut sent: BTreeMap<&TableName, Vec<u64>> = BTreeMap::new();
+/// The ids of the batch's SENT rows, by table.
+fn sent_ids(batch: &[Completion]) -> BTreeMap<Arc<TableName>, Vec<u64>> {
+    let mut sent: BTreeMap<Arc<TableName>, Vec<u64>> = BTreeMap::new();
     for completion in batch {
         if let Outcome::Sent { .. } = completion.outcome {
-            sent.entry(&*completion.table)
+            sent.entry(Arc::clone(&completion.table))
                 .or_default()
                 .push(completion.id);
         }
     }
+    sent
+}
+
+/// Records created → SENT latencies of the batch's SENT rows in `outbox_commit_to_sent_seconds`
+/// (both times from the database clock, in milliseconds). Best effort: a failed query is skipped.
+async fn observe_latencies(pool: Pool, sent: BTreeMap<Arc<TableName>, Vec<u64>>) {
+    let pool = &pool;
     let histogram = &crate::metrics::relay().commit_to_sent;
     for (table, ids) in sent {
         // Text protocol with the integer ids inline: one round trip. A prepared statement has
