@@ -70,6 +70,73 @@ pub fn pool(config: &Config) -> anyhow::Result<Pool> {
     Ok(Pool::new(opts(config)?))
 }
 
+/// Where [`writer_pool`] sets `binlog_row_image` per session.
+const MINIMAL_ROW_IMAGE: &str = "SET SESSION binlog_row_image = 'MINIMAL'";
+const READ_COMMITTED: &str = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// A pool whose sessions run at READ COMMITTED (claims, lease updates and marks take no gap
+/// locks, so they never block or deadlock the producers' INSERTs).
+pub fn read_committed_pool(config: &Config) -> anyhow::Result<Pool> {
+    Ok(session_pool(opts(config)?, vec![READ_COMMITTED]))
+}
+
+/// A pool whose every connection runs `session` once, and keeps it: mysql_async resets a
+/// connection returned to the pool by default (COM_RESET_CONNECTION), which drops session
+/// settings made by `init` after the first use and would cost a round trip per checkout. Our
+/// callers leave no other session state behind (an open transaction is still rolled back).
+fn session_pool(opts: Opts, session: Vec<&str>) -> Pool {
+    let pool_opts = opts.pool_opts().clone().with_reset_connection(false);
+    Pool::new(
+        OptsBuilder::from_opts(opts)
+            .pool_opts(pool_opts)
+            .init(session),
+    )
+}
+
+/// The pool of the relay's own writes (SENT/FAILED marks, claims, leases, the checkpoint
+/// mirror): READ COMMITTED like [`read_committed_pool`], and with `relay.minimal_row_image`
+/// each session logs its UPDATEs with `binlog_row_image = MINIMAL` when the server lets this
+/// account set it (asked once per pool; otherwise a warning and the server's own setting).
+/// Only row images of these UPDATEs change: the stream reads INSERTs, which producers write.
+pub async fn writer_pool(config: &Config) -> anyhow::Result<Pool> {
+    let opts = opts(config)?;
+    let mut init = vec![READ_COMMITTED];
+    if config.relay.minimal_row_image && minimal_row_image_allowed(&opts).await {
+        init.push(MINIMAL_ROW_IMAGE);
+    }
+    Ok(session_pool(opts, init))
+}
+
+/// Whether a session of `opts` may set `binlog_row_image` (MySQL asks for
+/// `SESSION_VARIABLES_ADMIN`; MariaDB allows it). `false` when the server cannot be asked now.
+async fn minimal_row_image_allowed(opts: &Opts) -> bool {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let tried = bounded(async {
+        let mut conn = mysql_async::Conn::new(opts.clone()).await?;
+        let result =
+            mysql_async::prelude::Queryable::query_drop(&mut conn, MINIMAL_ROW_IMAGE).await;
+        let _ = conn.disconnect().await;
+        result
+    })
+    .await;
+    match tried {
+        Ok(()) => true,
+        Err(mysql_async::Error::Server(e)) => {
+            if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(error = %e.message,
+                    "cannot set binlog_row_image = MINIMAL for the relay's own UPDATEs (grant \
+                     SESSION_VARIABLES_ADMIN, or set relay.minimal_row_image = false to silence \
+                     this); they are logged with the server's setting");
+            }
+            false
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot ask whether binlog_row_image may be set");
+            false
+        }
+    }
+}
+
 /// Longest a single housekeeping query may take (leader checks, claims, lease updates, status
 /// look-ups) before it counts as failed: a connection cut mid-statement must turn into a retry,
 /// never a hang.

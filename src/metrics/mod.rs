@@ -143,7 +143,7 @@ impl RelayMetrics {
         );
         registry.register(
             "commit_to_sent_seconds",
-            "Outbox row created to recorded SENT (after SEND_OK), database clock",
+            "Outbox row created to recorded SENT (after SEND_OK), database clock; a sample of up to 50 rows per marking batch",
             metrics.commit_to_sent.clone(),
         );
         registry.register(

@@ -164,7 +164,7 @@ pub async fn run_cdc<S: Sink>(
     let tables = qualified_tables(config)?;
     let server = check_server(&opts, &tables).await?;
     tracing::info!(version = %server.version, flavor = ?server.flavor, "server checks passed");
-    let pool = mysql_async::Pool::new(opts.clone());
+    let pool = crate::db::writer_pool(config).await?;
     let mut mirror = MysqlMirror::new(config.relay.name.clone());
     if let Some(epoch) = options.leader_epoch {
         mirror = mirror.fenced(epoch);
@@ -174,7 +174,7 @@ pub async fn run_cdc<S: Sink>(
     let sweeper = match config.sweeper.enabled {
         true => Some(
             Sweeper::new(
-                crate::sweep::read_committed_pool(config)?,
+                crate::db::writer_pool(config).await?,
                 tables.clone(),
                 config.instance_id(),
                 SweepSettings::beside_stream(config),
@@ -347,7 +347,7 @@ impl RelayHandle {
             RelayMode::Poll => None,
         };
         let tables_watch = tokio::spawn(crate::metrics::tables::watch(
-            crate::sweep::read_committed_pool(&config)?,
+            crate::db::read_committed_pool(&config)?,
             qualified_tables(&config)?,
             deployment,
             config.metrics.refresh,

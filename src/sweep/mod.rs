@@ -39,7 +39,7 @@ mod sweeper;
 pub use claim::{ClaimStrategy, Claimed, Claimer};
 pub use gate::SweepGate;
 pub use poll::{run_poll, run_sweeper_alone};
-pub use sweeper::{read_committed_pool, RunningSweeper, SweepSettings, Sweeper};
+pub use sweeper::{RunningSweeper, SweepSettings, Sweeper};
 
 /// Capacity of each shard's input: claimed rows waiting to be sent (their leases are renewed).
 const CHANNEL_CAPACITY: usize = 1024;

@@ -3,7 +3,7 @@
 //! expired ones recovered beside it.
 
 use super::gate::SweepGate;
-use super::sweeper::{read_committed_pool, SweepSettings, Sweeper};
+use super::sweeper::{SweepSettings, Sweeper};
 use crate::binlog::decode::RowLimits;
 use crate::binlog::BinlogPosition;
 use crate::config::Config;
@@ -44,7 +44,7 @@ pub async fn run_sweeper_alone<S: Sink>(
     options: RunOptions,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
-    let pool = read_committed_pool(config)?;
+    let pool = crate::db::writer_pool(config).await?;
     let owner = config.instance_id();
     if settings.lease < config.rocketmq.send_timeout * 5 {
         tracing::warn!(lease = ?settings.lease, send_timeout = ?config.rocketmq.send_timeout,

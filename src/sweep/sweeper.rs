@@ -52,15 +52,6 @@ impl SweepSettings {
     }
 }
 
-/// A pool whose sessions run at READ COMMITTED: claims, lease updates and marks take no gap
-/// locks, so they never block or deadlock the producers' INSERTs.
-pub fn read_committed_pool(config: &Config) -> anyhow::Result<Pool> {
-    let opts = mysql_async::OptsBuilder::from_opts(crate::db::opts(config)?).init(vec![
-        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-    ]);
-    Ok(Pool::new(opts))
-}
-
 /// A sweeper ready to run: one [`Claimer`] per outbox table.
 pub struct Sweeper {
     pool: Pool,
@@ -72,7 +63,7 @@ pub struct Sweeper {
 
 impl Sweeper {
     /// Checks the tables and picks the claim strategy (`strategy`, or detected from the server's
-    /// version); claims go through `pool` (see [`read_committed_pool`]) as `owner`.
+    /// version); claims go through `pool` (see [`crate::db::writer_pool`]) as `owner`.
     pub async fn new(
         pool: Pool,
         tables: Vec<TableName>,

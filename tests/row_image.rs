@@ -1,0 +1,143 @@
+//! The relay's own UPDATEs (SENT marks) are logged with `binlog_row_image = MINIMAL` on a real
+//! MariaDB whose global setting is FULL (the setting the stream needs for producers' INSERTs):
+//! each mark carries the key and the changed columns, not the 1 KiB row twice. With
+//! `relay.minimal_row_image = false` the server's FULL images are kept.
+
+mod common;
+
+use common::relay::{
+    count_status, current_position, relay_config, seed_checkpoint, wait_for, write_events,
+    RunningRelay,
+};
+use common::rocketmq::new_topic;
+use common::TestDb;
+use futures_util::StreamExt;
+use mysql_async::binlog::events::{EventData, RowsEventData};
+use mysql_async::prelude::*;
+use mysql_async::BinlogStreamRequest;
+use outbox_relay::binlog::BinlogPosition;
+use std::time::Duration;
+
+/// Per UPDATE row of `outbox_event` in this test's database written after `from`: how many
+/// columns its before image and its after image carry.
+async fn update_images(db: &TestDb, from: &BinlogPosition, server_id: u32) -> Vec<(usize, usize)> {
+    let schema: String = db
+        .conn()
+        .await
+        .query_first("SELECT DATABASE()")
+        .await
+        .unwrap()
+        .unwrap();
+    let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(&db.url).unwrap())
+        .await
+        .unwrap();
+    conn.query_drop("SET @mariadb_slave_capability = 4")
+        .await
+        .unwrap();
+    let gtid = from.mariadb_gtid.as_ref().unwrap().to_string();
+    conn.exec_drop("SET @slave_connect_state = ?", (gtid,))
+        .await
+        .unwrap();
+    let mut stream = conn
+        .get_binlog_stream(BinlogStreamRequest::new(server_id).with_non_blocking())
+        .await
+        .unwrap();
+    let mut images = Vec::new();
+    while let Some(event) = stream.next().await {
+        let event = event.unwrap();
+        let Ok(Some(EventData::RowsEvent(rows))) = event.read_data() else {
+            continue;
+        };
+        // MariaDB writes version-1 rows events.
+        let (before, after) = match &rows {
+            RowsEventData::UpdateRowsEvent(u) => {
+                (u.columns_before_image(), u.columns_after_image())
+            }
+            RowsEventData::UpdateRowsEventV1(u) => {
+                (u.columns_before_image(), u.columns_after_image())
+            }
+            _ => continue,
+        };
+        let (before, after) = (before.count_ones(), after.count_ones());
+        let tme = stream.get_tme(rows.table_id()).unwrap();
+        if tme.database_name() != schema || tme.table_name() != "outbox_event" {
+            continue;
+        }
+        for row in rows.rows(tme) {
+            row.unwrap();
+            images.push((before, after));
+        }
+    }
+    images
+}
+
+/// The SENT marks' images of 20 events relayed with `relay.minimal_row_image = minimal`, and how
+/// many columns the table has.
+async fn marks_logged_with(minimal: bool) -> (Vec<(usize, usize)>, usize) {
+    let db = TestDb::migrated(if minimal { "image_min" } else { "image_full" }).await;
+    let topic = new_topic("row_image");
+    let (mut config, _dir) = relay_config(&db);
+    config.relay.minimal_row_image = minimal;
+    config.sweeper.enabled = false;
+    let start = current_position(&db).await;
+    seed_checkpoint(&config, &start);
+    let relay = RunningRelay::start(&config).await;
+    write_events(&db, &topic, 2, 10, 5).await;
+    wait_for("20 SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 20
+    })
+    .await;
+    relay.stop().await;
+    let columns: usize = db
+        .conn()
+        .await
+        .query_first(
+            "SELECT COUNT(*) FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_event'",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let images = update_images(&db, &start, config.mysql.server_id + 7).await;
+    (images, columns)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_pool_keeps_its_session_settings_across_reuse() {
+    // Found here: mysql_async resets pooled connections on return, which silently dropped the
+    // READ COMMITTED of claim/mark sessions after their first use.
+    let db = TestDb::migrated("writer_pool").await;
+    let pool = outbox_relay::db::writer_pool(&db.config).await.unwrap();
+    for _ in 0..3 {
+        let mut conn = pool.get_conn().await.unwrap();
+        let (isolation, image): (String, String) = conn
+            .query_first("SELECT @@SESSION.tx_isolation, @@SESSION.binlog_row_image")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(isolation, "READ-COMMITTED");
+        assert_eq!(image, "MINIMAL");
+        conn.query_drop("SELECT 1").await.unwrap();
+    }
+    pool.disconnect().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sent_marks_are_logged_as_the_key_and_the_changed_columns() {
+    let (images, columns) = marks_logged_with(true).await;
+    assert_eq!(images.len(), 20, "one UPDATE row per SENT mark: {images:?}");
+    for (before, after) in &images {
+        assert_eq!(*before, 1, "before image: the primary key only");
+        assert!(
+            *after < columns / 2,
+            "after image: the changed columns only, never the payload ({after} columns)"
+        );
+    }
+
+    let (full, _) = marks_logged_with(false).await;
+    assert_eq!(full.len(), 20, "{full:?}");
+    assert!(
+        full.iter().all(|&(b, a)| b == columns && a == columns),
+        "with minimal_row_image = false the server's FULL images stay: {full:?}"
+    );
+}
