@@ -6,16 +6,18 @@
 mod common;
 
 use common::relay::{
-    count_status, current_position, relay_config, seed_checkpoint, wait_for, write_events,
-    RunningRelay,
+    commit_events, count_status, current_position, deliveries, relay_config, seed_checkpoint,
+    wait_for, write_events, RunningRelay,
 };
-use common::rocketmq::new_topic;
+use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use futures_util::StreamExt;
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::prelude::*;
 use mysql_async::BinlogStreamRequest;
 use outbox_relay::binlog::BinlogPosition;
+use outbox_relay::producer::NewEvent;
+use serde_json::json;
 use std::time::Duration;
 
 /// Per UPDATE row of `outbox_event` in this test's database written after `from`: how many
@@ -100,6 +102,35 @@ async fn marks_logged_with(minimal: bool) -> (Vec<(usize, usize)>, usize) {
         .unwrap();
     let images = update_images(&db, &start, config.mysql.server_id + 7).await;
     (images, columns)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inserts_logged_with_minimal_images_are_relayed() {
+    // A producer session with binlog_row_image=MINIMAL logs only the columns its INSERT set:
+    // `status`, `tags` and `headers` are absent from the image (their defaults apply). Values
+    // are read by table position, so nothing shifts, and an absent status is PENDING.
+    let db = TestDb::migrated("image_insert").await;
+    let topic = new_topic("image_insert");
+    let (mut config, _dir) = relay_config(&db);
+    config.sweeper.enabled = false;
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+    let mut conn = db.conn().await;
+    conn.query_drop("SET SESSION binlog_row_image = 'MINIMAL'")
+        .await
+        .unwrap();
+    let events = (0..10)
+        .map(|i| NewEvent::new(&topic, format!("k-{i}"), json!({ "i": i })))
+        .collect();
+    let ids = commit_events(&mut conn, events).await;
+    wait_for("10 SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 10
+    })
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!((summary.marked.failed, summary.unidentifiable), (0, 0));
+    let got = deliveries(&rocketmq().namesrv_addr(), &topic, 10).await;
+    assert!(ids.iter().all(|id| got.get(id) == Some(&1)), "{got:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,10 +4,10 @@
 //! [`RowProblem`] naming the row and the reason (the relay marks it FAILED), or is skipped because
 //! it was not inserted as PENDING. Decoding never panics on bad data.
 
+use super::row_image::RowValues;
 use crate::config::TableName;
 use crate::event::OutboundMessage;
 use crate::producer::validate;
-use mysql_async::binlog::row::BinlogRow;
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::Value;
 use std::sync::Arc;
@@ -83,16 +83,6 @@ impl ColumnLayout {
             headers: find("headers"),
         })
     }
-
-    /// The layout of the columns of `row`.
-    pub fn of_row(row: &BinlogRow) -> Result<Self, String> {
-        let names: Vec<String> = row
-            .columns_ref()
-            .iter()
-            .map(|c| c.name_str().into_owned())
-            .collect();
-        Self::from_names(names.iter().map(String::as_str))
-    }
 }
 
 /// Limits a row must meet.
@@ -101,14 +91,15 @@ pub struct RowLimits {
     pub max_payload_bytes: usize,
 }
 
-/// Decodes one after-image of an INSERT into `table`.
+/// Decodes one after-image of an INSERT into `table` (its values are moved out, not copied).
 pub fn decode_row(
     table: &Arc<TableName>,
     layout: &ColumnLayout,
-    row: &BinlogRow,
+    mut row: RowValues<'_>,
     limits: RowLimits,
 ) -> DecodedRow {
-    let id = match row.as_ref(layout.id).map(integer) {
+    let mut take = |i: usize| row.get_mut(i).and_then(Option::take);
+    let id = match take(layout.id).as_ref().map(integer) {
         Some(Ok(id)) if id >= 0 => id as u64,
         other => {
             return DecodedRow::Unidentifiable(format!("primary key `id` unusable: {other:?}"))
@@ -122,13 +113,14 @@ pub fn decode_row(
             reason,
         })
     };
-    match row.as_ref(layout.status).map(integer) {
-        Some(Ok(0)) => {}
+    match take(layout.status).as_ref().map(integer) {
+        // Omitted from the image (a producer session with binlog_row_image=MINIMAL logs only
+        // the columns it set): the column's default, PENDING.
+        Some(Ok(0)) | None => {}
         Some(Ok(_)) => return DecodedRow::NotPending,
         Some(Err(e)) => return problem(None, format!("`status` is {e}")),
-        None => return problem(None, "`status` is missing from the row image".into()),
     }
-    let event_id = match text(row.as_ref(layout.event_id), "event_id") {
+    let event_id = match text(take(layout.event_id), "event_id") {
         Ok(Some(v)) => v,
         Ok(None) => return problem(None, "`event_id` is NULL".into()),
         Err(e) => return problem(None, e),
@@ -136,17 +128,17 @@ pub fn decode_row(
     let fields = (|| -> Result<OutboxRow, String> {
         let text_fields = RowText {
             event_id: event_id.clone(),
-            biz_key: text(row.as_ref(layout.biz_key), "biz_key")?,
-            topic: text(row.as_ref(layout.topic), "topic")?,
+            biz_key: text(take(layout.biz_key), "biz_key")?,
+            topic: text(take(layout.topic), "topic")?,
             tags: match layout.tags {
-                Some(i) => text(row.as_ref(i), "tags")?,
+                Some(i) => text(take(i), "tags")?,
                 None => None,
             },
             headers: match layout.headers {
-                Some(i) => json_text(row.as_ref(i), "headers")?,
+                Some(i) => json_text(take(i), "headers")?,
                 None => None,
             },
-            payload: json_text(row.as_ref(layout.payload), "payload")?,
+            payload: json_text(take(layout.payload), "payload")?,
         };
         Ok(OutboxRow {
             table: Arc::clone(table),
@@ -230,10 +222,10 @@ fn integer(value: &BinlogValue<'_>) -> Result<i64, String> {
     }
 }
 
-fn text(value: Option<&BinlogValue<'_>>, column: &str) -> Result<Option<String>, String> {
+fn text(value: Option<BinlogValue<'_>>, column: &str) -> Result<Option<String>, String> {
     match value {
         None | Some(BinlogValue::Value(Value::NULL)) => Ok(None),
-        Some(BinlogValue::Value(Value::Bytes(bytes))) => String::from_utf8(bytes.clone())
+        Some(BinlogValue::Value(Value::Bytes(bytes))) => String::from_utf8(bytes)
             .map(Some)
             .map_err(|_| format!("`{column}` is not valid UTF-8")),
         Some(other) => Err(format!("`{column}` has an unexpected type: {other:?}")),
@@ -241,10 +233,10 @@ fn text(value: Option<&BinlogValue<'_>>, column: &str) -> Result<Option<String>,
 }
 
 /// JSON column text: MariaDB stores JSON as text, MySQL as binary JSON (converted here).
-fn json_text(value: Option<&BinlogValue<'_>>, column: &str) -> Result<Option<String>, String> {
+fn json_text(value: Option<BinlogValue<'_>>, column: &str) -> Result<Option<String>, String> {
     match value {
         Some(BinlogValue::Jsonb(jsonb)) => {
-            let json = serde_json::Value::try_from(jsonb.clone())
+            let json = serde_json::Value::try_from(jsonb)
                 .map_err(|e| format!("`{column}` binary JSON cannot be converted: {e}"))?;
             Ok(Some(json.to_string()))
         }

@@ -9,6 +9,7 @@ pub mod decode;
 pub mod gtid;
 pub mod position;
 pub mod reader;
+pub mod row_image;
 
 pub use decode::{DecodedRow, OutboxRow, RowProblem};
 pub use gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};

@@ -9,6 +9,7 @@
 use super::decode::{decode_row, ColumnLayout, DecodedRow, RowLimits};
 use super::gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 use super::position::{BinlogPosition, TxEnd, TxGtid};
+use super::row_image::TableShape;
 use crate::config::TableName;
 use crate::retry::RetryPolicy;
 use futures_util::StreamExt;
@@ -82,8 +83,12 @@ struct StreamState {
     tables: HashMap<u64, Option<MappedTable>>,
 }
 
-/// An outbox table seen in a table map, with its column layout once the first row showed it.
-type MappedTable = (Arc<TableName>, Option<ColumnLayout>);
+/// An outbox table seen in a table map, with how to read its rows once the first row came
+/// (or why they cannot be read).
+type MappedTable = (
+    Arc<TableName>,
+    Option<Result<(TableShape, ColumnLayout), String>>,
+);
 
 /// A reason to stop reading for good (the caller reports it).
 #[derive(Debug, thiserror::Error)]
@@ -402,38 +407,31 @@ impl BinlogReader {
                 .find(|t| t.schema.as_deref() == Some(&*db) && t.table == name)
                 .map(|t| (Arc::clone(t), None))
         });
-        let Some((table, layout)) = entry else {
+        let Some((table, shape)) = entry else {
             return;
         };
-        for row in rows.rows(tme) {
-            let after = match row {
-                Ok((_, Some(after))) => after,
-                Ok((_, None)) => continue,
-                Err(e) => {
-                    items.push(BinlogItem::Row(DecodedRow::Unidentifiable(format!(
-                        "undecodable row of {table}: {e}"
-                    ))));
-                    continue;
+        let shape = shape.get_or_insert_with(|| {
+            let shape = TableShape::of(tme).map_err(|e| format!("unreadable table map: {e}"))?;
+            let layout = ColumnLayout::from_names(shape.names())?;
+            Ok((shape, layout))
+        });
+        let (shape, layout) = match shape {
+            Ok(found) => found,
+            Err(reason) => {
+                // Every row of the event is reported (counted the slow way: this is rare).
+                let reason = format!("{table}: {reason}");
+                for _ in 0..rows.rows(tme).count().max(1) {
+                    items.push(BinlogItem::Row(DecodedRow::Unidentifiable(reason.clone())));
                 }
-            };
-            if layout.is_none() {
-                match ColumnLayout::of_row(&after) {
-                    Ok(found) => *layout = Some(found),
-                    Err(reason) => {
-                        items.push(BinlogItem::Row(DecodedRow::Unidentifiable(format!(
-                            "{table}: {reason}"
-                        ))));
-                        continue;
-                    }
-                }
+                return;
             }
-            let layout = layout.as_ref().expect("set above");
-            items.push(BinlogItem::Row(decode_row(
-                table,
-                layout,
-                &after,
-                self.options.limits,
-            )));
+        };
+        for row in shape.after_images(rows) {
+            let decoded = match row {
+                Ok(values) => decode_row(table, layout, values, self.options.limits),
+                Err(e) => DecodedRow::Unidentifiable(format!("undecodable row of {table}: {e}")),
+            };
+            items.push(BinlogItem::Row(decoded));
         }
     }
 }

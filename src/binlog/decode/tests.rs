@@ -1,19 +1,9 @@
 use super::*;
 use mysql_async::binlog::jsonb::{self, JsonbString};
-use mysql_async::consts::ColumnType;
-use mysql_async::Column;
 
 const COLUMNS: [&str; 8] = [
     "id", "event_id", "biz_key", "topic", "tags", "headers", "payload", "status",
 ];
-
-fn row(values: Vec<BinlogValue<'static>>) -> BinlogRow {
-    let columns: Vec<Column> = COLUMNS
-        .iter()
-        .map(|n| Column::new(ColumnType::MYSQL_TYPE_VARCHAR).with_name(n.as_bytes()))
-        .collect();
-    BinlogRow::new(values.into_iter().map(Some).collect(), columns.into())
-}
 
 fn v(value: Value) -> BinlogValue<'static> {
     BinlogValue::Value(value)
@@ -38,12 +28,11 @@ fn good() -> Vec<BinlogValue<'static>> {
 
 fn decode(values: Vec<BinlogValue<'static>>, limit: usize) -> DecodedRow {
     let table = Arc::new(TableName::parse("app.outbox_event").unwrap());
-    let r = row(values);
-    let layout = ColumnLayout::of_row(&r).unwrap();
+    let layout = ColumnLayout::from_names(COLUMNS).unwrap();
     decode_row(
         &table,
         &layout,
-        &r,
+        values.into_iter().map(Some).collect(),
         RowLimits {
             max_payload_bytes: limit,
         },
