@@ -32,8 +32,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// Capacity of each channel between stages (backpressure bounds memory).
-const CHANNEL_CAPACITY: usize = 4096;
+/// Capacity of the channels from the reader and to the marker (backpressure bounds memory;
+/// the dispatcher and the marker take up to 1,000 at a time).
+const CHANNEL_CAPACITY: usize = 2048;
+/// Events waiting per shard: a few sends' worth keeps each shard busy, while more only holds
+/// payloads in memory (a drain once kept 8 × 4,096 in flight, and the relay's CPU went to
+/// faulting in fresh pages for them).
+const SHARD_CAPACITY: usize = 256;
 
 /// What a finished run did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -196,7 +201,7 @@ pub async fn run_cdc<S: Sink>(
     let (shards, shard_inputs) = Shards::start(
         &sink,
         config.relay.shards,
-        CHANNEL_CAPACITY,
+        SHARD_CAPACITY,
         RetryPolicy::from_config(&config.retry),
         &done_tx,
     );
