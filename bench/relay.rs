@@ -17,7 +17,7 @@
 //!    the fixed rates until a rate is not sustained; poll runs the fixed rates and CDC's highest.
 //!
 //! Flags: `--backlog N` (200000) `--rates A,B` (1000,5000) `--steps C,D,..`
-//! (7500,10000,12500,15000,20000; "" for none) `--seconds S` (10) `--shards N` (8)
+//! (7500,10000,12500,15000,20000,25000,30000; "" for none) `--seconds S` (10) `--shards N` (8)
 //! `--poll-batch N` (100) `--poll-interval-ms N` (500) `--singles N` (3000) `--out DIR`
 //! (bench/results) `--no-poll` (CDC only). `BENCH_PERF="-F 999 -g"` runs `perf record` on the
 //! relay during each drain and latency run (`perf.data` in its run directory). Writes `results.md` and `latency.svg` there and prints the report.
@@ -33,7 +33,7 @@ use ceiling::Sample;
 use outbox_relay::config::{Config, RelayMode};
 use outbox_relay::devenv::{scratch_dir, MariaDb, MariaDbOptions, RocketMq, TopicReader};
 use procs::Watched;
-use report::{DrainResult, LatencyResult, Report};
+use report::{DrainResult, LatencyResult, MarkCeiling, Report};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,7 +63,7 @@ fn parse_args() -> Args {
     let mut args = Args {
         backlog: 200_000,
         rates: vec![1000, 5000],
-        steps: vec![7500, 10_000, 12_500, 15_000, 20_000],
+        steps: vec![7500, 10_000, 12_500, 15_000, 20_000, 25_000, 30_000],
         seconds: 10,
         shards: 8,
         poll_batch: 100,
@@ -155,14 +155,14 @@ impl Bench {
         let mut first_sent = None;
         let mut last_report = Instant::now();
         loop {
-            let left = workload::unfinished(pool).await;
-            if first_sent.is_none() && left < events as u64 {
+            if first_sent.is_none() && workload::any_with_status(pool, "2, 3").await {
                 first_sent = Some(began.elapsed().as_secs_f64());
             }
-            if left == 0 {
+            if !workload::any_unfinished(pool).await {
                 break;
             }
             if last_report.elapsed() > Duration::from_secs(5) {
+                let left = workload::unfinished(pool).await;
                 eprintln!("  ... {label}: {left} rows left");
                 last_report = Instant::now();
             }
@@ -212,7 +212,7 @@ impl Bench {
         // A probe event: the relay is connected and sending once it is SENT.
         workload::write_backlog(pool, &topic, 1).await;
         let waiting = Instant::now();
-        while workload::unfinished(pool).await > 0 {
+        while workload::any_unfinished(pool).await {
             assert!(
                 waiting.elapsed() < Duration::from_secs(60),
                 "relay did not start"
@@ -223,7 +223,7 @@ impl Bench {
         let before = watched.sample();
         let began = Instant::now();
         let written = workload::write_at_rate(pool, &topic, rate, seconds).await;
-        while workload::unfinished(pool).await > 0 {
+        while workload::any_unfinished(pool).await {
             assert!(
                 began.elapsed() < Duration::from_secs(1800),
                 "latency run stalled"
@@ -368,13 +368,7 @@ async fn main() {
         drains[0].rate()
     );
     if args.poll {
-        mysql_async::prelude::Queryable::query_drop(
-            &mut pool.get_conn().await.unwrap(),
-            "UPDATE outbox_event SET status = 0, msg_id = NULL, sent_at = NULL, owner = NULL, \
-         lease_until = NULL, retry_count = 0, next_retry_at = NOW(3) - INTERVAL 1 SECOND",
-        )
-        .await
-        .unwrap();
+        workload::reset_to_pending(&pool).await;
         drains.push(
             bench
                 .drain(&url, &pool, RelayMode::Poll, &start, &end, args.backlog)
@@ -382,6 +376,18 @@ async fn main() {
         );
         eprintln!("  poll: {:.0} events/s", drains[1].rate());
     }
+    // The database's side of a drain: the same rows marked SENT by the relay's marker alone.
+    workload::reset_to_pending(&pool).await;
+    eprintln!("database ceiling: the relay's marker alone marks the rows SENT ...");
+    let before = bench.watched.sample();
+    let marking = Instant::now();
+    let marked = workload::mark_all_sent(&bench.config_for(&url, RelayMode::Cdc)).await;
+    let marking = MarkCeiling {
+        rows: marked,
+        secs: marking.elapsed().as_secs_f64(),
+        split: before.until(&bench.watched.sample(), marking.elapsed().as_secs_f64()),
+    };
+    eprintln!("  {:.0} rows/s", marking.rate());
     pool.disconnect().await.unwrap();
 
     // 3. Latency at fixed rates; CDC steps up until a rate is not sustained.
@@ -436,6 +442,7 @@ async fn main() {
             args.backlog, args.seconds, args.shards, args.poll_interval_ms, args.poll_batch
         ),
         ceiling: &ceiling,
+        marking: &marking,
         drains: &drains,
         latencies: &latencies,
     };

@@ -52,12 +52,26 @@ type Series = (
     fn(&LatencyResult) -> i64,
 );
 
+/// The database's limit for a drain: the relay's marker alone marking every row SENT.
+pub struct MarkCeiling {
+    pub rows: u64,
+    pub secs: f64,
+    pub split: CpuSplit,
+}
+
+impl MarkCeiling {
+    pub fn rate(&self) -> f64 {
+        self.rows as f64 / self.secs
+    }
+}
+
 pub struct Report<'a> {
     pub machine: String,
     pub load_before: String,
     pub load_after: String,
     pub settings: String,
     pub ceiling: &'a Ceiling,
+    pub marking: &'a MarkCeiling,
     pub drains: &'a [DrainResult],
     pub latencies: &'a [LatencyResult],
 }
@@ -107,6 +121,17 @@ impl Report<'_> {
             c.refused
         );
 
+        let m = self.marking;
+        let _ = writeln!(
+            s,
+            "### Database ceiling (the relay's SENT marker alone, same rows)\n\n\
+             Every drain must record each event SENT: the relay's marker, fed the ids with no \
+             stream and no broker, marks {} rows in {:.1} s = **{:.0} rows/s**. CPU: {}.\n",
+            m.rows,
+            m.secs,
+            m.rate(),
+            m.split.describe()
+        );
         let _ = writeln!(
             s,
             "### Drain of a backlog (relay = `outbox-relay run` child process)\n"
@@ -167,6 +192,14 @@ impl Report<'_> {
             let ratio = d.rate() / c.batch_rate;
             let _ = writeln!(s, "| {} drain ≥ 0.8 × broker batched ingest | {:.0} / {:.0} = {:.2}× (vs parallel batches: {:.2}×) | {} |",
                 d.mode, d.rate(), c.batch_rate, ratio, d.rate() / c.batch_parallel_rate, verdict(ratio >= 0.8));
+            let _ = writeln!(
+                s,
+                "| (context) {} drain vs the database's marking ceiling | {:.0} / {:.0} = {:.2}× | — |",
+                d.mode,
+                d.rate(),
+                self.marking.rate(),
+                d.rate() / self.marking.rate()
+            );
             let _ = writeln!(
                 s,
                 "| {} drain relay CPU ≤ 10 µs/event | {:.1} µs | {} |",

@@ -139,3 +139,26 @@ async fn optimistic_claim_without_skip_locked_delivers_everything_once() {
     assert_eq!(summary.marked.sent, 500);
     assert_every_event_arrived_in_key_order(&db, &topic, 500).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_without_the_pending_index_is_still_claimed() {
+    // The claim names `idx_pending` (migration 0008) so the optimizer cannot walk the primary
+    // key past every SENT row; a table migrated before 0008 is claimed without the hint.
+    let db = TestDb::migrated("poll_no_index").await;
+    db.conn()
+        .await
+        .query_drop("ALTER TABLE outbox_event DROP INDEX idx_pending")
+        .await
+        .unwrap();
+    let topic = new_topic("poll_no_index");
+    let (config, _dir) = poll_config(&db, "poller-1", Duration::from_secs(30));
+    let relay = RunningRelay::start(&config).await;
+    write_events(&db, &topic, 2, 50, 10).await;
+    wait_for("100 rows SENT", Duration::from_secs(60), || async {
+        count_status(&db, 2).await == 100
+    })
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!((summary.marked.sent, summary.marked.failed), (100, 0));
+    assert_every_event_arrived_in_key_order(&db, &topic, 100).await;
+}

@@ -75,9 +75,45 @@ pub struct Claimer {
     pub limits: RowLimits,
 }
 
+/// Outbox tables found without the `idx_pending` index (migration 0008 not applied): their
+/// claims run unhinted.
+static WITHOUT_PENDING_INDEX: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// MySQL's ER_KEY_DOES_NOT_EXITS: an index hint names a missing index.
+const NO_SUCH_INDEX: u16 = 1176;
+
 impl Claimer {
+    /// The claim SELECT (hinted at `idx_pending` unless the table lacks it): PENDING rows in id
+    /// order. Without the hint the optimizer may walk the primary key from the first id (it
+    /// looks cheaper while statistics still say most rows are PENDING), reading every SENT row
+    /// before the first PENDING one on every claim: a poll-mode drain of 50k rows read 38k
+    /// rows per 100-row claim.
+    async fn select_claimable<Q: Queryable>(
+        &self,
+        q: &mut Q,
+    ) -> Result<Vec<Row>, mysql_async::Error> {
+        let key = self.table.to_string();
+        let hinted = !WITHOUT_PENDING_INDEX
+            .lock()
+            .expect("not poisoned")
+            .contains(&key);
+        match q.exec(self.select_sql(hinted), self.select_params()).await {
+            Err(mysql_async::Error::Server(e)) if hinted && e.code == NO_SUCH_INDEX => {
+                tracing::warn!(table = %self.table, "the outbox table has no `idx_pending` index \
+                    (run `outbox-relay migrate`): claims may read every SENT row before the PENDING ones");
+                WITHOUT_PENDING_INDEX
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(key);
+                q.exec(self.select_sql(false), self.select_params()).await
+            }
+            other => other,
+        }
+    }
+
     /// The SELECT of the claimable rows (binds [`Claimer::select_params`]).
-    pub fn select_sql(&self) -> String {
+    pub fn select_sql(&self, hinted: bool) -> String {
         let lock = match self.strategy {
             ClaimStrategy::SkipLocked => " FOR UPDATE SKIP LOCKED",
             ClaimStrategy::Optimistic => "",
@@ -87,8 +123,13 @@ impl Claimer {
         } else {
             " AND created_at < NOW(3) - INTERVAL ? MICROSECOND"
         };
+        let hint = if hinted {
+            " FORCE INDEX (idx_pending)"
+        } else {
+            ""
+        };
         format!(
-            "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {} \
+            "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {}{hint} \
              WHERE status = 0 AND next_retry_at <= NOW(3){age} ORDER BY id LIMIT ?{lock}",
             self.table.sql()
         )
@@ -167,7 +208,7 @@ impl Claimer {
         let mut opts = TxOpts::default();
         opts.with_isolation_level(IsolationLevel::ReadCommitted);
         let mut tx = conn.start_transaction(opts).await?;
-        let rows: Vec<Row> = tx.exec(self.select_sql(), self.select_params()).await?;
+        let rows: Vec<Row> = self.select_claimable(&mut tx).await?;
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
@@ -200,7 +241,7 @@ impl Claimer {
     }
 
     async fn claim_optimistic(&self, conn: &mut Conn) -> Result<Vec<Claimed>, mysql_async::Error> {
-        let rows: Vec<Row> = conn.exec(self.select_sql(), self.select_params()).await?;
+        let rows: Vec<Row> = self.select_claimable(conn).await?;
         let sql = self.update_sql(1);
         let mut claimed = Vec::with_capacity(rows.len());
         // A key whose row someone else took: its later rows wait, so they cannot overtake it.
@@ -378,10 +419,12 @@ mod tests {
     fn claim_sql_locks_skips_and_leases() {
         let c = claimer(ClaimStrategy::SkipLocked);
         assert_eq!(
-            c.select_sql(),
+            c.select_sql(true),
             "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM `app`.`outbox_event` \
-             WHERE status = 0 AND next_retry_at <= NOW(3) ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
+             FORCE INDEX (idx_pending) WHERE status = 0 AND next_retry_at <= NOW(3) ORDER BY id \
+             LIMIT ? FOR UPDATE SKIP LOCKED"
         );
+        assert!(!c.select_sql(false).contains("FORCE INDEX"));
         assert_eq!(
             c.update_sql(3),
             "UPDATE `app`.`outbox_event` SET status = 1, owner = ?, lease_until = NOW(3) + \
@@ -392,7 +435,7 @@ mod tests {
             min_age: Duration::from_secs(30),
             ..c.clone()
         };
-        assert!(aged.select_sql().contains(
+        assert!(aged.select_sql(true).contains(
             "next_retry_at <= NOW(3) AND created_at < NOW(3) - INTERVAL ? MICROSECOND ORDER BY"
         ));
         assert_eq!(
@@ -400,7 +443,7 @@ mod tests {
             vec![Value::from(30_000_000u64), Value::from(100u32)]
         );
         let o = claimer(ClaimStrategy::Optimistic);
-        assert!(!o.select_sql().contains("FOR UPDATE"));
+        assert!(!o.select_sql(true).contains("FOR UPDATE"));
         assert!(o.update_sql(1).ends_with("WHERE id = ? AND status = 0"));
     }
 
