@@ -107,8 +107,8 @@ pub async fn writer_pool(config: &Config) -> anyhow::Result<Pool> {
     Ok(session_pool(opts, init))
 }
 
-/// Whether a session of `opts` may set `binlog_row_image` (MySQL asks for
-/// `SESSION_VARIABLES_ADMIN`; MariaDB allows it). `false` when the server cannot be asked now.
+/// Whether a session of `opts` may set `binlog_row_image` (MariaDB asks for `BINLOG ADMIN` or
+/// `SUPER`, MySQL for `SESSION_VARIABLES_ADMIN`). `false` when the server cannot be asked now.
 async fn minimal_row_image_allowed(opts: &Opts) -> bool {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let tried = bounded(async {
@@ -125,8 +125,9 @@ async fn minimal_row_image_allowed(opts: &Opts) -> bool {
             if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!(error = %e.message,
                     "cannot set binlog_row_image = MINIMAL for the relay's own UPDATEs (grant \
-                     SESSION_VARIABLES_ADMIN, or set relay.minimal_row_image = false to silence \
-                     this); they are logged with the server's setting");
+                     BINLOG ADMIN on MariaDB or SESSION_VARIABLES_ADMIN on MySQL, or set \
+                     relay.minimal_row_image = false to silence this); they are logged with the \
+                     server's setting");
             }
             false
         }

@@ -153,6 +153,47 @@ async fn the_writer_pool_keeps_its_session_settings_across_reuse() {
     pool.disconnect().await.unwrap();
 }
 
+/// `@@SESSION.binlog_row_image` of a writer-pool session for `config`.
+async fn writer_row_image(config: &outbox_relay::Config) -> String {
+    let pool = outbox_relay::db::writer_pool(config).await.unwrap();
+    let image: String = pool
+        .get_conn()
+        .await
+        .unwrap()
+        .query_first("SELECT @@SESSION.binlog_row_image")
+        .await
+        .unwrap()
+        .unwrap();
+    pool.disconnect().await.unwrap();
+    image
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_that_may_not_set_the_row_image_keeps_the_servers() {
+    // MariaDB wants BINLOG ADMIN (or SUPER) for a session's binlog_row_image, MySQL
+    // SESSION_VARIABLES_ADMIN: without it the relay keeps FULL images (and warns), it does not fail.
+    let db = TestDb::migrated("image_grants").await;
+    let schema = db.url.rsplit('/').next().unwrap().to_string();
+    let user = format!("img_{}", std::process::id());
+    let account = format!("'{user}'@'127.0.0.1'");
+    let mut root = db.conn().await;
+    for statement in [
+        format!("CREATE USER {account} IDENTIFIED BY 'img-pw'"),
+        format!("GRANT SELECT, UPDATE ON `{schema}`.* TO {account}"),
+    ] {
+        root.query_drop(statement).await.unwrap();
+    }
+    let mut config = db.config.clone();
+    config.mysql.url = Some(db.url.replacen("root@", &format!("{user}:img-pw@"), 1));
+    assert_eq!(writer_row_image(&config).await, "FULL");
+    root.query_drop(format!("GRANT BINLOG ADMIN ON *.* TO {account}"))
+        .await
+        .unwrap();
+    assert_eq!(writer_row_image(&config).await, "MINIMAL");
+    config.relay.minimal_row_image = false;
+    assert_eq!(writer_row_image(&config).await, "FULL");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sent_marks_are_logged_as_the_key_and_the_changed_columns() {
     let (images, columns) = marks_logged_with(true).await;

@@ -170,10 +170,10 @@ pub struct RelayConfig {
     pub instance_id: Option<String>,
     /// Log the relay's own UPDATEs (SENT/FAILED marks, claims, leases) with
     /// `binlog_row_image = MINIMAL` in its sessions: the key and the changed columns instead of
-    /// the whole row twice, which more than halves the server's binlog work per event. Needs
-    /// nothing on MariaDB; MySQL wants `SESSION_VARIABLES_ADMIN` (without it the relay warns
-    /// and keeps the server's setting). Set `false` if another binlog reader needs full images
-    /// of outbox updates. Producers' sessions (and their INSERTs) are never affected.
+    /// the whole row twice, which halves the binlog the relay's marks write. The account needs
+    /// `BINLOG ADMIN` (MariaDB) or `SESSION_VARIABLES_ADMIN` (MySQL) to set it; without, the
+    /// relay warns once and keeps the server's setting. Set `false` if another binlog reader
+    /// needs full images of outbox updates. Producers' sessions (their INSERTs) are unaffected.
     pub minimal_row_image: bool,
 }
 
