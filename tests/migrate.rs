@@ -44,15 +44,20 @@ async fn migrate_creates_every_table_once_and_is_idempotent() {
     for expected in [
         "PRIMARY",
         "uk_event_id",
-        "idx_claim",
+        "idx_pending",
         "idx_lease",
         "idx_status_created",
+        "idx_key_order",
     ] {
         assert!(
             indexes.iter().any(|i| i == expected),
             "{expected} missing from {indexes:?}"
         );
     }
+    assert!(
+        !indexes.iter().any(|i| i == "idx_claim"),
+        "0009 drops idx_claim: {indexes:?}"
+    );
     let status = schema::status(&mut conn).await.unwrap();
     assert!(status.iter().all(|(_, _, applied)| *applied));
 }

@@ -39,6 +39,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(6, "0006_outbox_key_order"),
     migration!(7, "0007_reconcile_diff"),
     migration!(8, "0008_outbox_pending_order"),
+    migration!(9, "0009_outbox_drop_claim_index"),
 ];
 
 /// The table every configured outbox table is shaped like.
