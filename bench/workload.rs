@@ -65,6 +65,43 @@ pub async fn any_with_status(pool: &mysql_async::Pool, statuses: &str) -> bool {
         .is_some()
 }
 
+/// Fails the bench when no row was SENT or FAILED for `limit`: a relay that cannot send (the
+/// broker refusing writes, say, on a nearly full disk) would otherwise keep it waiting for half
+/// an hour. Call regularly while waiting.
+pub struct Progress {
+    left: u64,
+    since: Instant,
+    checked: Instant,
+}
+
+impl Progress {
+    pub fn new() -> Self {
+        Progress {
+            left: u64::MAX,
+            since: Instant::now(),
+            checked: Instant::now(),
+        }
+    }
+
+    pub async fn check(&mut self, pool: &mysql_async::Pool, relay_log: &Path) {
+        const LIMIT: Duration = Duration::from_secs(120);
+        if self.checked.elapsed() < Duration::from_secs(5) {
+            return;
+        }
+        self.checked = Instant::now();
+        let left = unfinished(pool).await;
+        if left < self.left {
+            (self.left, self.since) = (left, Instant::now());
+        }
+        assert!(
+            self.since.elapsed() < LIMIT,
+            "no row was SENT for {LIMIT:?} ({left} left): see {} (a broker refusing writes \
+             logs `send not acknowledged`; check the disk)",
+            relay_log.display()
+        );
+    }
+}
+
 /// Whether any row is still PENDING or SENDING.
 pub async fn any_unfinished(pool: &mysql_async::Pool) -> bool {
     any_with_status(pool, "0, 1").await
@@ -252,6 +289,11 @@ impl RelayChild {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The relay's log (stderr).
+    pub fn log_path(&self) -> PathBuf {
+        self.run_dir.join("relay.log")
     }
 
     /// SIGTERM (drain, final checkpoint) and wait; the final checkpoint from sled (CDC mode).
