@@ -173,6 +173,15 @@ impl RocketMq {
     /// sends time out (the ambiguous "maybe stored" case). Undo with [`Self::thaw_broker`].
     pub fn freeze_broker(&mut self) {
         self.signal_broker(libc::SIGSTOP);
+        // kill(2) returns before every thread has stopped: a request sent at once could still
+        // be answered (seen in CI once the broker answered in ~0.2 ms). Wait until each thread
+        // shows state T (stopped), at most 5 s.
+        if let Some(pid) = self.broker.as_ref().and_then(ServerProcess::pid) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !all_threads_stopped(pid) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 
     /// Resumes a broker frozen by [`Self::freeze_broker`] (`SIGCONT`).
@@ -266,6 +275,21 @@ fn isolate_env(command: &mut Command, dir: &Path) {
             "RUST_LOG",
             std::env::var("OUTBOX_DEVENV_ROCKETMQ_LOG").unwrap_or_else(|_| "warn".into()),
         );
+}
+
+/// Whether every thread of process `pid` is stopped (`/proc/<pid>/task/*/stat` state `T`).
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true; // gone: nothing left to answer
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).map_or(true, |stat| {
+            // "pid (comm) S ...": the state follows the last ')'.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_none_or(|state| state == "T" || state == "t")
+        })
+    })
 }
 
 /// The broker's TOML config: loopback only, small commit-log and index files (the defaults are a
