@@ -198,6 +198,7 @@ pub fn now_millis() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::store::open_sled;
 
     fn tree() -> sled::Tree {
         let db = sled::Config::new().temporary(true).open().unwrap();
@@ -263,12 +264,13 @@ mod tests {
     fn survives_reopening_the_database() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let db = sled::open(dir.path()).unwrap();
+            let db = open_sled(dir.path()).unwrap();
             let h = CheckpointHistory::new(db.open_tree(TREE).unwrap());
             h.record_at(1_000, &gtid(7)).unwrap();
             db.flush().unwrap();
         }
-        let db = sled::open(dir.path()).unwrap();
+        // Reopened at once: waits while the first handle's flusher still holds the lock.
+        let db = open_sled(dir.path()).unwrap();
         let h = CheckpointHistory::new(db.open_tree(TREE).unwrap());
         assert!(
             !h.record_at(2_000, &gtid(8)).unwrap(),

@@ -53,36 +53,14 @@ impl SledStore {
     /// ago (its flusher thread still ending) is waited for up to 5 s.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         let path = dir.display().to_string();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        loop {
-            let opened = sled::Config::new()
-                .path(dir)
-                .mode(sled::Mode::LowSpace)
-                .open();
-            match opened {
-                Ok(db) => {
-                    let tree = db
-                        .open_tree(history::TREE)
-                        .map_err(|source| StoreError::Sled {
-                            path: path.clone(),
-                            source,
-                        })?;
-                    let history = CheckpointHistory::new(tree);
-                    return Ok(SledStore { db, path, history });
-                }
-                Err(sled::Error::Io(e))
-                    if is_locked(&e) && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                }
-                Err(source) => {
-                    return Err(StoreError::Sled {
-                        path: path.clone(),
-                        source,
-                    })
-                }
-            }
-        }
+        let sled_err = |source| StoreError::Sled {
+            path: path.clone(),
+            source,
+        };
+        let db = open_sled(dir).map_err(sled_err)?;
+        let tree = db.open_tree(history::TREE).map_err(sled_err)?;
+        let history = CheckpointHistory::new(tree);
+        Ok(SledStore { db, path, history })
     }
 
     /// The checkpoint history kept beside the checkpoint (for `replay`).
@@ -121,6 +99,24 @@ impl CheckpointStore for SledStore {
     fn record_history(&self, position: &BinlogPosition) {
         if let Err(e) = self.history.record(position) {
             tracing::warn!(error = %e, "cannot record the checkpoint history (replay by time may start earlier)");
+        }
+    }
+}
+
+/// Opens the sled database in `dir`, waiting up to 5 s while it is still locked by a database
+/// closed a moment ago (sled's flusher thread outlives the handle briefly).
+pub(crate) fn open_sled(dir: &Path) -> Result<sled::Db, sled::Error> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match sled::Config::new()
+            .path(dir)
+            .mode(sled::Mode::LowSpace)
+            .open()
+        {
+            Err(sled::Error::Io(e)) if is_locked(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            opened => return opened,
         }
     }
 }
