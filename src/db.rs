@@ -138,6 +138,20 @@ async fn minimal_row_image_allowed(opts: &Opts) -> bool {
     }
 }
 
+/// `1, 2, 3`: integer ids inlined into a text-protocol `IN (…)`. One round trip, where a prepared
+/// statement with one placeholder per id (a new shape for nearly every batch size) costs a
+/// prepare, an execute and a close.
+pub fn id_list(ids: impl IntoIterator<Item = u64>) -> String {
+    let mut list = String::new();
+    for id in ids {
+        if !list.is_empty() {
+            list.push_str(", ");
+        }
+        list.push_str(&id.to_string());
+    }
+    list
+}
+
 /// Longest a single housekeeping query may take (leader checks, claims, lease updates, status
 /// look-ups) before it counts as failed: a connection cut mid-statement must turn into a retry,
 /// never a hang.
@@ -169,6 +183,12 @@ pub async fn close(pool: Pool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn id_lists_inline_integers() {
+        assert_eq!(id_list([7, 9, 12]), "7, 9, 12");
+        assert_eq!(id_list([]), "");
+    }
 
     #[test]
     fn tls_modes_map_to_ssl_options() {

@@ -144,17 +144,11 @@ async fn observe_latencies(pool: Pool, sent: BTreeMap<Arc<TableName>, Vec<u64>>)
     let pool = &pool;
     let histogram = &crate::metrics::relay().commit_to_sent;
     for (table, ids) in sent {
-        // Text protocol with the integer ids inline: one round trip. A prepared statement has
-        // as many placeholders as the batch has rows, so nearly every batch would prepare (and
-        // later close) a statement of its own.
         let sql = format!(
             "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) FROM {} \
              WHERE id IN ({}) AND status = 2",
             table.sql(),
-            ids.iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
+            crate::db::id_list(ids)
         );
         let micros: Result<Vec<Option<i64>>, _> = crate::db::bounded(async {
             let mut conn = pool.get_conn().await?;
@@ -258,11 +252,7 @@ fn inline_sent_update(
     for (id, msg_id) in rows {
         cases.push_str(&format!(" WHEN {id} THEN {}", plain_literal(msg_id)?));
     }
-    let ids = rows
-        .iter()
-        .map(|(id, _)| id.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    let ids = crate::db::id_list(rows.iter().map(|(id, _)| *id));
     let condition = match owner {
         Some(owner) => condition.replace('?', &plain_literal(owner)?),
         None => condition.to_string(),

@@ -72,16 +72,10 @@ impl CatchUp {
         }
         let mut recorded = HashSet::new();
         for (table, ids) in by_table {
-            // Text protocol with the integer ids inline: one round trip, where a prepared
-            // statement (one placeholder per id, a new shape for nearly every batch) costs a
-            // prepare, an execute and a close.
             let sql = format!(
                 "SELECT id FROM {} WHERE id IN ({}) AND status IN (2, 3)",
                 table.sql(),
-                ids.iter()
-                    .map(u64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                crate::db::id_list(ids)
             );
             let found: Result<Vec<u64>, _> = crate::db::bounded(async {
                 let mut conn = self.pool.get_conn().await?;
