@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The database name of a test database's URL.
 fn database(db: &TestDb) -> String {
-    db.url.rsplit('/').next().unwrap().to_string()
+    db.name()
 }
 
 /// `db.url` with `user:password` instead of `root`.

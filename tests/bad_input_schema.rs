@@ -156,7 +156,7 @@ async fn columns_added_reordered_and_dropped_while_streaming_are_decoded_by_name
 async fn an_outbox_event_table_in_another_database_is_ignored() {
     let db = TestDb::migrated("bad_shadow").await;
     let topic = new_topic("bad_shadow");
-    let ours = db.url.rsplit('/').next().unwrap().to_string();
+    let ours = db.name();
     // Another application's database with a table of the same name: one an exact copy of the
     // outbox, the other a different table that merely shares the name.
     let copy_db = mariadb().create_database("bad_shadow_copy").unwrap();

@@ -47,13 +47,7 @@ async fn status_json(url: &str) -> (i32, Value) {
 
 /// A user with a password that may read the outbox and the binlog position; its URL.
 async fn user_with_password(db: &TestDb, password: &str) -> String {
-    let database: String = db
-        .conn()
-        .await
-        .query_first("SELECT DATABASE()")
-        .await
-        .unwrap()
-        .unwrap();
+    let database = db.name();
     let user = format!("st_{}", std::process::id());
     let mut conn = db.conn().await;
     for sql in [

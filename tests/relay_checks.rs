@@ -62,7 +62,7 @@ async fn start_up_checks_name_what_to_change() {
     }
 
     // A user without replication privileges, then one without UPDATE on the outbox.
-    let database = db.url.rsplit('/').next().unwrap().to_string();
+    let database = db.name();
     let mut conn = db.conn().await;
     conn.query_drop("CREATE USER 'weak'@'127.0.0.1' IDENTIFIED BY 'pw'")
         .await

@@ -197,7 +197,7 @@ async fn killed_mysql_connections_are_reopened_and_nothing_is_lost() {
             .await
             .unwrap()
             .unwrap();
-        let database = db.url.rsplit('/').next().unwrap().to_string();
+        let database = db.name();
         let victims: Vec<u64> = admin
             .exec(
                 "SELECT id FROM information_schema.processlist \

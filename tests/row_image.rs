@@ -23,13 +23,7 @@ use std::time::Duration;
 /// Per UPDATE row of `outbox_event` in this test's database written after `from`: how many
 /// columns its before image and its after image carry.
 async fn update_images(db: &TestDb, from: &BinlogPosition, server_id: u32) -> Vec<(usize, usize)> {
-    let schema: String = db
-        .conn()
-        .await
-        .query_first("SELECT DATABASE()")
-        .await
-        .unwrap()
-        .unwrap();
+    let schema = db.name();
     let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(&db.url).unwrap())
         .await
         .unwrap();
@@ -173,7 +167,7 @@ async fn an_account_that_may_not_set_the_row_image_keeps_the_servers() {
     // MariaDB wants BINLOG ADMIN (or SUPER) for a session's binlog_row_image, MySQL
     // SESSION_VARIABLES_ADMIN: without it the relay keeps FULL images (and warns), it does not fail.
     let db = TestDb::migrated("image_grants").await;
-    let schema = db.url.rsplit('/').next().unwrap().to_string();
+    let schema = db.name();
     let user = format!("img_{}", std::process::id());
     let account = format!("'{user}'@'127.0.0.1'");
     let mut root = db.conn().await;

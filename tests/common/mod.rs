@@ -58,6 +58,11 @@ impl TestDb {
         }
     }
 
+    /// The database's name (the last part of its URL).
+    pub fn name(&self) -> String {
+        self.url.rsplit('/').next().expect("a URL").to_string()
+    }
+
     pub async fn conn(&self) -> Conn {
         self.pool.get_conn().await.expect("connection")
     }
