@@ -81,6 +81,10 @@ struct StreamState {
     rotate_has_checksum: bool,
     /// table_id → the outbox table it maps (None: not an outbox table).
     tables: HashMap<u64, Option<MappedTable>>,
+    /// table_id → the body of its last table map: every transaction repeats its tables' maps,
+    /// and what `tables` learnt from an identical map (the row shape) is kept, not rebuilt per
+    /// transaction (one-event transactions would pay it per event).
+    table_maps: HashMap<u64, Vec<u8>>,
 }
 
 /// An outbox table seen in a table map, with how to read its rows once the first row came
@@ -349,7 +353,12 @@ impl BinlogReader {
             }
             EventData::XidEvent(_) => items.extend(self.end(state, end_pos, header.timestamp())),
             EventData::TableMapEvent(tme) => {
-                state.tables.remove(&tme.table_id());
+                let body = event.data();
+                if state.table_maps.get(&tme.table_id()).map(Vec::as_slice) != Some(body) {
+                    // A new or changed map (DDL): learn the table again.
+                    state.table_maps.insert(tme.table_id(), body.to_vec());
+                    state.tables.remove(&tme.table_id());
+                }
             }
             EventData::RowsEvent(rows) => self.rows(stream, state, &rows, &mut items),
             _ => {}
