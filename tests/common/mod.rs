@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod ledger;
+pub mod proxy;
 pub mod relay;
 pub mod rocketmq;
 

@@ -33,20 +33,18 @@ fn misconfigured(text: String) -> StartupError {
     StartupError::Misconfigured(text)
 }
 
+/// A global server variable; `None` when this server has no such variable. A lost connection is
+/// an error, never "unset": that would read as a misconfigured server and stop the relay.
 async fn variable(conn: &mut Conn, name: &str) -> Result<Option<String>, StartupError> {
-    let row: Option<Row> = conn
-        .exec_first("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE VARIABLE_NAME = ?", (name.to_ascii_uppercase(),))
-        .await
-        .or_else(|_| Ok::<_, mysql_async::Error>(None))?;
-    if let Some(mut row) = row {
-        return Ok(row.take::<Option<String>, _>(0).flatten());
-    }
-    // MySQL 8 keeps global variables in performance_schema.
-    let value: Option<Option<String>> = conn
-        .exec_first("SELECT VARIABLE_VALUE FROM performance_schema.global_variables WHERE VARIABLE_NAME = ?", (name,))
-        .await
-        .unwrap_or(None);
-    Ok(value.flatten())
+    // `SHOW GLOBAL VARIABLES` needs no privilege on MySQL or MariaDB (MySQL 8 has no
+    // information_schema.GLOBAL_VARIABLES). The names are the relay's own constants.
+    debug_assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+    let row: Option<(String, Option<String>)> = conn
+        .query_first(format!(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name = '{name}'"
+        ))
+        .await?;
+    Ok(row.and_then(|(_, value)| value))
 }
 
 /// A connection, the server's `VERSION()`, and whether it is MariaDB.
