@@ -121,7 +121,8 @@ async fn minimal_row_image_allowed(opts: &Opts) -> bool {
     .await;
     match tried {
         Ok(()) => true,
-        Err(mysql_async::Error::Server(e)) => {
+        // ER_SPECIFIC_ACCESS_DENIED_ERROR: the account may not set it.
+        Err(mysql_async::Error::Server(e)) if e.code == 1227 => {
             if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!(error = %e.message,
                     "cannot set binlog_row_image = MINIMAL for the relay's own UPDATEs (grant \
@@ -180,9 +181,55 @@ pub async fn close(pool: Pool) {
     }
 }
 
+/// Whether `error` means the server took a connection and then cut it (`KILL`, a shutdown, a
+/// reset socket), as opposed to a server that cannot be reached or that refuses the account.
+/// A cut connection is worth retrying even at first start; an unreachable server is reported.
+pub fn is_cut_connection(error: &mysql_async::Error) -> bool {
+    use mysql_async::{DriverError, Error, IoError};
+    use std::io::ErrorKind;
+    match error {
+        // ER_SERVER_SHUTDOWN, ER_CONNECTION_KILLED (MariaDB), ER_SESSION_WAS_KILLED (MySQL).
+        Error::Server(e) => matches!(e.code, 1053 | 1927 | 3169),
+        Error::Driver(DriverError::ConnectionClosed) => true,
+        Error::Io(IoError::Io(e)) => {
+            matches!(
+                e.kind(),
+                ErrorKind::UnexpectedEof
+                    | ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe // The stream ended inside a packet (tokio-util's codec says so only in words).
+            ) || e.to_string().contains("bytes remaining on stream")
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cut_connections_are_told_from_unreachable_servers() {
+        use mysql_async::{DriverError, Error, IoError, ServerError};
+        use std::io::{Error as Io, ErrorKind};
+        let server = |code| {
+            Error::Server(ServerError {
+                code,
+                message: String::new(),
+                state: String::new(),
+            })
+        };
+        let io = |kind| Error::Io(IoError::Io(Io::new(kind, "x")));
+        assert!(is_cut_connection(&server(1927)));
+        assert!(is_cut_connection(&io(ErrorKind::UnexpectedEof)));
+        let mid_packet = Io::other("bytes remaining on stream");
+        assert!(is_cut_connection(&Error::Io(IoError::Io(mid_packet))));
+        assert!(is_cut_connection(&Error::Driver(
+            DriverError::ConnectionClosed
+        )));
+        assert!(!is_cut_connection(&server(1045)), "access denied");
+        assert!(!is_cut_connection(&io(ErrorKind::ConnectionRefused)));
+    }
 
     #[test]
     fn id_lists_inline_integers() {

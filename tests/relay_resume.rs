@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::proxy::CuttingProxy;
 use common::relay::{
     count_status, current_position, deliveries, relay_config, seed_checkpoint, wait_for,
     RunningRelay,
@@ -183,37 +184,22 @@ async fn killed_mysql_connections_are_reopened_and_nothing_is_lost() {
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
     let mut admin = db.conn().await;
-    let mut killed = 0;
+    let (mut killed, mut dumps) = (0, 0);
     for round in 0..5 {
         let keys: Vec<String> = (0..40)
             .map(|i| format!("k{}", (round * 40 + i) % 13))
             .collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         write(&db, &topic, &keys).await;
-        // Every binlog dump thread (the relay's replica connection) and the relay's SQL
-        // connections to this database except ours.
-        let own: u64 = admin
-            .query_first("SELECT CONNECTION_ID()")
-            .await
-            .unwrap()
-            .unwrap();
-        let database = db.name();
-        let victims: Vec<u64> = admin
-            .exec(
-                "SELECT id FROM information_schema.processlist \
-                 WHERE (command = 'Binlog Dump' OR db = ?) AND id <> ?",
-                (database, own),
-            )
-            .await
-            .unwrap();
-        for id in victims {
-            if admin.query_drop(format!("KILL {id}")).await.is_ok() {
-                killed += 1;
-            }
-        }
+        let cut = kill_relay_connections(&mut admin, &db).await;
+        killed += cut.killed;
+        dumps += cut.binlog_dumps;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    assert!(killed >= 5, "connections were killed ({killed})");
+    assert!(
+        killed >= 5 && dumps >= 1,
+        "killed {killed} ({dumps} binlog dumps)"
+    );
     wait_for(
         "200 SENT after connection kills",
         Duration::from_secs(90),
@@ -224,4 +210,70 @@ async fn killed_mysql_connections_are_reopened_and_nothing_is_lost() {
     assert_eq!(summary.marked.failed, 0);
     let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, 200).await;
     assert_eq!(per_event.len(), 200, "every event arrived");
+}
+
+/// Connections cut while the relay is still starting (in the middle of its server checks, the
+/// election, the first binlog read) fail that round, which is retried: the relay never gives up
+/// on a server it has reached. A proxy cuts the first connections after a growing number of
+/// bytes, so the cuts land inside start-up on every run, not only when a `KILL` is lucky.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_cut_while_the_relay_starts_are_retried() {
+    let db = TestDb::migrated("relay_cut_start").await;
+    let topic = new_topic("relay_cut_start");
+    let (mut config, _dir) = relay_config(&db);
+    seed_checkpoint(&config, &current_position(&db).await);
+    write(&db, &topic, &["a", "b", "c"]).await;
+    let cuts = vec![150, 400, 700, 1000, 1400, 1900];
+    let proxy = CuttingProxy::start(&db.url, cuts.clone()).await;
+    config.mysql.url = Some(proxy.url(&db.url));
+    let relay = RunningRelay::start(&config).await;
+    wait_for("the proxy's cuts", Duration::from_secs(60), || async {
+        proxy.cut() >= cuts.len()
+    })
+    .await;
+    write(&db, &topic, &["d", "e"]).await;
+    wait_for(
+        "5 SENT after connections cut during start-up",
+        Duration::from_secs(60),
+        || async { count_status(&db, 2).await == 5 },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.marked.failed, 0);
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, 5).await;
+    assert_eq!(per_event.len(), 5, "every event arrived");
+}
+
+/// What [`kill_relay_connections`] cut.
+struct Cut {
+    killed: usize,
+    binlog_dumps: usize,
+}
+
+/// Kills every connection to `db`'s database but `admin`'s own: the relay's SQL connections and
+/// its binlog dump (whose default database is the test's), never another test's.
+async fn kill_relay_connections(admin: &mut mysql_async::Conn, db: &TestDb) -> Cut {
+    let own: u64 = admin
+        .query_first("SELECT CONNECTION_ID()")
+        .await
+        .unwrap()
+        .unwrap();
+    let victims: Vec<(u64, String)> = admin
+        .exec(
+            "SELECT id, command FROM information_schema.processlist WHERE db = ? AND id <> ?",
+            (db.name(), own),
+        )
+        .await
+        .unwrap();
+    let mut cut = Cut {
+        killed: 0,
+        binlog_dumps: 0,
+    };
+    for (id, command) in victims {
+        if admin.query_drop(format!("KILL {id}")).await.is_ok() {
+            cut.killed += 1;
+            cut.binlog_dumps += usize::from(command == "Binlog Dump");
+        }
+    }
+    cut
 }
