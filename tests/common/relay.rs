@@ -58,21 +58,50 @@ pub fn seed_checkpoint(config: &Config, position: &BinlogPosition) {
     store.save(position).unwrap();
 }
 
-/// A relay running in this process.
-pub struct RunningRelay(RelayHandle);
+/// A relay running in this process. If it ends before [`RunningRelay::stop`] (a permanent
+/// error), the error is recorded, and any [`wait_for`] that then times out shows it.
+pub struct RunningRelay {
+    cancel: CancellationToken,
+    run: tokio::task::JoinHandle<anyhow::Result<RunSummary>>,
+}
+
+/// Relays of this test binary that ended on their own, with how.
+static ENDED_EARLY: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 impl RunningRelay {
     /// Starts the relay with its sled store in `config.relay.checkpoint_dir`.
     pub async fn start(config: &Config) -> Self {
-        let handle = RelayHandle::spawn(config, RunOptions::default(), CancellationToken::new())
+        Self::start_with(config, RunOptions::default()).await
+    }
+
+    /// Starts the relay (of `config.relay.mode`) with `options`.
+    pub async fn start_with(config: &Config, options: RunOptions) -> Self {
+        let cancel = CancellationToken::new();
+        let handle = RelayHandle::spawn(config, options, cancel.clone())
             .await
             .expect("relay starts");
-        RunningRelay(handle)
+        let (name, stopping) = (config.relay.name.clone(), cancel.clone());
+        let run = tokio::spawn(async move {
+            let result = handle.join().await;
+            if !stopping.is_cancelled() {
+                let how = match &result {
+                    Ok(_) => "without an error".to_string(),
+                    Err(e) => format!("{e:#}"),
+                };
+                ENDED_EARLY
+                    .lock()
+                    .unwrap()
+                    .push(format!("relay {name} ended before it was stopped: {how}"));
+            }
+            result
+        });
+        RunningRelay { cancel, run }
     }
 
     /// Requests a graceful stop and returns the summary.
     pub async fn stop(self) -> RunSummary {
-        self.0.stop().await.expect("relay run")
+        self.cancel.cancel();
+        self.run.await.expect("relay task").expect("relay run")
     }
 }
 
@@ -86,7 +115,13 @@ where
     while !check().await {
         assert!(
             Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
+            "timed out after {timeout:?} waiting for {what}{}",
+            ENDED_EARLY
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|e| format!("\n{e}"))
+                .collect::<String>()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -249,16 +284,6 @@ pub fn assert_key_order(
             first_seen, sorted,
             "{key} arrived out of commit order (queue offsets and ids: {seen:?})"
         );
-    }
-}
-
-impl RunningRelay {
-    /// Starts the relay (of `config.relay.mode`) with `options`.
-    pub async fn start_with(config: &Config, options: RunOptions) -> Self {
-        let handle = RelayHandle::spawn(config, options, CancellationToken::new())
-            .await
-            .expect("relay starts");
-        RunningRelay(handle)
     }
 }
 
