@@ -205,3 +205,51 @@ async fn a_claim_reads_pending_rows_only_however_many_are_sent() {
         "the claim read {reads} index entries for 100 PENDING rows behind 4,900 SENT ones"
     );
 }
+
+/// Rows and index entries this session has read since `FLUSH STATUS` (`Handler_read_next` +
+/// `Handler_read_rnd_next`; `SHOW STATUS` itself counts in neither).
+async fn rows_read(conn: &mut mysql_async::Conn) -> u64 {
+    let rows: Vec<(String, u64)> = conn
+        .query(
+            "SHOW SESSION STATUS WHERE Variable_name IN \
+             ('Handler_read_next', 'Handler_read_rnd_next')",
+        )
+        .await
+        .unwrap();
+    rows.iter().map(|(_, n)| n).sum()
+}
+
+#[tokio::test]
+async fn lease_upkeep_reads_sending_rows_only() {
+    // Recovering expired leases, renewing and releasing them find the few SENDING rows through
+    // `idx_pending (status)` (0010 dropped `idx_lease`), never by reading the SENT ones.
+    use outbox_relay::config::TableName;
+    use outbox_relay::sweep::lease;
+
+    let db = TestDb::migrated("poll_lease_reads").await;
+    let topic = new_topic("poll_lease_reads");
+    write_events(&db, &topic, 1, 5000, 5000).await;
+    let mut conn = db.conn().await;
+    conn.query_drop("ANALYZE TABLE outbox_event").await.unwrap();
+    conn.query_drop("UPDATE outbox_event SET status = 2 WHERE id <= 4900")
+        .await
+        .unwrap();
+    conn.query_drop("UPDATE outbox_event SET status = 1, owner = 'gone' WHERE id > 4950")
+        .await
+        .unwrap();
+    let table = TableName::parse(&format!("{}.outbox_event", db.name())).unwrap();
+    conn.query_drop("FLUSH STATUS").await.unwrap();
+    let renewed = lease::renew(&mut conn, &table, "gone", Duration::ZERO).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let recovered = lease::recover_expired(&mut conn, &table).await;
+    let released = lease::release(&mut conn, &table, "gone").await;
+    let read = rows_read(&mut conn).await;
+    assert_eq!(
+        (renewed.unwrap(), recovered.unwrap(), released.unwrap()),
+        (50, 50, 0)
+    );
+    assert!(
+        read < 1000,
+        "lease upkeep read {read} rows for 50 SENDING among 5,000"
+    );
+}

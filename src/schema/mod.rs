@@ -3,8 +3,9 @@
 //! Guarantees: each migration is applied at most once per database (recorded in
 //! `outbox_schema_history` with a SHA-256 of its text); a migration whose file changed after it
 //! was applied is an error, not a silent drift; concurrent `migrate` runs serialise on a
-//! MySQL named lock. Files use `CREATE TABLE IF NOT EXISTS` and an index that already exists is
-//! accepted, so a half-applied migration (DDL is not transactional in MySQL) can be run again.
+//! MySQL named lock. Files use `CREATE TABLE IF NOT EXISTS`, and an index that already exists (or
+//! is already gone) is accepted, so a half-applied migration (DDL is not transactional in MySQL)
+//! can be run again.
 
 use crate::config::TableName;
 use mysql_async::prelude::*;
@@ -40,6 +41,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(7, "0007_reconcile_diff"),
     migration!(8, "0008_outbox_pending_order"),
     migration!(9, "0009_outbox_drop_claim_index"),
+    migration!(10, "0010_outbox_drop_lease_index"),
 ];
 
 /// The table every configured outbox table is shaped like.
@@ -187,8 +189,10 @@ async fn migrate_locked(
         }
         for statement in statements(migration.sql) {
             let result = conn.query_drop(&statement).await;
-            // ER_DUP_KEYNAME: an ADD INDEX of a half-applied run is already there.
-            if matches!(&result, Err(mysql_async::Error::Server(e)) if e.code == 1061) {
+            // ER_DUP_KEYNAME: an ADD INDEX of a half-applied run is already there;
+            // ER_CANT_DROP_FIELD_OR_KEY: a DROP INDEX of one is already done.
+            if matches!(&result, Err(mysql_async::Error::Server(e)) if e.code == 1061 || e.code == 1091)
+            {
                 continue;
             }
             result.map_err(|source| MigrateError::Statement {
