@@ -315,12 +315,13 @@ async fn main() {
     for (role, pids) in &watched.pids {
         assert!(!pids.is_empty(), "no process found for {role}");
     }
+    let relays_dir = scratch_dir("bench-relays").unwrap();
     let bench = Bench {
         rocketmq,
         mariadb,
         config,
         watched,
-        dir: scratch_dir("bench-relays").unwrap(),
+        dir: relays_dir.clone(),
     };
 
     // 1. Broker ceiling.
@@ -449,4 +450,12 @@ async fn main() {
     std::fs::write(args.out.join("latency.svg"), report.svg()).unwrap();
     println!("\n{markdown}");
     eprintln!("written to {}", args.out.display());
+    // The servers' data (~10 GB after a full run) is of no use once they stop; left behind it
+    // fills the disk, and a broker on a fuller disk refuses sends.
+    drop(bench);
+    for dir in [mariadb_dir, rocketmq_dir, relays_dir] {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            eprintln!("could not remove {}: {e}", dir.display());
+        }
+    }
 }
