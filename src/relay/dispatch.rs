@@ -5,6 +5,9 @@
 //! of the events are already recorded SENT or FAILED and skips those: a takeover then resends only
 //! what the old leader published but had not yet recorded, instead of everything after the last
 //! mirrored checkpoint.
+//!
+//! When the reader loses its connection inside a transaction it reads that transaction again
+//! from its start; the rows already handed on are not handed on twice ([`HandedOn`]).
 
 use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow};
 use crate::checkpoint::{TxSeq, Watermark};
@@ -26,6 +29,9 @@ pub struct Dispatched {
     pub unidentifiable: u64,
     /// Events skipped while catching up because their rows were already SENT or FAILED.
     pub already_recorded: u64,
+    /// Rows of a transaction read again after a lost connection that had been handed on the
+    /// first time (not sent twice).
+    pub read_again: u64,
 }
 
 /// Skipping of already-recorded events while the stream is behind `until`.
@@ -37,6 +43,40 @@ pub struct CatchUp {
     pub read: BinlogPosition,
     /// When catching up began: it ends after [`CATCH_UP_LIMIT`] at the latest.
     pub since: std::time::Instant,
+}
+
+/// The rows of the transaction being read that were handed on, and those of a transaction the
+/// reader lost mid-way and is reading again. Skipping those is safe: they are still in flight
+/// under the abandoned transaction's sequence number, which holds the watermark back until they
+/// complete, and they reached their shards before the rest of the transaction, in order.
+#[derive(Default)]
+struct HandedOn {
+    current: Vec<(Arc<TableName>, u64)>,
+    abandoned: HashSet<(Arc<TableName>, u64)>,
+}
+
+impl HandedOn {
+    /// Whether the row `(table, id)` was handed on before the reader lost its transaction; if
+    /// not, it is recorded as handed on now.
+    fn already(&mut self, table: &Arc<TableName>, id: u64) -> bool {
+        let key = (Arc::clone(table), id);
+        if !self.abandoned.is_empty() && self.abandoned.contains(&key) {
+            return true;
+        }
+        self.current.push(key);
+        false
+    }
+
+    /// The reader lost the transaction: it will be read again from its start.
+    fn restart(&mut self) {
+        self.abandoned.extend(self.current.drain(..));
+    }
+
+    /// The transaction ended (read whole at last).
+    fn end(&mut self) {
+        self.current.clear();
+        self.abandoned.clear();
+    }
 }
 
 /// Longest catch-up (checking costs one query per batch; past this the stream is live anyway).
@@ -104,6 +144,7 @@ pub async fn run(
 ) -> Dispatched {
     let mut stats = Dispatched::default();
     let mut current: Option<TxSeq> = None;
+    let mut handed_on = HandedOn::default();
     let begin = |watermark: &Mutex<Watermark>| watermark.lock().expect("not poisoned").begin();
     while let Some(first) = items.recv().await {
         let mut batch = vec![first];
@@ -128,6 +169,14 @@ pub async fn run(
                         {
                             stats.already_recorded += 1;
                         }
+                        DecodedRow::Event(row) if handed_on.already(&row.table, row.id) => {
+                            stats.read_again += 1;
+                        }
+                        DecodedRow::Problem(problem)
+                            if handed_on.already(&problem.table, problem.id) =>
+                        {
+                            stats.read_again += 1;
+                        }
                         DecodedRow::Event(row) => {
                             watermark.lock().expect("not poisoned").add_event(seq);
                             let event = ShardEvent::new(seq, row);
@@ -151,6 +200,7 @@ pub async fn run(
                     }
                 }
                 BinlogItem::TxEnd(end) => {
+                    handed_on.end();
                     if let Some(catch_up) = &mut catch_up {
                         catch_up.read.advance(&end);
                     }
@@ -158,6 +208,7 @@ pub async fn run(
                     watermark.lock().expect("not poisoned").end(seq, end);
                 }
                 BinlogItem::Restart => {
+                    handed_on.restart();
                     if let Some(seq) = current.take() {
                         watermark.lock().expect("not poisoned").abandon(seq);
                     }
@@ -173,4 +224,90 @@ pub async fn run(
         }
     }
     stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binlog::{OutboxRow, TxEnd};
+    use crate::event::OutboundMessage;
+
+    fn row(id: u64) -> BinlogItem {
+        BinlogItem::Row(DecodedRow::Event(OutboxRow {
+            table: Arc::new(TableName::parse("outbox_event").unwrap()),
+            id,
+            message: OutboundMessage {
+                event_id: format!("e{id}"),
+                biz_key: "k".into(),
+                topic: "t".into(),
+                tags: None,
+                headers: vec![],
+                payload: "{}".into(),
+            },
+        }))
+    }
+
+    fn end(pos: u64) -> BinlogItem {
+        BinlogItem::TxEnd(TxEnd {
+            gtid: None,
+            file: "binlog.000001".into(),
+            end_pos: pos,
+            timestamp: 0,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
+        let (items_tx, items) = mpsc::channel(100);
+        let (shard, mut handed) = mpsc::channel(100);
+        let (problems, _) = mpsc::channel(100);
+        let watermark = Arc::new(Mutex::new(Watermark::new(BinlogPosition::default())));
+        // The connection is lost after two rows of the first transaction, which is read again
+        // whole; then a second transaction.
+        let script = [
+            BinlogItem::TxBegin,
+            row(1),
+            row(2),
+            BinlogItem::Restart,
+            BinlogItem::TxBegin,
+            row(1),
+            row(2),
+            row(3),
+            end(100),
+            BinlogItem::TxBegin,
+            row(4),
+            end(200),
+        ];
+        for item in script {
+            items_tx.send(item).await.unwrap();
+        }
+        drop(items_tx);
+        let stats = run(
+            items,
+            Router::new(1),
+            vec![shard],
+            problems,
+            Arc::clone(&watermark),
+            None,
+        )
+        .await;
+        assert_eq!(stats.read_again, 2);
+        let mut events = Vec::new();
+        while let Ok(event) = handed.try_recv() {
+            events.push(event);
+        }
+        let ids: Vec<u64> = events.iter().map(|e| e.row.id).collect();
+        assert_eq!(ids, [1, 2, 3, 4], "each row once, in order");
+
+        // The checkpoint passes the first transaction only when the rows handed on before the
+        // lost connection are done too.
+        let position = |w: &Mutex<Watermark>| w.lock().unwrap().position().pos;
+        let seq = |i: usize| events[i].seq.expect("a binlog transaction");
+        watermark.lock().unwrap().complete(seq(2));
+        watermark.lock().unwrap().complete(seq(3));
+        assert_eq!(position(&watermark), 0, "rows 1 and 2 are still in flight");
+        watermark.lock().unwrap().complete(seq(0));
+        watermark.lock().unwrap().complete(seq(1));
+        assert_eq!(position(&watermark), 200);
+    }
 }
