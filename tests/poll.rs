@@ -10,6 +10,7 @@ use common::relay::{
 use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;
+use outbox_relay::config::TableName;
 use outbox_relay::relay::RunOptions;
 use outbox_relay::sweep::ClaimStrategy;
 use std::time::{Duration, Instant};
@@ -163,47 +164,18 @@ async fn a_table_without_the_pending_index_is_still_claimed() {
     assert_every_event_arrived_in_key_order(&db, &topic, 100).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_reads_pending_rows_only_however_many_are_sent() {
-    // The claim must walk PENDING rows, not the primary key past every SENT row: statistics
-    // taken while all rows were PENDING make a primary-key walk look cheapest (a poll drain read
-    // 38k rows per 100-row claim that way). Counted with the session's Handler_read_next.
-    use outbox_relay::binlog::decode::RowLimits;
-    use outbox_relay::config::TableName;
-    use outbox_relay::sweep::Claimer;
-    use std::sync::Arc;
-
-    let db = TestDb::migrated("poll_claim_reads").await;
-    let topic = new_topic("poll_claim_reads");
-    write_events(&db, &topic, 1, 5000, 5000).await;
+/// 5,000 rows of which the first 4,900 are SENT, with statistics taken while all were PENDING
+/// (what makes a primary-key walk look cheapest); a connection to their database, the table.
+async fn mostly_sent_outbox(name: &str) -> (TestDb, mysql_async::Conn, TableName) {
+    let db = TestDb::migrated(name).await;
+    write_events(&db, &new_topic(name), 1, 5000, 5000).await;
     let mut conn = db.conn().await;
     conn.query_drop("ANALYZE TABLE outbox_event").await.unwrap();
     conn.query_drop("UPDATE outbox_event SET status = 2 WHERE id <= 4900")
         .await
         .unwrap();
-    let claimer = Claimer {
-        table: Arc::new(TableName::parse(&format!("{}.outbox_event", db.name())).unwrap()),
-        owner: "reader".into(),
-        lease: Duration::from_secs(30),
-        batch_size: 100,
-        min_age: Duration::ZERO,
-        strategy: ClaimStrategy::SkipLocked,
-        limits: RowLimits {
-            max_payload_bytes: 1 << 20,
-        },
-    };
-    conn.query_drop("FLUSH STATUS").await.unwrap();
-    let claimed = claimer.claim(&mut conn).await.unwrap();
-    let (_, reads): (String, u64) = conn
-        .query_first("SHOW SESSION STATUS LIKE 'Handler_read_next'")
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(claimed.len(), 100);
-    assert!(
-        reads < 1000,
-        "the claim read {reads} index entries for 100 PENDING rows behind 4,900 SENT ones"
-    );
+    let table = TableName::parse(&format!("{}.outbox_event", db.name())).unwrap();
+    (db, conn, table)
 }
 
 /// Rows and index entries this session has read since `FLUSH STATUS` (`Handler_read_next` +
@@ -219,25 +191,46 @@ async fn rows_read(conn: &mut mysql_async::Conn) -> u64 {
     rows.iter().map(|(_, n)| n).sum()
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_reads_pending_rows_only_however_many_are_sent() {
+    // The claim must walk PENDING rows, not the primary key past every SENT row (a poll drain
+    // read 38k rows per 100-row claim that way).
+    use outbox_relay::binlog::decode::RowLimits;
+    use outbox_relay::sweep::Claimer;
+    use std::sync::Arc;
+
+    let (_db, mut conn, table) = mostly_sent_outbox("poll_claim_reads").await;
+    let claimer = Claimer {
+        table: Arc::new(table),
+        owner: "reader".into(),
+        lease: Duration::from_secs(30),
+        batch_size: 100,
+        min_age: Duration::ZERO,
+        strategy: ClaimStrategy::SkipLocked,
+        limits: RowLimits {
+            max_payload_bytes: 1 << 20,
+        },
+    };
+    conn.query_drop("FLUSH STATUS").await.unwrap();
+    let claimed = claimer.claim(&mut conn).await.unwrap();
+    let reads = rows_read(&mut conn).await;
+    assert_eq!(claimed.len(), 100);
+    assert!(
+        reads < 1000,
+        "the claim read {reads} rows for 100 PENDING ones behind 4,900 SENT ones"
+    );
+}
+
 #[tokio::test]
 async fn lease_upkeep_reads_sending_rows_only() {
     // Recovering expired leases, renewing and releasing them find the few SENDING rows through
     // `idx_pending (status)` (0010 dropped `idx_lease`), never by reading the SENT ones.
-    use outbox_relay::config::TableName;
     use outbox_relay::sweep::lease;
 
-    let db = TestDb::migrated("poll_lease_reads").await;
-    let topic = new_topic("poll_lease_reads");
-    write_events(&db, &topic, 1, 5000, 5000).await;
-    let mut conn = db.conn().await;
-    conn.query_drop("ANALYZE TABLE outbox_event").await.unwrap();
-    conn.query_drop("UPDATE outbox_event SET status = 2 WHERE id <= 4900")
-        .await
-        .unwrap();
+    let (_db, mut conn, table) = mostly_sent_outbox("poll_lease_reads").await;
     conn.query_drop("UPDATE outbox_event SET status = 1, owner = 'gone' WHERE id > 4950")
         .await
         .unwrap();
-    let table = TableName::parse(&format!("{}.outbox_event", db.name())).unwrap();
     conn.query_drop("FLUSH STATUS").await.unwrap();
     let renewed = lease::renew(&mut conn, &table, "gone", Duration::ZERO).await;
     tokio::time::sleep(Duration::from_millis(20)).await;

@@ -5,7 +5,7 @@ mod common;
 
 use common::proxy::CuttingProxy;
 use common::relay::{
-    count_status, current_position, deliveries, relay_config, seed_checkpoint, wait_for,
+    count_status, current_position, relay_config, seed_checkpoint, stop_when_all_sent, wait_for,
     RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
@@ -200,16 +200,8 @@ async fn killed_mysql_connections_are_reopened_and_nothing_is_lost() {
         killed >= 5 && dumps >= 1,
         "killed {killed} ({dumps} binlog dumps)"
     );
-    wait_for(
-        "200 SENT after connection kills",
-        Duration::from_secs(90),
-        || async { count_status(&db, 2).await == 200 },
-    )
-    .await;
-    let summary = relay.stop().await;
-    assert_eq!(summary.marked.failed, 0);
-    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, 200).await;
-    assert_eq!(per_event.len(), 200, "every event arrived");
+    let namesrv = rocketmq().namesrv_addr();
+    stop_when_all_sent(relay, &db, (&namesrv, &topic), 200, Duration::from_secs(90)).await;
 }
 
 /// Connections cut while the relay is still starting (in the middle of its server checks, the
@@ -223,25 +215,15 @@ async fn connections_cut_while_the_relay_starts_are_retried() {
     let (mut config, _dir) = relay_config(&db);
     seed_checkpoint(&config, &current_position(&db).await);
     write(&db, &topic, &["a", "b", "c"]).await;
-    let cuts = vec![150, 400, 700, 1000, 1400, 1900];
-    let proxy = CuttingProxy::start(&db.url, cuts.clone()).await;
-    config.mysql.url = Some(proxy.url(&db.url));
+    let proxy = CuttingProxy::reroute(&mut config, vec![150, 400, 700, 1000, 1400, 1900]).await;
     let relay = RunningRelay::start(&config).await;
     wait_for("the proxy's cuts", Duration::from_secs(60), || async {
-        proxy.cut() >= cuts.len()
+        proxy.all_cut()
     })
     .await;
     write(&db, &topic, &["d", "e"]).await;
-    wait_for(
-        "5 SENT after connections cut during start-up",
-        Duration::from_secs(60),
-        || async { count_status(&db, 2).await == 5 },
-    )
-    .await;
-    let summary = relay.stop().await;
-    assert_eq!(summary.marked.failed, 0);
-    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, 5).await;
-    assert_eq!(per_event.len(), 5, "every event arrived");
+    let namesrv = rocketmq().namesrv_addr();
+    stop_when_all_sent(relay, &db, (&namesrv, &topic), 5, Duration::from_secs(60)).await;
 }
 
 /// What [`kill_relay_connections`] cut.

@@ -1,6 +1,7 @@
 //! A TCP proxy in front of MariaDB that cuts connections at chosen points: a fault `KILL` can
 //! only hit by luck (in the middle of the relay's start-up checks, say).
 
+use outbox_relay::config::Config;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -12,6 +13,7 @@ use tokio::task::JoinHandle;
 /// ends sooner leaves that cut to the next one; after the last cut, connections pass whole.
 pub struct CuttingProxy {
     port: u16,
+    planned: usize,
     cut: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
@@ -29,6 +31,7 @@ impl CuttingProxy {
         let port = listener.local_addr().unwrap().port();
         let cut = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&cut);
+        let planned = cut_after.len();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let limit = cut_after.get(counter.load(Ordering::SeqCst)).copied();
@@ -43,7 +46,20 @@ impl CuttingProxy {
                 });
             }
         });
-        CuttingProxy { port, cut, task }
+        CuttingProxy {
+            port,
+            planned,
+            cut,
+            task,
+        }
+    }
+
+    /// A proxy for the server of `config`'s `mysql.url`, which is pointed at the proxy.
+    pub async fn reroute(config: &mut Config, cut_after: Vec<usize>) -> Self {
+        let url = config.mysql.url.clone().expect("mysql.url");
+        let proxy = Self::start(&url, cut_after).await;
+        config.mysql.url = Some(proxy.url(&url));
+        proxy
     }
 
     /// `url` with its host and port replaced by the proxy's. The driver must not switch to the
@@ -61,6 +77,11 @@ impl CuttingProxy {
     /// How many connections the proxy has cut so far.
     pub fn cut(&self) -> usize {
         self.cut.load(Ordering::SeqCst)
+    }
+
+    /// Whether every planned cut has happened.
+    pub fn all_cut(&self) -> bool {
+        self.cut() >= self.planned
     }
 }
 

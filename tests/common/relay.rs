@@ -127,6 +127,27 @@ where
     }
 }
 
+/// Waits up to `timeout` for `total` SENT rows, stops `relay`, and checks that nothing was
+/// marked FAILED and that every event reached `topic` (of the broker at `namesrv`). Returns how
+/// many times each event arrived.
+pub async fn stop_when_all_sent(
+    relay: RunningRelay,
+    db: &TestDb,
+    (namesrv, topic): (&str, &str),
+    total: usize,
+    timeout: Duration,
+) -> HashMap<String, usize> {
+    wait_for(&format!("{total} SENT"), timeout, || async {
+        count_status(db, 2).await == total as u64
+    })
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.marked.failed, 0);
+    let per_event = deliveries(namesrv, topic, total).await;
+    assert_eq!(per_event.len(), total, "every event arrived");
+    per_event
+}
+
 /// Rows of the outbox with `status`.
 pub async fn count_status(db: &TestDb, status: u8) -> u64 {
     db.conn()
