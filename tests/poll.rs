@@ -4,15 +4,20 @@
 mod common;
 
 use common::relay::{
-    assert_every_event_arrived_in_key_order, count_status, poll_config, sent_latencies_ms,
-    wait_for, write_events, RunningRelay,
+    assert_every_event_arrived_in_key_order, commit_events, count_status, poll_config,
+    sent_latencies_ms, wait_for, write_events, RunningRelay,
 };
 use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;
+use mysql_async::TxOpts;
+use outbox_relay::binlog::decode::RowLimits;
 use outbox_relay::config::TableName;
+use outbox_relay::producer::NewEvent;
 use outbox_relay::relay::RunOptions;
-use outbox_relay::sweep::ClaimStrategy;
+use outbox_relay::sweep::{ClaimStrategy, Claimed, Claimer};
+use serde_json::json;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -164,11 +169,12 @@ async fn a_table_without_the_pending_index_is_still_claimed() {
     assert_every_event_arrived_in_key_order(&db, &topic, 100).await;
 }
 
-/// 5,000 rows of which the first 4,900 are SENT, with statistics taken while all were PENDING
-/// (what makes a primary-key walk look cheapest); a connection to their database, the table.
+/// 5,000 rows over 10 keys of which the first 4,900 are SENT, with statistics taken while all
+/// were PENDING (what makes a primary-key walk look cheapest); a connection to their database,
+/// the table.
 async fn mostly_sent_outbox(name: &str) -> (TestDb, mysql_async::Conn, TableName) {
     let db = TestDb::migrated(name).await;
-    write_events(&db, &new_topic(name), 1, 5000, 5000).await;
+    write_events(&db, &new_topic(name), 1, 5000, 10).await;
     let mut conn = db.conn().await;
     conn.query_drop("ANALYZE TABLE outbox_event").await.unwrap();
     conn.query_drop("UPDATE outbox_event SET status = 2 WHERE id <= 4900")
@@ -191,16 +197,9 @@ async fn rows_read(conn: &mut mysql_async::Conn) -> u64 {
     rows.iter().map(|(_, n)| n).sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_reads_pending_rows_only_however_many_are_sent() {
-    // The claim must walk PENDING rows, not the primary key past every SENT row (a poll drain
-    // read 38k rows per 100-row claim that way).
-    use outbox_relay::binlog::decode::RowLimits;
-    use outbox_relay::sweep::Claimer;
-    use std::sync::Arc;
-
-    let (_db, mut conn, table) = mostly_sent_outbox("poll_claim_reads").await;
-    let claimer = Claimer {
+/// A SKIP LOCKED claimer of up to 100 rows of `table` for the owner "reader".
+fn claimer(table: TableName) -> Claimer {
+    Claimer {
         table: Arc::new(table),
         owner: "reader".into(),
         lease: Duration::from_secs(30),
@@ -210,15 +209,56 @@ async fn a_claim_reads_pending_rows_only_however_many_are_sent() {
         limits: RowLimits {
             max_payload_bytes: 1 << 20,
         },
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_reads_pending_rows_only_however_many_are_sent() {
+    // The claim must walk PENDING rows, not the primary key past every SENT row (a poll drain
+    // read 38k rows per 100-row claim that way); and its check that no older row of a claimed
+    // key still waits must not read each key's SENT history (490 rows a key here).
+    let (_db, mut conn, table) = mostly_sent_outbox("poll_claim_reads").await;
     conn.query_drop("FLUSH STATUS").await.unwrap();
-    let claimed = claimer.claim(&mut conn).await.unwrap();
+    let claimed = claimer(table).claim(&mut conn).await.unwrap();
     let reads = rows_read(&mut conn).await;
     assert_eq!(claimed.len(), 100);
     assert!(
         reads < 1000,
         "the claim read {reads} rows for 100 PENDING ones behind 4,900 SENT ones"
     );
+}
+
+#[tokio::test]
+async fn a_claim_never_takes_a_row_while_an_older_row_of_its_key_waits() {
+    // Keys a, b, c take turns: ids 1, 4, 7, 10 are a's; 2, 5, 8, 11 b's; 3, 6, 9, 12 c's. Row 1
+    // is locked by another transaction (SKIP LOCKED passes over it) and row 2 is SENDING for
+    // another owner: none of a's or b's later rows may be claimed before them.
+    let db = TestDb::migrated("poll_claim_key_order").await;
+    let topic = new_topic("poll_claim_key_order");
+    let mut conn = db.conn().await;
+    let events = (0..12)
+        .map(|i| NewEvent::new(&topic, ["a", "b", "c"][i % 3], json!({ "i": i })))
+        .collect();
+    commit_events(&mut conn, events).await;
+    conn.query_drop("UPDATE outbox_event SET status = 1, owner = 'other' WHERE id = 2")
+        .await
+        .unwrap();
+    let mut holder = db.conn().await;
+    let mut held = holder.start_transaction(TxOpts::default()).await.unwrap();
+    held.query_drop("SELECT id FROM outbox_event WHERE id = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let table = TableName::parse(&format!("{}.outbox_event", db.name())).unwrap();
+    let claimed = claimer(table).claim(&mut conn).await.unwrap();
+    let ids: Vec<u64> = claimed
+        .iter()
+        .map(|c| match c {
+            Claimed::Event(row) => row.id,
+            Claimed::Problem(p) => p.id,
+        })
+        .collect();
+    assert_eq!(ids, [3, 6, 9, 12], "only key c's rows");
+    held.rollback().await.unwrap();
 }
 
 #[tokio::test]

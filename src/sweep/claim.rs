@@ -93,12 +93,24 @@ impl Claimer {
         &self,
         q: &mut Q,
     ) -> Result<Vec<Row>, mysql_async::Error> {
+        self.exec_on_pending_index(q, |hinted| self.select_sql(hinted), self.select_params())
+            .await
+    }
+
+    /// Runs `sql(hinted)` hinted at `idx_pending` unless the table is known to lack it; when the
+    /// hint names a missing index, warns once, remembers the table and runs it unhinted.
+    async fn exec_on_pending_index<Q: Queryable, T: FromRow + Send + 'static>(
+        &self,
+        q: &mut Q,
+        sql: impl Fn(bool) -> String,
+        params: Vec<Value>,
+    ) -> Result<Vec<T>, mysql_async::Error> {
         let key = self.table.to_string();
         let hinted = !WITHOUT_PENDING_INDEX
             .lock()
             .expect("not poisoned")
             .contains(&key);
-        match q.exec(self.select_sql(hinted), self.select_params()).await {
+        match q.exec(sql(hinted), params.clone()).await {
             Err(mysql_async::Error::Server(e)) if hinted && e.code == NO_SUCH_INDEX => {
                 tracing::warn!(table = %self.table, "the outbox table has no `idx_pending` index \
                     (run `outbox-relay migrate`): claims may read every SENT row before the PENDING ones");
@@ -106,7 +118,7 @@ impl Claimer {
                     .lock()
                     .expect("not poisoned")
                     .insert(key);
-                q.exec(self.select_sql(false), self.select_params()).await
+                q.exec(sql(false), params).await
             }
             other => other,
         }
@@ -149,7 +161,9 @@ impl Claimer {
 
     /// `(id, biz_key)` of the rows of the keys of `rows` with a smaller id than the newest of
     /// `rows` that are waiting (PENDING, or SENDING for another owner): non-locking, READ
-    /// COMMITTED, served by the `idx_key_order` index.
+    /// COMMITTED. It walks the waiting rows below that id in `idx_pending`, never a key's SENT
+    /// history: through `idx_key_order` a claim read every older row of each of its keys (a
+    /// hot key's whole history, on every claim).
     async fn older_rows_of_keys(
         &self,
         tx: &mut mysql_async::Transaction<'_>,
@@ -165,16 +179,26 @@ impl Claimer {
             return Ok(Vec::new());
         }
         let newest = rows.iter().map(|(id, _)| *id).max().unwrap_or(0);
-        let sql = format!(
-            "SELECT id, biz_key FROM {} WHERE biz_key IN ({}) AND id < ? \
-             AND (status = 0 OR (status = 1 AND owner <> ?)) ORDER BY id",
+        let mut params = vec![Value::from(newest), Value::from(self.owner.as_str())];
+        params.extend(keys.iter().map(|k| Value::from(*k)));
+        let sql = |hinted| self.older_rows_sql(hinted, keys.len());
+        self.exec_on_pending_index(tx, sql, params).await
+    }
+
+    /// The SELECT of [`Claimer::older_rows_of_keys`] for `keys` keys (binds: the newest id, the
+    /// owner, the keys).
+    pub fn older_rows_sql(&self, hinted: bool, keys: usize) -> String {
+        let hint = if hinted {
+            " FORCE INDEX (idx_pending)"
+        } else {
+            ""
+        };
+        format!(
+            "SELECT id, biz_key FROM {}{hint} WHERE status IN (0, 1) AND id < ? \
+             AND (status = 0 OR owner <> ?) AND biz_key IN ({}) ORDER BY id",
             self.table.sql(),
-            vec!["?"; keys.len()].join(", ")
-        );
-        let mut params: Vec<Value> = keys.iter().map(|k| Value::from(*k)).collect();
-        params.push(Value::from(newest));
-        params.push(Value::from(self.owner.as_str()));
-        tx.exec(sql, params).await
+            vec!["?"; keys].join(", ")
+        )
     }
 
     /// The UPDATE that claims `rows` selected rows (binds: owner, lease µs, then the ids).
