@@ -209,6 +209,7 @@ fn claimer(table: TableName) -> Claimer {
         limits: RowLimits {
             max_payload_bytes: 1 << 20,
         },
+        cursor: Default::default(),
     }
 }
 
@@ -249,14 +250,7 @@ async fn a_claim_never_takes_a_row_while_an_older_row_of_its_key_waits() {
         .await
         .unwrap();
     let table = TableName::parse(&format!("{}.outbox_event", db.name())).unwrap();
-    let claimed = claimer(table).claim(&mut conn).await.unwrap();
-    let ids: Vec<u64> = claimed
-        .iter()
-        .map(|c| match c {
-            Claimed::Event(row) => row.id,
-            Claimed::Problem(p) => p.id,
-        })
-        .collect();
+    let ids = claim_ids(&claimer(table), &mut conn).await;
     assert_eq!(ids, [3, 6, 9, 12], "only key c's rows");
     held.rollback().await.unwrap();
 }
@@ -285,4 +279,56 @@ async fn lease_upkeep_reads_sending_rows_only() {
         read < 1000,
         "lease upkeep read {read} rows for 50 SENDING among 5,000"
     );
+}
+
+#[tokio::test]
+async fn a_row_put_back_behind_the_claim_cursor_is_claimed_within_the_rescan_period() {
+    // While batches come back full, each claim reads past the last one (skipping the entries of
+    // rows just claimed that InnoDB has not purged yet); a row returned to PENDING below that
+    // point is read by the next claim from the start, at most RESCAN_AFTER later.
+    use outbox_relay::sweep::cursor::RESCAN_AFTER;
+
+    let db = TestDb::migrated("poll_claim_cursor").await;
+    let topic = new_topic("poll_claim_cursor");
+    let mut conn = db.conn().await;
+    let events = (0..300)
+        .map(|i| NewEvent::new(&topic, format!("k{i}"), json!({ "i": i })))
+        .collect();
+    commit_events(&mut conn, events).await;
+    let claimer = claimer(TableName::parse(&format!("{}.outbox_event", db.name())).unwrap());
+    let started = Instant::now();
+    assert_eq!(
+        claim_ids(&claimer, &mut conn).await,
+        (1..=100).collect::<Vec<_>>()
+    );
+    db.conn()
+        .await
+        .query_drop("UPDATE outbox_event SET status = 0, owner = NULL WHERE id = 5")
+        .await
+        .unwrap();
+    let next = claim_ids(&claimer, &mut conn).await;
+    assert_eq!(next, (101..=200).collect::<Vec<_>>(), "past the cursor");
+    assert!(
+        started.elapsed() < RESCAN_AFTER,
+        "the test itself was too slow"
+    );
+    tokio::time::sleep(RESCAN_AFTER).await;
+    assert_eq!(
+        claim_ids(&claimer, &mut conn).await[0],
+        5,
+        "from the start again"
+    );
+}
+
+/// The ids one claim takes.
+async fn claim_ids(claimer: &Claimer, conn: &mut mysql_async::Conn) -> Vec<u64> {
+    let claimed = claimer.claim(conn).await.unwrap();
+    claimed.iter().map(claimed_id).collect()
+}
+
+fn claimed_id(claimed: &Claimed) -> u64 {
+    match claimed {
+        Claimed::Event(row) => row.id,
+        Claimed::Problem(problem) => problem.id,
+    }
 }

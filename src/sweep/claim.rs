@@ -15,6 +15,7 @@
 //! - [`ClaimStrategy::Optimistic`] (older servers): a plain `SELECT`, then per row
 //!   `UPDATE … WHERE id = ? AND status = 0`; a row is ours only if exactly one row was affected.
 
+use super::cursor::ClaimCursor;
 use crate::binlog::decode::{message_from_text, RowLimits, RowText};
 use crate::binlog::{OutboxRow, RowProblem};
 use crate::config::TableName;
@@ -73,6 +74,8 @@ pub struct Claimer {
     pub min_age: Duration,
     pub strategy: ClaimStrategy,
     pub limits: RowLimits,
+    /// Where the next claim starts reading (shared by clones; see [`ClaimCursor`]).
+    pub cursor: Arc<ClaimCursor>,
 }
 
 /// Outbox tables found without the `idx_pending` index (migration 0008 not applied): their
@@ -92,9 +95,20 @@ impl Claimer {
     async fn select_claimable<Q: Queryable>(
         &self,
         q: &mut Q,
-    ) -> Result<Vec<Row>, mysql_async::Error> {
-        self.exec_on_pending_index(q, |hinted| self.select_sql(hinted), self.select_params())
-            .await
+        after: u64,
+    ) -> Result<Vec<(u64, RowText)>, mysql_async::Error> {
+        let params = self.select_params(after);
+        let rows: Vec<Row> = self
+            .exec_on_pending_index(q, |hinted| self.select_sql(hinted), params)
+            .await?;
+        Ok(rows.into_iter().map(read_row).collect())
+    }
+
+    /// Notes what a claim that read past `after` found, for where the next one starts.
+    fn moved_past(&self, after: u64, rows: &[(u64, RowText)]) {
+        let highest = rows.iter().map(|(id, _)| *id).max().unwrap_or(0);
+        self.cursor
+            .record(after, rows.len(), highest, self.batch_size as usize);
     }
 
     /// Runs `sql(hinted)` hinted at `idx_pending` unless the table is known to lack it; when the
@@ -142,14 +156,15 @@ impl Claimer {
         };
         format!(
             "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {}{hint} \
-             WHERE status = 0 AND next_retry_at <= NOW(3){age} ORDER BY id LIMIT ?{lock}",
+             WHERE status = 0 AND id > ? AND next_retry_at <= NOW(3){age} ORDER BY id LIMIT ?{lock}",
             self.table.sql()
         )
     }
 
-    /// The values for [`Claimer::select_sql`]: the minimum age (if any), the batch size.
-    fn select_params(&self) -> Vec<Value> {
-        let mut params = Vec::with_capacity(2);
+    /// The values for [`Claimer::select_sql`]: the id to read past, the minimum age (if any),
+    /// the batch size.
+    fn select_params(&self, after: u64) -> Vec<Value> {
+        let mut params = vec![Value::from(after)];
         if !self.min_age.is_zero() {
             params.push(Value::from(
                 u64::try_from(self.min_age.as_micros()).unwrap_or(u64::MAX),
@@ -232,12 +247,13 @@ impl Claimer {
         let mut opts = TxOpts::default();
         opts.with_isolation_level(IsolationLevel::ReadCommitted);
         let mut tx = conn.start_transaction(opts).await?;
-        let rows: Vec<Row> = self.select_claimable(&mut tx).await?;
+        let after = self.cursor.start();
+        let rows = self.select_claimable(&mut tx, after).await?;
+        self.moved_past(after, &rows);
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
         }
-        let rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
         // SKIP LOCKED passes over rows locked for a moment by other statements (or claimed by
         // another instance): a later row of the same key must not overtake them. Ask which
         // older rows of these keys are still waiting and keep only rows with none before them.
@@ -265,12 +281,14 @@ impl Claimer {
     }
 
     async fn claim_optimistic(&self, conn: &mut Conn) -> Result<Vec<Claimed>, mysql_async::Error> {
-        let rows: Vec<Row> = self.select_claimable(conn).await?;
+        let after = self.cursor.start();
+        let rows = self.select_claimable(conn, after).await?;
+        self.moved_past(after, &rows);
         let sql = self.update_sql(1);
         let mut claimed = Vec::with_capacity(rows.len());
         // A key whose row someone else took: its later rows wait, so they cannot overtake it.
         let mut lost_keys = std::collections::HashSet::new();
-        for (id, text) in rows.into_iter().map(read_row) {
+        for (id, text) in rows {
             let key = text.biz_key.clone().unwrap_or_default();
             if lost_keys.contains(&key) {
                 continue;
@@ -419,6 +437,7 @@ mod tests {
             limits: RowLimits {
                 max_payload_bytes: 1024,
             },
+            cursor: Default::default(),
         }
     }
 
@@ -445,8 +464,8 @@ mod tests {
         assert_eq!(
             c.select_sql(true),
             "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM `app`.`outbox_event` \
-             FORCE INDEX (idx_pending) WHERE status = 0 AND next_retry_at <= NOW(3) ORDER BY id \
-             LIMIT ? FOR UPDATE SKIP LOCKED"
+             FORCE INDEX (idx_pending) WHERE status = 0 AND id > ? AND next_retry_at <= NOW(3) \
+             ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
         );
         assert!(!c.select_sql(false).contains("FORCE INDEX"));
         assert_eq!(
@@ -463,8 +482,12 @@ mod tests {
             "next_retry_at <= NOW(3) AND created_at < NOW(3) - INTERVAL ? MICROSECOND ORDER BY"
         ));
         assert_eq!(
-            aged.select_params(),
-            vec![Value::from(30_000_000u64), Value::from(100u32)]
+            aged.select_params(7),
+            vec![
+                Value::from(7u64),
+                Value::from(30_000_000u64),
+                Value::from(100u32)
+            ]
         );
         let o = claimer(ClaimStrategy::Optimistic);
         assert!(!o.select_sql(true).contains("FOR UPDATE"));

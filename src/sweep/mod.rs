@@ -31,6 +31,7 @@
 //!   affected it.
 
 pub mod claim;
+pub mod cursor;
 pub mod gate;
 pub mod lease;
 mod poll;

@@ -88,6 +88,7 @@ impl Sweeper {
                 min_age: settings.min_age,
                 strategy,
                 limits,
+                cursor: Default::default(),
             })
             .collect();
         Ok(Sweeper {
