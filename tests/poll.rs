@@ -234,13 +234,10 @@ async fn a_claim_never_takes_a_row_while_an_older_row_of_its_key_waits() {
     // Keys a, b, c take turns: ids 1, 4, 7, 10 are a's; 2, 5, 8, 11 b's; 3, 6, 9, 12 c's. Row 1
     // is locked by another transaction (SKIP LOCKED passes over it) and row 2 is SENDING for
     // another owner: none of a's or b's later rows may be claimed before them.
-    let db = TestDb::migrated("poll_claim_key_order").await;
-    let topic = new_topic("poll_claim_key_order");
-    let mut conn = db.conn().await;
-    let events = (0..12)
-        .map(|i| NewEvent::new(&topic, ["a", "b", "c"][i % 3], json!({ "i": i })))
-        .collect();
-    commit_events(&mut conn, events).await;
+    let (db, mut conn, claimer) = claimable_outbox("poll_claim_key_order", 12, |i| {
+        ["a", "b", "c"][i % 3].into()
+    })
+    .await;
     conn.query_drop("UPDATE outbox_event SET status = 1, owner = 'other' WHERE id = 2")
         .await
         .unwrap();
@@ -249,8 +246,7 @@ async fn a_claim_never_takes_a_row_while_an_older_row_of_its_key_waits() {
     held.query_drop("SELECT id FROM outbox_event WHERE id = 1 FOR UPDATE")
         .await
         .unwrap();
-    let table = TableName::parse(&format!("{}.outbox_event", db.name())).unwrap();
-    let ids = claim_ids(&claimer(table), &mut conn).await;
+    let ids = claim_ids(&claimer, &mut conn).await;
     assert_eq!(ids, [3, 6, 9, 12], "only key c's rows");
     held.rollback().await.unwrap();
 }
@@ -288,14 +284,8 @@ async fn a_row_put_back_behind_the_claim_cursor_is_claimed_within_the_rescan_per
     // point is read by the next claim from the start, at most RESCAN_AFTER later.
     use outbox_relay::sweep::cursor::RESCAN_AFTER;
 
-    let db = TestDb::migrated("poll_claim_cursor").await;
-    let topic = new_topic("poll_claim_cursor");
-    let mut conn = db.conn().await;
-    let events = (0..300)
-        .map(|i| NewEvent::new(&topic, format!("k{i}"), json!({ "i": i })))
-        .collect();
-    commit_events(&mut conn, events).await;
-    let claimer = claimer(TableName::parse(&format!("{}.outbox_event", db.name())).unwrap());
+    let (db, mut conn, claimer) =
+        claimable_outbox("poll_claim_cursor", 300, |i| format!("k{i}")).await;
     let started = Instant::now();
     assert_eq!(
         claim_ids(&claimer, &mut conn).await,
@@ -318,6 +308,24 @@ async fn a_row_put_back_behind_the_claim_cursor_is_claimed_within_the_rescan_per
         5,
         "from the start again"
     );
+}
+
+/// `count` PENDING rows, the `i`th (id `i + 1`) of key `key(i)`, in a new database; a connection
+/// to it and a [`claimer`] of its outbox.
+async fn claimable_outbox(
+    name: &str,
+    count: usize,
+    key: impl Fn(usize) -> String,
+) -> (TestDb, mysql_async::Conn, Claimer) {
+    let db = TestDb::migrated(name).await;
+    let topic = new_topic(name);
+    let mut conn = db.conn().await;
+    let events = (0..count)
+        .map(|i| NewEvent::new(&topic, key(i), json!({ "i": i })))
+        .collect();
+    commit_events(&mut conn, events).await;
+    let table = TableName::parse(&format!("{}.outbox_event", db.name())).unwrap();
+    (db, conn, claimer(table))
 }
 
 /// The ids one claim takes.
