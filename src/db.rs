@@ -192,13 +192,15 @@ pub fn is_cut_connection(error: &mysql_async::Error) -> bool {
         Error::Server(e) => matches!(e.code, 1053 | 1927 | 3169),
         Error::Driver(DriverError::ConnectionClosed) => true,
         Error::Io(IoError::Io(e)) => {
-            matches!(
+            let cut = matches!(
                 e.kind(),
                 ErrorKind::UnexpectedEof
                     | ErrorKind::ConnectionReset
                     | ErrorKind::ConnectionAborted
-                    | ErrorKind::BrokenPipe // The stream ended inside a packet (tokio-util's codec says so only in words).
-            ) || e.to_string().contains("bytes remaining on stream")
+                    | ErrorKind::BrokenPipe
+            );
+            // The stream ended inside a packet: tokio-util's codec says so only in words.
+            cut || e.to_string().contains("bytes remaining on stream")
         }
         _ => false,
     }
