@@ -80,31 +80,40 @@ pub fn read_committed_pool(config: &Config) -> anyhow::Result<Pool> {
     Ok(session_pool(opts(config)?, vec![READ_COMMITTED]))
 }
 
-/// A pool whose every connection runs `session` once, and keeps it: mysql_async resets a
+/// Options whose every connection runs `session` once, and keeps it: mysql_async resets a
 /// connection returned to the pool by default (COM_RESET_CONNECTION), which drops session
 /// settings made by `init` after the first use and would cost a round trip per checkout. Our
 /// callers leave no other session state behind (an open transaction is still rolled back).
-fn session_pool(opts: Opts, session: Vec<&str>) -> Pool {
+fn session_opts(opts: Opts, session: Vec<&str>) -> Opts {
     let pool_opts = opts.pool_opts().clone().with_reset_connection(false);
-    Pool::new(
-        OptsBuilder::from_opts(opts)
-            .pool_opts(pool_opts)
-            .init(session),
-    )
+    OptsBuilder::from_opts(opts)
+        .pool_opts(pool_opts)
+        .init(session)
+        .into()
+}
+
+fn session_pool(opts: Opts, session: Vec<&str>) -> Pool {
+    Pool::new(session_opts(opts, session))
 }
 
 /// The pool of the relay's own writes (SENT/FAILED marks, claims, leases, the checkpoint
 /// mirror): READ COMMITTED like [`read_committed_pool`], and with `relay.minimal_row_image`
 /// each session logs its UPDATEs with `binlog_row_image = MINIMAL` when the server lets this
-/// account set it (asked once per pool; otherwise a warning and the server's own setting).
+/// account set it (otherwise a warning and the server's own setting).
 /// Only row images of these UPDATEs change: the stream reads INSERTs, which producers write.
 pub async fn writer_pool(config: &Config) -> anyhow::Result<Pool> {
+    Ok(Pool::new(writer_opts(config).await?))
+}
+
+/// The options of a [`writer_pool`], asking the server once: several pools made from them (each
+/// closed on its own) share one answer.
+pub async fn writer_opts(config: &Config) -> anyhow::Result<Opts> {
     let opts = opts(config)?;
     let mut init = vec![READ_COMMITTED];
     if config.relay.minimal_row_image && minimal_row_image_allowed(&opts).await {
         init.push(MINIMAL_ROW_IMAGE);
     }
-    Ok(session_pool(opts, init))
+    Ok(session_opts(opts, init))
 }
 
 /// Whether a session of `opts` may set `binlog_row_image` (MariaDB asks for `BINLOG ADMIN` or

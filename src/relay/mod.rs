@@ -169,7 +169,10 @@ pub async fn run_cdc<S: Sink>(
     let tables = qualified_tables(config)?;
     let server = check_server(&opts, &tables).await?;
     tracing::info!(version = %server.version, flavor = ?server.flavor, "server checks passed");
-    let pool = crate::db::writer_pool(config).await?;
+    // The marker's and the sweeper's pools: separate (the sweeper closes its own before the
+    // final checkpoint is mirrored), from one question to the server.
+    let writer_opts = crate::db::writer_opts(config).await?;
+    let pool = mysql_async::Pool::new(writer_opts.clone());
     let mut mirror = MysqlMirror::new(config.relay.name.clone());
     if let Some(epoch) = options.leader_epoch {
         mirror = mirror.fenced(epoch);
@@ -179,7 +182,7 @@ pub async fn run_cdc<S: Sink>(
     let sweeper = match config.sweeper.enabled {
         true => Some(
             Sweeper::new(
-                crate::db::writer_pool(config).await?,
+                mysql_async::Pool::new(writer_opts),
                 tables.clone(),
                 config.instance_id(),
                 SweepSettings::beside_stream(config),
