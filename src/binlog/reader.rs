@@ -13,7 +13,7 @@ use super::row_image::TableShape;
 use crate::config::TableName;
 use crate::retry::RetryPolicy;
 use futures_util::StreamExt;
-use mysql_async::binlog::events::{Event, EventData, RowsEventData};
+use mysql_async::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};
 use mysql_async::prelude::*;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, GnoInterval, Opts, Sid};
 use std::collections::HashMap;
@@ -79,20 +79,23 @@ struct StreamState {
     /// Until the stream's format description: a rotate event's name is followed by the 4
     /// checksum bytes (the server's artificial rotate comes before the checksum is announced).
     rotate_has_checksum: bool,
-    /// table_id → the outbox table it maps (None: not an outbox table).
-    tables: HashMap<u64, Option<MappedTable>>,
-    /// table_id → the body of its last table map: every transaction repeats its tables' maps,
-    /// and what `tables` learnt from an identical map (the row shape) is kept, not rebuilt per
-    /// transaction (one-event transactions would pay it per event).
-    table_maps: HashMap<u64, Vec<u8>>,
+    /// table_id → what its last table map said. Every transaction repeats its tables' maps;
+    /// what was learnt from one (the row shape) is kept while the map's bytes are unchanged, not
+    /// rebuilt per transaction (one-event transactions would pay it per event).
+    tables: HashMap<u64, KnownTable>,
 }
 
-/// An outbox table seen in a table map, with how to read its rows once the first row came
-/// (or why they cannot be read).
-type MappedTable = (
-    Arc<TableName>,
-    Option<Result<(TableShape, ColumnLayout), String>>,
-);
+/// One table_id's last table map, and the outbox table it maps, if any.
+struct KnownTable {
+    map: Vec<u8>,
+    outbox: Option<MappedTable>,
+}
+
+/// An outbox table seen in a table map, with how to read its rows (or why they cannot be read).
+struct MappedTable {
+    table: Arc<TableName>,
+    shape: Result<(TableShape, ColumnLayout), String>,
+}
 
 /// A reason to stop reading for good (the caller reports it).
 #[derive(Debug, thiserror::Error)]
@@ -354,10 +357,14 @@ impl BinlogReader {
             EventData::XidEvent(_) => items.extend(self.end(state, end_pos, header.timestamp())),
             EventData::TableMapEvent(tme) => {
                 let body = event.data();
-                if state.table_maps.get(&tme.table_id()).map(Vec::as_slice) != Some(body) {
+                let known = state.tables.get(&tme.table_id());
+                if known.is_none_or(|known| known.map != body) {
                     // A new or changed map (DDL): learn the table again.
-                    state.table_maps.insert(tme.table_id(), body.to_vec());
-                    state.tables.remove(&tme.table_id());
+                    let outbox = self.outbox_table(&tme);
+                    let map = body.to_vec();
+                    state
+                        .tables
+                        .insert(tme.table_id(), KnownTable { map, outbox });
                 }
             }
             EventData::RowsEvent(rows) => self.rows(stream, state, &rows, &mut items),
@@ -390,10 +397,29 @@ impl BinlogReader {
         }))
     }
 
+    /// The outbox table `tme` maps, if any, with how to read its rows.
+    fn outbox_table(&self, tme: &TableMapEvent<'_>) -> Option<MappedTable> {
+        let (db, name) = (tme.database_name(), tme.table_name());
+        let table = self
+            .tables
+            .iter()
+            .find(|t| t.schema.as_deref() == Some(&*db) && t.table == name)?;
+        let shape = TableShape::of(tme)
+            .map_err(|e| format!("unreadable table map: {e}"))
+            .and_then(|shape| {
+                let layout = ColumnLayout::from_names(shape.names())?;
+                Ok((shape, layout))
+            });
+        Some(MappedTable {
+            table: Arc::clone(table),
+            shape,
+        })
+    }
+
     fn rows(
         &self,
         stream: &BinlogStream,
-        state: &mut StreamState,
+        state: &StreamState,
         rows: &RowsEventData<'_>,
         items: &mut Vec<BinlogItem>,
     ) {
@@ -404,32 +430,22 @@ impl BinlogReader {
             return; // UPDATEs (our own SENT marks included) and DELETEs are not events
         }
         let table_id = rows.table_id();
-        let Some(tme) = stream.get_tme(table_id) else {
+        let Some(known) = state.tables.get(&table_id) else {
             tracing::warn!(table_id, "rows event without its table map; skipped");
             return;
         };
-        let entry = state.tables.entry(table_id).or_insert_with(|| {
-            let db = tme.database_name();
-            let name = tme.table_name();
-            self.tables
-                .iter()
-                .find(|t| t.schema.as_deref() == Some(&*db) && t.table == name)
-                .map(|t| (Arc::clone(t), None))
-        });
-        let Some((table, shape)) = entry else {
+        let Some(MappedTable { table, shape }) = &known.outbox else {
             return;
         };
-        let shape = shape.get_or_insert_with(|| {
-            let shape = TableShape::of(tme).map_err(|e| format!("unreadable table map: {e}"))?;
-            let layout = ColumnLayout::from_names(shape.names())?;
-            Ok((shape, layout))
-        });
         let (shape, layout) = match shape {
             Ok(found) => found,
             Err(reason) => {
                 // Every row of the event is reported (counted the slow way: this is rare).
+                let count = stream
+                    .get_tme(table_id)
+                    .map_or(1, |tme| rows.rows(tme).count());
                 let reason = format!("{table}: {reason}");
-                for _ in 0..rows.rows(tme).count().max(1) {
+                for _ in 0..count.max(1) {
                     items.push(BinlogItem::Row(DecodedRow::Unidentifiable(reason.clone())));
                 }
                 return;
