@@ -20,9 +20,16 @@ use std::time::{Duration, Instant};
 pub const RESCAN_AFTER: Duration = Duration::from_secs(1);
 
 /// One claimer's position among the PENDING rows (shared by its clones).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ClaimCursor {
+    rescan_after: Duration,
     state: Mutex<State>,
+}
+
+impl Default for ClaimCursor {
+    fn default() -> Self {
+        Self::with_rescan(RESCAN_AFTER)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -34,6 +41,14 @@ struct State {
 }
 
 impl ClaimCursor {
+    /// A cursor that starts from the first row again at least every `rescan_after`.
+    pub fn with_rescan(rescan_after: Duration) -> Self {
+        ClaimCursor {
+            rescan_after,
+            state: Mutex::default(),
+        }
+    }
+
     /// The id the next claim reads past (0: from the first PENDING row).
     pub fn start(&self) -> u64 {
         self.start_at(Instant::now())
@@ -48,7 +63,7 @@ impl ClaimCursor {
     fn start_at(&self, now: Instant) -> u64 {
         let state = self.state.lock().expect("not poisoned");
         match state.last_from_start {
-            Some(at) if now.saturating_duration_since(at) < RESCAN_AFTER => state.after,
+            Some(at) if now.saturating_duration_since(at) < self.rescan_after => state.after,
             _ => 0,
         }
     }
