@@ -6,8 +6,8 @@ mod common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, count_status, current_position, deliveries,
-    duplicates, relay_config, seed_checkpoint, wait_for, write_config_file, write_events,
-    RelayProcess,
+    duplicates, relay_config, seed_checkpoint, wait_for, wait_until_sent, write_config_file,
+    write_events, RelayProcess,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -91,10 +91,7 @@ async fn killing_the_leader_three_times_loses_nothing() {
         takeovers.push((current, next.unwrap(), killed_at.elapsed()));
     }
     writer.await.unwrap();
-    wait_for("every row SENT", Duration::from_secs(180), || async {
-        count_status(&db, 2).await == TOTAL as u64
-    })
-    .await;
+    wait_until_sent(&db, TOTAL as u64, Duration::from_secs(180)).await;
     // Whatever the killed leaders had claimed was recovered within a lease.
     assert_eq!(count_status(&db, 1).await, 0, "no row is left SENDING");
     assert_eq!(count_status(&db, 3).await, 0, "no row FAILED");

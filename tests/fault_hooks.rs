@@ -9,7 +9,7 @@ mod common;
 
 use common::relay::{
     count_status, current_position, deliveries, duplicates, relay_config, seed_checkpoint,
-    wait_for, write_config_file, write_events,
+    wait_for, wait_until_sent, write_config_file, write_events,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -109,10 +109,7 @@ async fn crash_at(prefix: &str, failpoints: &str) -> usize {
     // A supervisor restarts the crashed instance (without the hook): a standby now.
     let _a = Relay::spawn(&files[0], None);
     writer.await.unwrap();
-    wait_for("every row SENT", Duration::from_secs(120), || async {
-        count_status(&db, 2).await == TOTAL as u64
-    })
-    .await;
+    wait_until_sent(&db, TOTAL as u64, Duration::from_secs(120)).await;
     assert_eq!(count_status(&db, 1).await, 0, "nothing left SENDING");
     let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, TOTAL).await;
     assert_eq!(per_event.len(), TOTAL, "every event arrived");

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::relay::{count_status, relay_config, wait_for, write_config_file, write_events};
+use common::relay::{relay_config, wait_for, wait_until_sent, write_config_file, write_events};
 use common::TestDb;
 use outbox_relay::devenv::{scratch_dir, RocketMq, RocketMqOptions};
 use std::io::{Read, Write};
@@ -106,10 +106,7 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     .await;
     assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
     write_events(&db, &topic, 2, 10, 4).await;
-    wait_for("20 SENT", Duration::from_secs(30), || async {
-        count_status(&db, 2).await == 20
-    })
-    .await;
+    wait_until_sent(&db, 20, Duration::from_secs(30)).await;
     let body = get(&addr, "/metrics").unwrap().1;
     assert!(
         sample(&body, "outbox_events_sent_total").unwrap() >= 20.0,
@@ -143,10 +140,7 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     assert!(why.contains("\"broker\":false"), "{why}");
 
     broker.start_broker().unwrap();
-    wait_for("every row SENT", Duration::from_secs(120), || async {
-        count_status(&db, 2).await == 30
-    })
-    .await;
+    wait_until_sent(&db, 30, Duration::from_secs(120)).await;
     wait_for("the gauge back to 0", Duration::from_secs(10), || async {
         oldest() == Some(0.0)
     })

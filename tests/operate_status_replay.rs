@@ -6,7 +6,7 @@
 mod common;
 
 use common::relay::{
-    commit_events, count_status, current_position, relay_config, seed_checkpoint, wait_for,
+    commit_events, current_position, relay_config, seed_checkpoint, wait_until_sent,
     write_config_file, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
@@ -271,10 +271,7 @@ async fn replay_of_a_gtid_range_resends_exactly_its_events() {
     b.extend(write(&db, &topic, "b", 3).await);
     let after_b = gtid(current_position(&db).await);
     let c = write(&db, &topic, "c", 4).await;
-    wait_for("14 SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 14
-    })
-    .await;
+    wait_until_sent(&db, 14, Duration::from_secs(60)).await;
     let before = deliveries_settled(&topic, 14).await;
     let rows_before = rows(&db).await;
 

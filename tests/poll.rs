@@ -5,7 +5,7 @@ mod common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, commit_events, count_status, poll_config,
-    sent_latencies_ms, wait_for, write_events, RunningRelay,
+    sent_latencies_ms, wait_for, wait_until_sent, write_events, RunningRelay,
 };
 use common::rocketmq::new_topic;
 use common::TestDb;
@@ -35,10 +35,7 @@ async fn poll_mode_delivers_every_event_in_key_order_and_marks_it_sent() {
     const TOTAL: usize = 10_000;
     let started = Instant::now();
     write_events(&db, &topic, 4, TOTAL / 4, 500).await;
-    wait_for("every row SENT", Duration::from_secs(180), || async {
-        count_status(&db, 2).await == TOTAL as u64
-    })
-    .await;
+    wait_until_sent(&db, TOTAL as u64, Duration::from_secs(180)).await;
     let elapsed = started.elapsed();
     let summary = relay.stop().await;
     assert_eq!(summary.marked.sent, TOTAL as u64);
@@ -84,12 +81,7 @@ async fn expired_leases_return_to_pending_and_are_published_live_ones_and_bad_ro
 
     let (config, _dir) = poll_config(&db, "poller-1", Duration::from_secs(2));
     let relay = RunningRelay::start(&config).await;
-    wait_for(
-        "the crashed owner's 19 rows SENT",
-        Duration::from_secs(60),
-        || async { count_status(&db, 2).await == 19 },
-    )
-    .await;
+    wait_until_sent(&db, 19, Duration::from_secs(60)).await;
     wait_for("the bad row FAILED", Duration::from_secs(30), || async {
         count_status(&db, 3).await == 1
     })
@@ -137,10 +129,7 @@ async fn optimistic_claim_without_skip_locked_delivers_everything_once() {
     };
     let relay = RunningRelay::start_with(&config, options).await;
     write_events(&db, &topic, 2, 250, 20).await;
-    wait_for("500 rows SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 500
-    })
-    .await;
+    wait_until_sent(&db, 500, Duration::from_secs(60)).await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.sent, 500);
     assert_every_event_arrived_in_key_order(&db, &topic, 500).await;
@@ -160,10 +149,7 @@ async fn a_table_without_the_pending_index_is_still_claimed() {
     let (config, _dir) = poll_config(&db, "poller-1", Duration::from_secs(30));
     let relay = RunningRelay::start(&config).await;
     write_events(&db, &topic, 2, 50, 10).await;
-    wait_for("100 rows SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 100
-    })
-    .await;
+    wait_until_sent(&db, 100, Duration::from_secs(60)).await;
     let summary = relay.stop().await;
     assert_eq!((summary.marked.sent, summary.marked.failed), (100, 0));
     assert_every_event_arrived_in_key_order(&db, &topic, 100).await;

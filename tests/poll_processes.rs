@@ -4,8 +4,8 @@
 mod common;
 
 use common::relay::{
-    count_status, deliveries, duplicates, poll_config, wait_for, write_config_file, write_events,
-    RelayProcess as Relay,
+    count_status, deliveries, duplicates, poll_config, wait_for, wait_until_sent,
+    write_config_file, write_events, RelayProcess as Relay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -39,12 +39,7 @@ async fn sigkill_of_a_poll_relay_then_restart_loses_nothing() {
 
     let relay = Relay::spawn(&second);
     writer.await.unwrap();
-    wait_for(
-        "every row SENT after the restart",
-        Duration::from_secs(120),
-        || async { count_status(&db, 2).await == TOTAL as u64 },
-    )
-    .await;
+    wait_until_sent(&db, TOTAL as u64, Duration::from_secs(120)).await;
     relay.stop();
     let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, TOTAL).await;
     assert_eq!(per_event.len(), TOTAL, "every event arrived");
@@ -68,10 +63,7 @@ async fn two_poll_relays_on_one_table_deliver_everything() {
 
     const TOTAL: usize = 4000;
     write_events(&db, &topic, 4, TOTAL / 4, 400).await;
-    wait_for("every row SENT", Duration::from_secs(120), || async {
-        count_status(&db, 2).await == TOTAL as u64
-    })
-    .await;
+    wait_until_sent(&db, TOTAL as u64, Duration::from_secs(120)).await;
     a.stop();
     b.stop();
     let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, TOTAL).await;

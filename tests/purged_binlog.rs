@@ -6,7 +6,7 @@
 mod common;
 
 use common::relay::{
-    count_status, current_position, deliveries, seed_checkpoint, sweeping_config, wait_for,
+    current_position, deliveries, seed_checkpoint, sweeping_config, wait_for, wait_until_sent,
     write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
@@ -23,10 +23,7 @@ async fn a_purged_checkpoint_falls_back_to_the_oldest_binlog_and_the_gap_is_swep
 
     let relay = RunningRelay::start(&config).await;
     write_events(&db, &topic, 2, 50, 10).await;
-    wait_for("the first 100 SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 100
-    })
-    .await;
+    wait_until_sent(&db, 100, Duration::from_secs(60)).await;
     relay.stop().await;
 
     // While the relay is down: 200 more events, then their binlogs are purged.
@@ -54,12 +51,7 @@ async fn a_purged_checkpoint_falls_back_to_the_oldest_binlog_and_the_gap_is_swep
     let relay = RunningRelay::start(&config).await;
     // New events after the restart stream as usual.
     write_events(&db, &topic, 2, 25, 10).await;
-    wait_for(
-        "the gap swept and the new events streamed",
-        Duration::from_secs(90),
-        || async { count_status(&db, 2).await == 350 },
-    )
-    .await;
+    wait_until_sent(&db, 350, Duration::from_secs(90)).await;
     let lost = outbox_relay::metrics::relay().binlog_position_lost.get() - lost_before;
     assert!(lost >= 1, "the lost position is counted for alerting");
     relay.stop().await;

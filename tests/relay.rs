@@ -4,7 +4,7 @@ mod common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, count_status, current_position, relay_config,
-    seed_checkpoint, wait_for, write_events, RunningRelay,
+    seed_checkpoint, wait_until_sent, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -22,10 +22,7 @@ async fn every_committed_event_arrives_in_key_order_and_is_marked_sent() {
 
     const TOTAL: usize = 10_000;
     write_events(&db, &topic, 4, TOTAL / 4, 500).await;
-    wait_for("every row SENT", Duration::from_secs(180), || async {
-        count_status(&db, 2).await == TOTAL as u64
-    })
-    .await;
+    wait_until_sent(&db, TOTAL as u64, Duration::from_secs(180)).await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.sent, TOTAL as u64);
     assert_eq!(summary.marked.failed, 0);
@@ -48,10 +45,7 @@ async fn rows_stay_pending_while_the_relay_is_stopped_and_flow_after_it_starts()
     );
 
     let relay = RunningRelay::start(&config).await;
-    wait_for("50 rows SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 50
-    })
-    .await;
+    wait_until_sent(&db, 50, Duration::from_secs(60)).await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.sent, 50);
     let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)

@@ -7,7 +7,7 @@ use common::proxy::CuttingProxy;
 use common::relay::{
     assert_every_event_arrived_in_key_order, count_status, current_position, deliveries,
     relay_config, seed_checkpoint, spawn_relay_process, stop_when_all_sent, wait_for,
-    write_config_file, write_events, RunningRelay,
+    wait_until_sent, write_config_file, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -71,12 +71,7 @@ async fn sigkill_mid_stream_then_restart_loses_nothing() {
 
     let mut relay = spawn_relay_process(&file);
     writer.await.unwrap();
-    wait_for(
-        "every row SENT after the restart",
-        Duration::from_secs(120),
-        || async { count_status(&db, 2).await == TOTAL as u64 },
-    )
-    .await;
+    wait_until_sent(&db, TOTAL as u64, Duration::from_secs(120)).await;
     // SIGTERM drains and exits cleanly.
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(relay.id() as libc::pid_t, libc::SIGTERM) };
@@ -108,10 +103,7 @@ async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
     let relay = RunningRelay::start(&config).await;
 
     write_slowly(&db, topic, 50, Duration::ZERO).await;
-    wait_for("50 SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 50
-    })
-    .await;
+    wait_until_sent(&db, 50, Duration::from_secs(60)).await;
 
     broker.stop_broker();
     // The first transaction of the outage, and its GTID: the checkpoint must stay before it.
@@ -188,12 +180,7 @@ async fn connections_cut_mid_stream_lose_nothing() {
     let proxy = CuttingProxy::reroute(&mut config, vec![20_000; 12]).await;
     let relay = RunningRelay::start(&config).await;
     write_events(&db, &topic, 2, 1000, 40).await;
-    wait_for(
-        "2000 SENT while connections are cut",
-        Duration::from_secs(90),
-        || async { count_status(&db, 2).await == 2000 },
-    )
-    .await;
+    wait_until_sent(&db, 2000, Duration::from_secs(90)).await;
     assert!(proxy.all_cut(), "{} cuts", proxy.cut());
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);

@@ -6,7 +6,7 @@ mod common;
 use common::proxy::CuttingProxy;
 use common::relay::{
     count_status, current_position, relay_config, seed_checkpoint, stop_when_all_sent, wait_for,
-    RunningRelay,
+    wait_until_sent, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -110,20 +110,14 @@ async fn restarts_resume_from_sled_then_from_the_mysql_mirror_without_resending(
     // Run 1.
     let relay = RunningRelay::start(&config).await;
     write(&db, &topic, &["k1", "k2", "k3"]).await;
-    wait_for("3 SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 3
-    })
-    .await;
+    wait_until_sent(&db, 3, Duration::from_secs(60)).await;
     let first = relay.stop().await;
     assert_eq!(first.marked.sent, 3);
 
     // Written while the relay is down; run 2 resumes from the local (sled) checkpoint.
     write(&db, &topic, &["k1", "k4"]).await;
     let relay = RunningRelay::start(&config).await;
-    wait_for("5 SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 5
-    })
-    .await;
+    wait_until_sent(&db, 5, Duration::from_secs(60)).await;
     let second = relay.stop().await;
     assert_eq!(
         second.marked.sent, 2,
@@ -148,10 +142,7 @@ async fn restarts_resume_from_sled_then_from_the_mysql_mirror_without_resending(
         "the final checkpoint is mirrored into MySQL"
     );
     let relay = RunningRelay::start(&fresh).await;
-    wait_for("6 SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 6
-    })
-    .await;
+    wait_until_sent(&db, 6, Duration::from_secs(60)).await;
     let third = relay.stop().await;
     assert_eq!(
         third.marked.sent, 1,

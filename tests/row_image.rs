@@ -6,8 +6,8 @@
 mod common;
 
 use common::relay::{
-    commit_events, count_status, current_position, deliveries, relay_config, seed_checkpoint,
-    wait_for, write_events, RunningRelay,
+    commit_events, current_position, deliveries, relay_config, seed_checkpoint, wait_until_sent,
+    write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -79,10 +79,7 @@ async fn marks_logged_with(minimal: bool) -> (Vec<(usize, usize)>, usize) {
     seed_checkpoint(&config, &start);
     let relay = RunningRelay::start(&config).await;
     write_events(&db, &topic, 2, 10, 5).await;
-    wait_for("20 SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 20
-    })
-    .await;
+    wait_until_sent(&db, 20, Duration::from_secs(60)).await;
     relay.stop().await;
     let columns: usize = db
         .conn()
@@ -117,10 +114,7 @@ async fn inserts_logged_with_minimal_images_are_relayed() {
         .map(|i| NewEvent::new(&topic, format!("k-{i}"), json!({ "i": i })))
         .collect();
     let ids = commit_events(&mut conn, events).await;
-    wait_for("10 SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 10
-    })
-    .await;
+    wait_until_sent(&db, 10, Duration::from_secs(60)).await;
     let summary = relay.stop().await;
     assert_eq!((summary.marked.failed, summary.unidentifiable), (0, 0));
     let got = deliveries(&rocketmq().namesrv_addr(), &topic, 10).await;

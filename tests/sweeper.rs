@@ -7,7 +7,7 @@ mod common;
 
 use common::relay::{
     commit_events, count_status, current_position, deliveries, seed_checkpoint, sweeping_config,
-    wait_for, write_events, RunningRelay,
+    wait_for, wait_until_sent, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -40,12 +40,7 @@ async fn rows_the_stream_never_saw_and_rows_put_back_by_hand_are_swept() {
 
     write_events(&db, &topic, 2, 50, 10).await;
     let hidden = write_unlogged(&db, &topic, 5).await;
-    wait_for(
-        "streamed and swept rows SENT",
-        Duration::from_secs(60),
-        || async { count_status(&db, 2).await == 105 },
-    )
-    .await;
+    wait_until_sent(&db, 105, Duration::from_secs(60)).await;
     let swept = outbox_relay::metrics::relay().rows_swept.get() - swept_before;
     assert!(
         swept >= 5,
@@ -67,12 +62,7 @@ async fn rows_the_stream_never_saw_and_rows_put_back_by_hand_are_swept() {
     )
     .await
     .unwrap();
-    wait_for(
-        "the re-pended row SENT again",
-        Duration::from_secs(30),
-        || async { count_status(&db, 2).await == 105 },
-    )
-    .await;
+    wait_until_sent(&db, 105, Duration::from_secs(30)).await;
     let second_msg: String = conn
         .exec_first("SELECT msg_id FROM outbox_event WHERE id = ?", (id,))
         .await
@@ -130,10 +120,7 @@ async fn a_topic_the_broker_rejects_is_failed_with_its_reason_while_other_keys_f
         || async { count_status(&db, 3).await == 1 },
     )
     .await;
-    wait_for("every other row SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 200
-    })
-    .await;
+    wait_until_sent(&db, 200, Duration::from_secs(60)).await;
     let (event_id, last_error): (String, String) = db
         .conn()
         .await

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::relay::{count_status, relay_config, wait_for, write_events, RunningRelay};
+use common::relay::{relay_config, wait_until_sent, write_events, RunningRelay};
 use common::rocketmq::new_topic;
 use mysql_async::prelude::*;
 use outbox_relay::config::TlsMode;
@@ -168,9 +168,6 @@ async fn a_user_that_requires_tls_relays_over_a_verified_connection() {
     let topic = new_topic("tls");
     let relay = RunningRelay::start(&config).await;
     write_events(&db, &topic, 1, 20, 5).await;
-    wait_for("20 SENT over TLS", Duration::from_secs(60), || async {
-        count_status(&db, 2).await == 20
-    })
-    .await;
+    wait_until_sent(&db, 20, Duration::from_secs(60)).await;
     relay.stop().await;
 }

@@ -127,6 +127,14 @@ where
     }
 }
 
+/// Waits (see [`wait_for`]) until exactly `total` rows of the outbox are SENT.
+pub async fn wait_until_sent(db: &TestDb, total: u64, timeout: Duration) {
+    wait_for(&format!("{total} rows SENT"), timeout, || async {
+        count_status(db, 2).await == total
+    })
+    .await;
+}
+
 /// Waits up to `timeout` for `total` SENT rows, stops `relay`, and checks that nothing was
 /// marked FAILED and that every event reached `topic` (of the broker at `namesrv`). Returns how
 /// many times each event arrived.
@@ -137,10 +145,7 @@ pub async fn stop_when_all_sent(
     total: usize,
     timeout: Duration,
 ) -> HashMap<String, usize> {
-    wait_for(&format!("{total} SENT"), timeout, || async {
-        count_status(db, 2).await == total as u64
-    })
-    .await;
+    wait_until_sent(db, total as u64, timeout).await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
     let per_event = deliveries(namesrv, topic, total).await;
