@@ -153,7 +153,6 @@ impl Bench {
         relay.start_profile();
         let watched = self.watch_relay(&relay);
         let mut first_sent = None;
-        let mut last_report = Instant::now();
         let mut progress = workload::Progress::new();
         loop {
             if first_sent.is_none() && workload::any_with_status(pool, "2, 3").await {
@@ -162,12 +161,9 @@ impl Bench {
             if !workload::any_unfinished(pool).await {
                 break;
             }
-            if last_report.elapsed() > Duration::from_secs(5) {
-                let left = workload::unfinished(pool).await;
+            if let Some(left) = progress.check(pool, &relay.log_path()).await {
                 eprintln!("  ... {label}: {left} rows left");
-                last_report = Instant::now();
             }
-            progress.check(pool, &relay.log_path()).await;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let secs = began.elapsed().as_secs_f64();

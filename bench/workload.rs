@@ -67,7 +67,8 @@ pub async fn any_with_status(pool: &mysql_async::Pool, statuses: &str) -> bool {
 
 /// Fails the bench when no row was SENT or FAILED for `limit`: a relay that cannot send (the
 /// broker refusing writes, say, on a nearly full disk) would otherwise keep it waiting for half
-/// an hour. Call regularly while waiting.
+/// an hour. Call regularly while waiting: every 5 s it counts the rows left (and returns the
+/// count, for a progress line).
 pub struct Progress {
     left: u64,
     since: Instant,
@@ -83,10 +84,10 @@ impl Progress {
         }
     }
 
-    pub async fn check(&mut self, pool: &mysql_async::Pool, relay_log: &Path) {
+    pub async fn check(&mut self, pool: &mysql_async::Pool, relay_log: &Path) -> Option<u64> {
         const LIMIT: Duration = Duration::from_secs(120);
         if self.checked.elapsed() < Duration::from_secs(5) {
-            return;
+            return None;
         }
         self.checked = Instant::now();
         let left = unfinished(pool).await;
@@ -99,6 +100,7 @@ impl Progress {
              logs `send not acknowledged`; check the disk)",
             relay_log.display()
         );
+        Some(left)
     }
 }
 
