@@ -269,30 +269,40 @@ async fn a_row_put_back_behind_the_claim_cursor_is_claimed_once_a_batch_comes_ba
     // rows just claimed that InnoDB has not purged yet); a row returned to PENDING below that
     // point is read by the next claim from the start: after a short batch (here), or after the
     // rescan period (`sweep::cursor` unit tests; long here, so timing cannot decide the test).
+    // Meanwhile its key's later rows are held back: row i has key k(i mod 100), so rows 105
+    // and 205 share row 5's key.
     use outbox_relay::sweep::cursor::ClaimCursor;
 
     let (db, mut conn, claimer) =
-        claimable_outbox("poll_claim_cursor", 300, |i| format!("k{i}")).await;
+        claimable_outbox("poll_claim_cursor", 300, |i| format!("k{}", i % 100)).await;
     let claimer = Claimer {
         cursor: Arc::new(ClaimCursor::with_rescan(Duration::from_secs(3600))),
         ..claimer
     };
-    let ids = |range: std::ops::RangeInclusive<u64>| range.collect::<Vec<_>>();
-    assert_eq!(claim_ids(&claimer, &mut conn).await, ids(1..=100));
+    let ids = |range: std::ops::RangeInclusive<u64>, but: u64| {
+        range.filter(|&id| id != but).collect::<Vec<_>>()
+    };
+    assert_eq!(claim_ids(&claimer, &mut conn).await, ids(1..=100, 0));
     db.conn()
         .await
         .query_drop("UPDATE outbox_event SET status = 0, owner = NULL WHERE id = 5")
         .await
         .unwrap();
     let next = claim_ids(&claimer, &mut conn).await;
-    assert_eq!(next, ids(101..=200), "past the cursor");
-    assert_eq!(claim_ids(&claimer, &mut conn).await, ids(201..=300));
+    assert_eq!(
+        next,
+        ids(101..=200, 105),
+        "past the cursor; 105 waits for 5"
+    );
+    let next = claim_ids(&claimer, &mut conn).await;
+    assert_eq!(next, ids(201..=300, 205), "205 waits for 5");
     let short = claim_ids(&claimer, &mut conn).await;
     assert!(short.is_empty(), "nothing past 300: {short:?}");
+    let again = claim_ids(&claimer, &mut conn).await;
     assert_eq!(
-        claim_ids(&claimer, &mut conn).await,
-        [5],
-        "from the start again"
+        again,
+        [5, 105, 205],
+        "from the start again, the key in order"
     );
 }
 
