@@ -98,7 +98,7 @@ fn is_permanent(error: &anyhow::Error, started: bool) -> bool {
     if let Some(e) = error.downcast_ref::<StartupError>() {
         return match e {
             StartupError::Misconfigured(_) | StartupError::Privilege(_) => true,
-            StartupError::Connect(e) => !started && !crate::db::is_cut_connection(e),
+            StartupError::Connect(_) => !started,
             StartupError::Database(_) => false,
         };
     }

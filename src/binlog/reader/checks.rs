@@ -47,11 +47,23 @@ async fn variable(conn: &mut Conn, name: &str) -> Result<Option<String>, Startup
     Ok(row.and_then(|(_, value)| value))
 }
 
+/// A new connection. A server that cannot be reached (or refuses the account) is a
+/// [`StartupError::Connect`]; one that took the connection and then cut it (killed, shut down,
+/// reset) is a [`StartupError::Database`] error like a cut in any later query: the relay retries
+/// those even at its first start.
+async fn open(opts: &Opts) -> Result<Conn, StartupError> {
+    Conn::new(opts.clone()).await.map_err(|e| {
+        if crate::db::is_cut_connection(&e) {
+            StartupError::Database(e)
+        } else {
+            StartupError::Connect(e)
+        }
+    })
+}
+
 /// A connection, the server's `VERSION()`, and whether it is MariaDB.
 async fn connect(opts: &Opts) -> Result<(Conn, String, bool), StartupError> {
-    let mut conn = Conn::new(opts.clone())
-        .await
-        .map_err(StartupError::Connect)?;
+    let mut conn = open(opts).await?;
     let version: String = conn
         .query_first("SELECT VERSION()")
         .await?
@@ -269,9 +281,7 @@ pub async fn oldest_position(
     opts: &Opts,
     flavor: ServerFlavor,
 ) -> Result<BinlogPosition, StartupError> {
-    let mut conn = Conn::new(opts.clone())
-        .await
-        .map_err(StartupError::Connect)?;
+    let mut conn = open(opts).await?;
     let logs: Vec<Row> = conn.query("SHOW BINARY LOGS").await?;
     let first = logs
         .into_iter()
