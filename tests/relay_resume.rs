@@ -250,3 +250,23 @@ async fn kill_relay_connections(admin: &mut mysql_async::Conn, db: &TestDb) -> C
     }
     cut
 }
+
+/// A server the relay cannot reach at its first start is reported at once (the user must see a
+/// wrong address), not retried for ever like the cut connections above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_at_first_start_stops_the_relay_at_once() {
+    use outbox_relay::relay::{RelayHandle, RunOptions};
+    use tokio_util::sync::CancellationToken;
+
+    let db = TestDb::migrated("relay_unreachable").await;
+    let (mut config, _dir) = relay_config(&db);
+    config.mysql.url = Some("mysql://root@127.0.0.1:1/app".into());
+    let relay = RelayHandle::spawn(&config, RunOptions::default(), CancellationToken::new())
+        .await
+        .expect("the relay starts (it connects in its first round)");
+    let ended = tokio::time::timeout(Duration::from_secs(30), relay.join())
+        .await
+        .expect("the relay stops by itself");
+    let error = format!("{:#}", ended.expect_err("an error"));
+    assert!(error.contains("cannot connect to MySQL"), "{error}");
+}
