@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
 # Installs what outbox-relay's local servers need; safe to run again (it skips what is there).
 #   - MariaDB (mariadbd, mariadb-install-db, mariadb client) from Debian's packages
-#   - RocketMQ namesrv + broker binaries (rocketmq-rust 1.0.0) from crates.io, built once and
-#     cached in $OUTBOX_DEVENV_CACHE (default ~/.cache/outbox-relay): ~15-20 minutes the first
-#     time on 2 cores, seconds afterwards.
+#   - Apache RocketMQ 5.3 (namesrv, broker, mqadmin): jars from Maven Central, fetched with
+#     scripts/apache-rocketmq/pom.xml into $OUTBOX_DEVENV_CACHE (default ~/.cache/outbox-relay);
+#     about 10 s the first time. Needs Java 17+ and Maven.
+#   - with --rust-broker (or OUTBOX_BROKER=rust): the rocketmq-rust 1.0.0 namesrv + broker
+#     binaries from crates.io, built once into the same cache: ~15-20 minutes the first time on
+#     2 cores, seconds afterwards.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WANT_RUST_BROKER=0
+[ "${OUTBOX_BROKER:-}" = "rust" ] && WANT_RUST_BROKER=1
+for arg in "$@"; do
+  case "$arg" in
+    --rust-broker) WANT_RUST_BROKER=1 ;;
+    *) echo "usage: scripts/setup.sh [--rust-broker]" >&2; exit 2 ;;
+  esac
+done
 
 CACHE="${OUTBOX_DEVENV_CACHE:-$HOME/.cache/outbox-relay}"
 ROCKETMQ_VERSION="1.0.0"
+APACHE_VERSION="$(sed -n 's:.*<rocketmq.version>\(.*\)</rocketmq.version>.*:\1:p' scripts/apache-rocketmq/pom.xml)"
+APACHE_LIB="$CACHE/apache-rocketmq/$APACHE_VERSION/lib"
 ROCKETMQ_ROOT="$CACHE/rocketmq"
 STAMP="$ROCKETMQ_ROOT/.installed-$ROCKETMQ_VERSION"
 
@@ -47,6 +62,33 @@ install_rocketmq() {
   say "RocketMQ: installed"
 }
 
+install_java() {
+  if command -v java >/dev/null 2>&1 && command -v mvn >/dev/null 2>&1; then
+    return
+  fi
+  say "Java/Maven: installing openjdk-17-jdk-headless and maven from Debian's packages ..."
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null
+}
+
+install_apache_rocketmq() {
+  if [ -f "$APACHE_LIB/.complete" ]; then
+    say "Apache RocketMQ: cached jars $APACHE_VERSION in $APACHE_LIB"
+    return
+  fi
+  install_java
+  say "Apache RocketMQ: fetching $APACHE_VERSION (namesrv, broker, mqadmin) from Maven Central ..."
+  rm -rf "$APACHE_LIB"
+  mkdir -p "$APACHE_LIB"
+  mvn -q -B -f scripts/apache-rocketmq/pom.xml dependency:copy-dependencies \
+    -DoutputDirectory="$APACHE_LIB" -Dmaven.repo.local="$CACHE/m2"
+  touch "$APACHE_LIB/.complete"
+  say "Apache RocketMQ: $(ls "$APACHE_LIB" | wc -l) jars in $APACHE_LIB"
+}
+
 install_mariadb
-install_rocketmq
-say "ready: MariaDB and RocketMQ binaries are installed"
+install_apache_rocketmq
+if [ "$WANT_RUST_BROKER" = 1 ]; then
+  install_rocketmq
+fi
+say "ready: MariaDB and the RocketMQ servers are installed"

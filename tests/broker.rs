@@ -315,6 +315,7 @@ async fn send_errors_are_classifiable() {
         root.path(),
         RocketMqOptions {
             auto_create_topics: false,
+            ..RocketMqOptions::default()
         },
     )
     .expect("start RocketMQ");

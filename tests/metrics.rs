@@ -59,6 +59,7 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
         &scratch_dir("metrics-broker").unwrap(),
         RocketMqOptions {
             auto_create_topics: false,
+            ..RocketMqOptions::default()
         },
     )
     .unwrap();

@@ -9,7 +9,10 @@ use mysql_async::prelude::*;
 use outbox_relay::binlog::reader::check_server;
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
-use outbox_relay::devenv::{MariaDb, MariaDbOptions, RocketMq, TopicReader};
+use outbox_relay::devenv::{
+    scratch_dir, shared, BrokerKind, MariaDb, MariaDbOptions, RocketMq, RocketMqOptions,
+    TopicReader,
+};
 use outbox_relay::producer::Outbox;
 use outbox_relay::relay::{self, RelayHandle, RunOptions};
 use outbox_relay::{db, schema};
@@ -28,6 +31,17 @@ enum DevAction {
     /// Start MariaDB, RocketMQ and the relay, migrate, pay sample orders and show their events
     /// arriving in RocketMQ; run until Ctrl-C.
     Up(UpArgs),
+    /// Start the servers a whole test run shares (MariaDB and a RocketMQ cluster of
+    /// `$OUTBOX_BROKER`, without topic auto-creation), write their addresses to an env file,
+    /// and run until SIGTERM or Ctrl-C. `scripts/test.sh` uses it.
+    Servers(ServersArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServersArgs {
+    /// Where to write `NAME=value` lines for the test binaries (written once all are ready).
+    #[arg(long)]
+    env_file: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -49,7 +63,51 @@ struct UpArgs {
 pub async fn run(_global: &GlobalArgs, args: DevArgs) -> anyhow::Result<()> {
     match args.action {
         DevAction::Up(up) => up_cmd(up).await,
+        DevAction::Servers(servers) => servers_cmd(servers).await,
     }
+}
+
+async fn servers_cmd(args: ServersArgs) -> anyhow::Result<()> {
+    let kind = BrokerKind::from_env()?;
+    let mariadb_dir = scratch_dir("shared-mariadb")?;
+    let mariadb =
+        MariaDb::start(MariaDbOptions::new(&mariadb_dir)).context("MariaDB did not start")?;
+    let options = RocketMqOptions {
+        kind: Some(kind),
+        auto_create_topics: false,
+        ..RocketMqOptions::default()
+    };
+    let rocketmq = RocketMq::start_with(&scratch_dir("shared-rocketmq")?, options)
+        .context("RocketMQ did not start")?;
+    let text = format!(
+        "{}={}\n{}={}\n{}={}\n{}={}\n",
+        shared::MARIADB_DIR,
+        mariadb_dir.display(),
+        shared::MARIADB_PORT,
+        mariadb.port(),
+        shared::NAMESRV,
+        rocketmq.namesrv_addr(),
+        BrokerKind::ENV,
+        kind.name(),
+    );
+    let partial = args.env_file.with_extension("partial");
+    std::fs::write(&partial, text)?;
+    std::fs::rename(&partial, &args.env_file)?;
+    eprintln!(
+        "shared servers: MariaDB 127.0.0.1:{}, RocketMQ ({}) namesrv {}; env in {}",
+        mariadb.port(),
+        kind.name(),
+        rocketmq.namesrv_addr(),
+        args.env_file.display()
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    drop(rocketmq);
+    drop(mariadb);
+    Ok(())
 }
 
 async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {

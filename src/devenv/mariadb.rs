@@ -77,6 +77,17 @@ impl MariaDb {
         Ok(server)
     }
 
+    /// A server started elsewhere in `dir` (its socket is `dir/mariadbd.sock`) on `port`, e.g.
+    /// the one `outbox-relay dev servers` shares with a whole test run. Never stopped by this
+    /// handle.
+    pub fn attach(dir: impl Into<PathBuf>, port: u16) -> Self {
+        Self {
+            options: MariaDbOptions::new(dir),
+            port,
+            process: None,
+        }
+    }
+
     fn socket_path(&self) -> PathBuf {
         self.options.dir.join("mariadbd.sock")
     }

@@ -14,8 +14,37 @@ pub mod rocketmq;
 pub mod topic_reader;
 
 pub use mariadb::{MariaDb, MariaDbOptions};
-pub use rocketmq::{ClientHost, RocketMq, RocketMqOptions};
+pub use rocketmq::{AclAccount, BrokerKind, BrokerRole, ClientHost, RocketMq, RocketMqOptions};
 pub use topic_reader::{ReceivedMessage, TopicReader};
+
+/// Servers one process starts for a whole test run (`outbox-relay dev servers`, run by
+/// `scripts/test.sh`) and hands to every test binary through these variables. A test binary
+/// run alone finds none of them and starts its own.
+pub mod shared {
+    use super::{BrokerKind, MariaDb, RocketMq};
+
+    /// The shared MariaDB's directory (socket `mariadbd.sock` inside).
+    pub const MARIADB_DIR: &str = "OUTBOX_TEST_MARIADB_DIR";
+    /// The shared MariaDB's TCP port on 127.0.0.1.
+    pub const MARIADB_PORT: &str = "OUTBOX_TEST_MARIADB_PORT";
+    /// The shared RocketMQ cluster's name server, `127.0.0.1:PORT`.
+    pub const NAMESRV: &str = "OUTBOX_TEST_NAMESRV";
+
+    /// The shared MariaDB, if this process was given one.
+    pub fn mariadb() -> Option<MariaDb> {
+        let dir = std::env::var_os(MARIADB_DIR)?;
+        let port = std::env::var(MARIADB_PORT).ok()?.parse().ok()?;
+        Some(MariaDb::attach(dir, port))
+    }
+
+    /// The shared RocketMQ cluster (of `$OUTBOX_BROKER`'s kind), if this process was given one.
+    pub fn rocketmq() -> Option<RocketMq> {
+        let namesrv = std::env::var(NAMESRV).ok()?;
+        let kind = BrokerKind::from_env().ok()?;
+        let root = super::scratch_dir("attached-rocketmq").ok()?;
+        Some(RocketMq::attach(&namesrv, kind, &root))
+    }
+}
 
 use std::io;
 use std::path::PathBuf;

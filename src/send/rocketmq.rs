@@ -11,6 +11,8 @@ use rocketmq_client_rust::{
     ClientError, DefaultMQAdminExt, DefaultMQProducer, MQClientException, RouteAdmin, SendResult,
     SendStatus, TopicAdmin,
 };
+use rocketmq_model::common::message::message_batch::MessageBatch;
+use rocketmq_model::common::message::message_client_id_setter::MessageClientIDSetter;
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
@@ -288,6 +290,24 @@ fn build_message(m: &OutboundMessage) -> Result<Message, SendError> {
     Ok(message)
 }
 
+/// One batch request for `messages`, each with its own id (`UNIQ_KEY`) and **no id of the batch
+/// itself**. The client's own `send_batch*` also stamps the batch with an id, and both Apache
+/// RocketMQ 5.3 and rocketmq-rust append the batch's properties to every message they store:
+/// each stored message then carries the batch's id, which is what consumers and `mqadmin
+/// queryMsgById` see, not the per-message id the send result reports (measured by
+/// `tests/message_ids.rs`). Without a batch id, what the send result reports is what is stored.
+fn batch_of(messages: Vec<Message>) -> Result<MessageBatch, SendError> {
+    let mut batch = MessageBatch::generate_from_messages(messages)
+        .map_err(|e| SendError::Rejected(format!("malformed batch: {e}")))?;
+    for message in &mut batch.messages {
+        MessageClientIDSetter::set_uniq_id(message);
+    }
+    batch.set_body(
+        rocketmq_protocol::common::message::message_decoder::encode_messages(&batch.messages),
+    );
+    Ok(batch)
+}
+
 /// `SEND_OK` → one id per message; any other status → retryable.
 fn accept(result: SendResult, count: usize) -> Result<Vec<String>, SendError> {
     if result.send_status != SendStatus::SendOk {
@@ -339,15 +359,22 @@ impl Sink for RocketMqSink {
             .map(|m| build_message(m))
             .collect::<Result<Vec<_>, _>>()?;
         let count = built.len();
+        let mut built = built;
+        let request = match built.pop() {
+            Some(one) if built.is_empty() => Ok(one),
+            Some(last) => {
+                built.push(last);
+                Err(batch_of(built)?)
+            }
+            None => return Ok(Vec::new()),
+        };
         let producer = self.producer();
         let outcome = self
             .host
             .run(async move {
-                if count == 1 {
-                    let message = built.into_iter().next().expect("one message");
-                    producer.send_to_queue(message, queue).await
-                } else {
-                    producer.send_batch_to_queue(built, queue).await.map(Some)
+                match request {
+                    Ok(message) => producer.send_to_queue(message, queue).await,
+                    Err(batch) => producer.send_to_queue(batch, queue).await,
                 }
             })
             .await

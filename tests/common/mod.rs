@@ -1,5 +1,6 @@
-//! Shared fixtures for integration tests: one real MariaDB per test binary (started on first
-//! use, killed when the binary exits), and a fresh database per test.
+//! Shared fixtures for integration tests: one real MariaDB per test run (the one
+//! `scripts/test.sh` shares with every binary, else started on first use and killed when the
+//! binary exits), and a fresh database per test.
 #![allow(dead_code)]
 
 pub mod ledger;
@@ -17,6 +18,9 @@ use std::sync::OnceLock;
 pub fn mariadb() -> &'static MariaDb {
     static SERVER: OnceLock<MariaDb> = OnceLock::new();
     SERVER.get_or_init(|| {
+        if let Some(shared) = outbox_relay::devenv::shared::mariadb() {
+            return shared;
+        }
         let dir = scratch_dir("mariadb").expect("scratch dir");
         MariaDb::start(MariaDbOptions::new(dir)).expect("MariaDB must start (run scripts/setup.sh)")
     })

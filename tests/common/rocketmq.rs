@@ -17,10 +17,14 @@ pub const TEST_QUEUES: u32 = 4;
 pub fn rocketmq() -> &'static RocketMq {
     static SERVER: OnceLock<RocketMq> = OnceLock::new();
     SERVER.get_or_init(|| {
+        if let Some(shared) = outbox_relay::devenv::shared::rocketmq() {
+            return shared;
+        }
         let dir = scratch_dir("rocketmq").expect("scratch dir");
         // Like a production broker: sending to a topic nobody created fails.
         let options = RocketMqOptions {
             auto_create_topics: false,
+            ..RocketMqOptions::default()
         };
         RocketMq::start_with(&dir, options).expect("RocketMQ must start (run scripts/setup.sh)")
     })

@@ -56,6 +56,7 @@ impl Servers {
             let dir = scratch_dir("soak-rocketmq").expect("scratch dir");
             let options = RocketMqOptions {
                 auto_create_topics: false,
+                ..RocketMqOptions::default()
             };
             let mq = RocketMq::start_with(&dir, options).expect(
                 "RocketMQ must start (run scripts/setup.sh; 'disk capacity requires reclaim' \

@@ -1,0 +1,203 @@
+//! Apache RocketMQ 5.x, the Java servers users run: the jars `scripts/setup.sh` fetches from
+//! Maven Central (`org.apache.rocketmq:rocketmq-namesrv`, `rocketmq-broker`, `rocketmq-tools`),
+//! run with the machine's Java on loopback ports, and `mqadmin` for the checks the article makes.
+//!
+//! Guarantee: nothing here reads or writes outside the instance directory it is given (the JVM's
+//! `user.home`, where the servers put `logs/` and `store/` by default, points into it).
+
+use super::{BrokerNode, RocketMqOptions, CLUSTER_NAME};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The Apache RocketMQ release the harness runs (and `scripts/setup.sh` fetches).
+pub const APACHE_ROCKETMQ_VERSION: &str = "5.3.3";
+
+/// The directory of the jars: `$OUTBOX_DEVENV_APACHE_ROCKETMQ_LIB`, else
+/// `<cache>/apache-rocketmq/<version>/lib`.
+pub fn lib_dir() -> io::Result<PathBuf> {
+    let dir = match std::env::var_os("OUTBOX_DEVENV_APACHE_ROCKETMQ_LIB") {
+        Some(dir) => PathBuf::from(dir),
+        None => crate::devenv::cache_dir()
+            .join("apache-rocketmq")
+            .join(APACHE_ROCKETMQ_VERSION)
+            .join("lib"),
+    };
+    let broker_jar = dir.join(format!("rocketmq-broker-{APACHE_ROCKETMQ_VERSION}.jar"));
+    if broker_jar.is_file() {
+        Ok(dir)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "Apache RocketMQ {APACHE_ROCKETMQ_VERSION} jars not found in {} \
+                 (run `scripts/setup.sh`, which fetches them from Maven Central)",
+                dir.display()
+            ),
+        ))
+    }
+}
+
+/// `java` with a small heap and fast start-up, the class path of the jars, and `user.home` in
+/// `home`. The servers' stock scripts ask for 4-8 GiB of heap; tests need a fraction of it.
+fn java(home: &Path, heap_mb: u32) -> io::Result<Command> {
+    let lib = lib_dir()?;
+    let java = std::env::var_os("JAVA_HOME")
+        .map(|h| PathBuf::from(h).join("bin").join("java"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("java"));
+    let mut command = Command::new(java);
+    command
+        .arg(format!("-Xms{}m", heap_mb.min(64)))
+        .arg(format!("-Xmx{heap_mb}m"))
+        .args(["-XX:+UseSerialGC", "-XX:-UsePerfData", "-Xss512k"])
+        .arg(format!("-Duser.home={}", home.display()))
+        .arg("-cp")
+        .arg(format!("{}/*", lib.display()))
+        .env("HOME", home)
+        .env("ROCKETMQ_HOME", home)
+        .env_remove("NAMESRV_ADDR");
+    Ok(command)
+}
+
+/// The name server on `127.0.0.1:port`, its config written to `dir`.
+pub fn namesrv_command(dir: &Path, port: u16) -> io::Result<Command> {
+    let conf = dir.join("namesrv.properties");
+    std::fs::write(&conf, format!("listenPort={port}\nbindAddress=127.0.0.1\n"))?;
+    let mut command = java(dir, 128)?;
+    command
+        .arg("org.apache.rocketmq.namesrv.NamesrvStartup")
+        .arg("-c")
+        .arg(conf);
+    Ok(command)
+}
+
+/// One broker of the cluster, its `broker.conf` written to its directory.
+pub fn broker_command(
+    node: &BrokerNode,
+    namesrv: &str,
+    options: &RocketMqOptions,
+) -> io::Result<Command> {
+    let conf = node.dir.join("broker.conf");
+    std::fs::write(&conf, broker_conf(node, namesrv, options))?;
+    let mut command = java(&node.dir, 384)?;
+    command
+        .arg("org.apache.rocketmq.broker.BrokerStartup")
+        .arg("-c")
+        .arg(conf);
+    Ok(command)
+}
+
+/// The broker's properties: loopback only, small store files (the stock commit-log file is
+/// 1 GiB and the index ~400 MiB, each mapped per broker), the role of the node in its group.
+fn broker_conf(node: &BrokerNode, namesrv: &str, options: &RocketMqOptions) -> String {
+    let store = node.dir.join("store");
+    let store = store.display();
+    let role = node.role.apache_name();
+    let mut conf = format!(
+        "brokerClusterName={CLUSTER_NAME}
+brokerName={group}
+brokerId={id}
+brokerRole={role}
+flushDiskType=ASYNC_FLUSH
+namesrvAddr={namesrv}
+brokerIP1=127.0.0.1
+brokerIP2=127.0.0.1
+listenPort={port}
+haListenPort={ha_port}
+storePathRootDir={store}
+storePathCommitLog={store}/commitlog
+autoCreateTopicEnable={auto_create}
+autoCreateSubscriptionGroup=true
+mappedFileSizeCommitLog=67108864
+mappedFileSizeConsumeQueue=600000
+maxHashSlotNum=50000
+maxIndexNum=200000
+diskMaxUsedSpaceRatio=95
+waitTimeMillsInSendQueue=1000
+",
+        group = node.group,
+        id = node.id,
+        port = node.port,
+        ha_port = node.ha_port,
+        auto_create = options.auto_create_topics,
+    );
+    if let Some(acl) = &options.acl {
+        conf.push_str(&acl_conf(acl));
+    }
+    conf
+}
+
+/// ACL 2.0 (authentication and authorization on), with `acl`'s account as the initial super
+/// user that the broker also uses for its own inner clients.
+fn acl_conf(acl: &super::AclAccount) -> String {
+    format!(
+        "authenticationEnabled=true
+authenticationProvider=org.apache.rocketmq.auth.authentication.provider.DefaultAuthenticationProvider
+authenticationMetadataProvider=org.apache.rocketmq.auth.authentication.provider.LocalAuthenticationMetadataProvider
+authorizationEnabled=true
+authorizationProvider=org.apache.rocketmq.auth.authorization.provider.DefaultAuthorizationProvider
+authorizationMetadataProvider=org.apache.rocketmq.auth.authorization.provider.LocalAuthorizationMetadataProvider
+initAuthenticationUser={{\"username\":\"{user}\",\"password\":\"{secret}\"}}
+innerClientAuthenticationCredentials={{\"accessKey\":\"{user}\",\"secretKey\":\"{secret}\"}}
+",
+        user = acl.access_key,
+        secret = acl.secret_key,
+    )
+}
+
+/// Runs `mqadmin <args> -n <namesrv>` (the real `MQAdminStartup` of `rocketmq-tools`) and
+/// returns what it printed. Errors if it exits non-zero; its own "not found" answers are output.
+pub fn mqadmin(namesrv: &str, args: &[&str], home: &Path) -> io::Result<String> {
+    std::fs::create_dir_all(home)?;
+    let output = java(home, 128)?
+        .arg("-XX:TieredStopAtLevel=1")
+        .arg("org.apache.rocketmq.tools.command.MQAdminStartup")
+        .args(args)
+        .arg("-n")
+        .arg(namesrv)
+        .output()?;
+    // Logback prints its configuration status on stdout; keep only the tool's own lines.
+    let stdout: String = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| !line.contains("|-INFO in ") && !line.contains("|-WARN in "))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    if output.status.success() {
+        Ok(stdout)
+    } else {
+        Err(io::Error::other(format!(
+            "mqadmin {} failed ({}): {stdout}{}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )))
+    }
+}
+
+/// The `UNIQ_KEY` (the message id a consumer sees) of every message that `mqadmin`'s
+/// `queryMsgById` or `queryMsgByUniqueKey` printed, in order. Ids it did not find print nothing.
+pub fn printed_message_ids(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter(|line| line.trim_start().starts_with("Properties:"))
+        .filter_map(|line| {
+            let start = line.find("UNIQ_KEY=")? + "UNIQ_KEY=".len();
+            let rest = &line[start..];
+            let end = rest.find([',', '}']).unwrap_or(rest.len());
+            Some(rest[..end].trim().to_string())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn message_ids_are_read_from_the_printed_properties() {
+        let out = "OffsetID:            7F00\nTopic:               t\n\
+                   Properties:          {biz_key=k, UNIQ_KEY=C0A1, CLUSTER=DefaultCluster}\n\n\
+                   Properties:          {UNIQ_KEY=C0A2}\nMessageTrack [consumerGroup=g]\n";
+        assert_eq!(super::printed_message_ids(out), ["C0A1", "C0A2"]);
+        assert!(super::printed_message_ids("").is_empty());
+    }
+}

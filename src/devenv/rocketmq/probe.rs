@@ -1,0 +1,233 @@
+//! The harness's own client: readiness probes and topic creation, through the real client
+//! against the name server, so "ready" means what a producer will see.
+
+use super::{AclAccount, ClientHost};
+use rocketmq_client_rust::{
+    AclClientRPCHook, ClientRuntime, DefaultMQAdminExt, DefaultMQProducer, RouteAdmin, SendStatus,
+    SessionCredentials, TopicAdmin,
+};
+use rocketmq_model::common::message::message_single::Message;
+use rocketmq_model::topic::TopicConfig;
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The one-queue topic of a group's readiness probe.
+fn probe_topic(group: &str) -> String {
+    format!("outbox_relay_devenv_probe_{}", group.replace('-', "_"))
+}
+
+/// Group name → broker id → address, as the name server lists them now.
+type ClusterView = HashMap<String, HashMap<u64, String>>;
+
+/// A client runtime for probes and administration.
+pub(super) struct Probe {
+    host: ClientHost,
+    namesrv: String,
+    acl: Option<AclAccount>,
+}
+
+impl Probe {
+    pub(super) fn new(namesrv: &str, acl: Option<AclAccount>) -> io::Result<Self> {
+        Ok(Self {
+            host: ClientHost::new("devenv-probe")?,
+            namesrv: namesrv.to_string(),
+            acl,
+        })
+    }
+
+    /// Ok once broker `id` of `group` is registered and, where a master runs, a probe message
+    /// sent through the route is stored: `SEND_OK`, or any answer while the group's slave is not
+    /// running (a `SYNC_MASTER` then answers `SLAVE_NOT_AVAILABLE`). The error says what is
+    /// still missing.
+    pub(super) fn group_usable(
+        &self,
+        group: &str,
+        id: u32,
+        master_running: bool,
+        slave_running: bool,
+    ) -> Result<(), String> {
+        let (runtime, namesrv, acl) = (self.runtime(), self.namesrv.clone(), self.acl.clone());
+        let group = group.to_string();
+        let attempt = async move {
+            let view = cluster_view(&runtime, &namesrv, &acl).await?;
+            let addrs = view.get(&group);
+            if addrs.is_none_or(|a| !a.contains_key(&u64::from(id))) {
+                return Err(format!(
+                    "{group}-{id} is not registered with the name server yet"
+                ));
+            }
+            if !master_running {
+                return Ok(());
+            }
+            let Some(master) = addrs.and_then(|a| a.get(&0)) else {
+                return Err(format!("{group}'s master is not registered yet"));
+            };
+            let topic = probe_topic(&group);
+            create_on(&runtime, &acl, master, &topic, 1).await?;
+            let producer = admin_producer(&runtime, &namesrv, &acl).await?;
+            let probe = Message::builder()
+                .topic(topic.as_str())
+                .body_slice(b"probe")
+                .build_unchecked();
+            let answer = producer.send_with_timeout(probe, 2_000).await;
+            let mut shutdown = producer;
+            shutdown.shutdown().await;
+            match answer {
+                Ok(Some(sent)) if sent.send_status == SendStatus::SendOk => Ok(()),
+                Ok(Some(_)) if !slave_running => Ok(()),
+                Ok(other) => Err(format!("probe send answered {other:?}")),
+                Err(e) => Err(format!("probe send: {e}")),
+            }
+        };
+        self.block_on_for(Duration::from_secs(10), attempt)
+    }
+
+    /// `topic` with `queues` queues on every registered master; returns once the route shows
+    /// `queues` × masters queues.
+    pub(super) fn create_topic(&self, topic: &str, queues: u32) -> io::Result<()> {
+        let (runtime, namesrv, acl) = (self.runtime(), self.namesrv.clone(), self.acl.clone());
+        let topic = topic.to_string();
+        let work = async move {
+            let view = cluster_view(&runtime, &namesrv, &acl).await?;
+            let masters: Vec<&String> = view.values().filter_map(|ids| ids.get(&0)).collect();
+            if masters.is_empty() {
+                return Err("no master is registered with the name server".to_string());
+            }
+            for master in &masters {
+                create_on(&runtime, &acl, master, &topic, queues).await?;
+            }
+            let expected = queues as usize * masters.len();
+            let mut producer = admin_producer(&runtime, &namesrv, &acl).await?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let result = loop {
+                let seen = match producer.fetch_publish_message_queues(&topic).await {
+                    Ok(found) if found.len() == expected => break Ok(()),
+                    Ok(found) => format!("{} queues", found.len()),
+                    Err(e) => e.to_string(),
+                };
+                if Instant::now() >= deadline {
+                    break Err(format!(
+                        "topic {topic} was created but its route never showed {expected} queues \
+                         (last: {seen})"
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let mut shutdown = producer;
+            shutdown.shutdown().await;
+            result
+        };
+        self.block_on_for(Duration::from_secs(60), work)
+            .map_err(io::Error::other)
+    }
+
+    fn runtime(&self) -> Arc<ClientRuntime> {
+        self.host.client_runtime()
+    }
+
+    fn block_on_for<T: Send + 'static>(
+        &self,
+        limit: Duration,
+        work: impl std::future::Future<Output = Result<T, String>> + Send + 'static,
+    ) -> Result<T, String> {
+        let bounded = async move {
+            tokio::time::timeout(limit, work)
+                .await
+                .unwrap_or_else(|_| Err(format!("no answer within {limit:?}")))
+        };
+        self.host.block_on(bounded).map_err(|e| e.to_string())?
+    }
+}
+
+fn rpc_hook(acl: &Option<AclAccount>) -> Option<Arc<AclClientRPCHook>> {
+    acl.as_ref().map(|a| {
+        Arc::new(AclClientRPCHook::new(SessionCredentials::with_keys(
+            a.access_key.as_str(),
+            a.secret_key.as_str(),
+        )))
+    })
+}
+
+async fn admin(
+    runtime: &Arc<ClientRuntime>,
+    namesrv: &str,
+    acl: &Option<AclAccount>,
+) -> Result<DefaultMQAdminExt, String> {
+    let mut admin = match rpc_hook(acl) {
+        Some(hook) => DefaultMQAdminExt::with_rpc_hook(Arc::clone(runtime), hook),
+        None => DefaultMQAdminExt::new(Arc::clone(runtime)),
+    };
+    admin.set_namesrv_addr(namesrv);
+    admin
+        .start()
+        .await
+        .map_err(|e| format!("admin client: {e}"))?;
+    Ok(admin)
+}
+
+async fn cluster_view(
+    runtime: &Arc<ClientRuntime>,
+    namesrv: &str,
+    acl: &Option<AclAccount>,
+) -> Result<ClusterView, String> {
+    let mut admin = admin(runtime, namesrv, acl).await?;
+    let info = admin.examine_broker_cluster_info().await;
+    admin.shutdown().await;
+    let info = info.map_err(|e| format!("cluster info: {e}"))?;
+    Ok(info
+        .broker_addr_table
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, data)| {
+            let addrs = data
+                .broker_addrs()
+                .iter()
+                .map(|(id, addr)| (*id, addr.to_string()))
+                .collect();
+            (name.to_string(), addrs)
+        })
+        .collect())
+}
+
+/// UPDATE_AND_CREATE_TOPIC on the broker at `addr`.
+async fn create_on(
+    runtime: &Arc<ClientRuntime>,
+    acl: &Option<AclAccount>,
+    addr: &str,
+    topic: &str,
+    queues: u32,
+) -> Result<(), String> {
+    let mut admin = admin(runtime, "127.0.0.1:1", acl).await?;
+    let created = admin
+        .create_and_update_topic_config(
+            addr.into(),
+            TopicConfig::with_queues(topic, queues, queues),
+        )
+        .await;
+    admin.shutdown().await;
+    created.map_err(|e| format!("create topic {topic} on {addr}: {e}"))
+}
+
+/// A started producer for probes (short timeouts, no retries).
+async fn admin_producer(
+    runtime: &Arc<ClientRuntime>,
+    namesrv: &str,
+    acl: &Option<AclAccount>,
+) -> Result<DefaultMQProducer, String> {
+    let mut builder = DefaultMQProducer::builder(Arc::clone(runtime))
+        .producer_group("outbox_relay_devenv_admin")
+        .name_server_addr(namesrv)
+        .send_msg_timeout(2_000)
+        .retry_times_when_send_failed(0);
+    if let Some(hook) = rpc_hook(acl) {
+        builder = builder.rpc_hook(hook);
+    }
+    let mut producer = builder.build();
+    producer
+        .start()
+        .await
+        .map_err(|e| format!("cannot start the RocketMQ admin producer: {e}"))?;
+    Ok(producer)
+}

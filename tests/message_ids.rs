@@ -1,0 +1,103 @@
+//! Contract 5, "SENT means proven", on the broker itself: every message id the relay's sink
+//! returns (and the marker writes to `msg_id`) is the id the broker stored. A consumer sees it
+//! as the message id, and `mqadmin queryMsgById` finds the message by it. Batched sends too.
+
+mod common;
+
+use common::rocketmq::{new_topic, rocketmq};
+use outbox_relay::config::RocketMqConfig;
+use outbox_relay::devenv::rocketmq::apache::printed_message_ids;
+use outbox_relay::devenv::TopicReader;
+use outbox_relay::event::OutboundMessage;
+use outbox_relay::send::{RocketMqSink, Sink};
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+fn message(topic: &str, i: usize) -> OutboundMessage {
+    OutboundMessage {
+        event_id: format!("ev-{i}"),
+        biz_key: format!("key-{}", i % 3),
+        topic: topic.to_string(),
+        tags: Some("created".into()),
+        headers: vec![("h".into(), "v".into())],
+        payload: format!("{{\"i\":{i}}}"),
+    }
+}
+
+#[tokio::test]
+async fn every_id_a_send_returns_is_the_id_the_broker_stored_batches_included() {
+    common::init_logging();
+    let topic = new_topic("msg_ids");
+    let config = RocketMqConfig {
+        namesrv_addr: Some(rocketmq().namesrv_addr()),
+        producer_group: format!("msg_ids_{}", std::process::id()),
+        ..RocketMqConfig::default()
+    };
+    let sink = RocketMqSink::start(&config).await.expect("sink");
+    let queues = sink.queue_count(&topic).await.expect("route");
+    assert!(queues > 0);
+    // One single send, then batches of 2, 16 and 64 to one queue and to another.
+    let mut returned: HashMap<String, String> = HashMap::new();
+    let mut next = 0;
+    for (size, queue) in [(1, 0), (2, 1), (16, 1), (64, 0 % queues)] {
+        let batch: Vec<OutboundMessage> = (next..next + size).map(|i| message(&topic, i)).collect();
+        next += size;
+        let refs: Vec<&OutboundMessage> = batch.iter().collect();
+        let ids = sink.send(&topic, queue, &refs).await.expect("SEND_OK");
+        assert_eq!(ids.len(), size);
+        for (m, id) in batch.iter().zip(ids) {
+            returned.insert(m.event_id.clone(), id);
+        }
+    }
+    let distinct: HashSet<&String> = returned.values().collect();
+    assert_eq!(
+        distinct.len(),
+        returned.len(),
+        "one id per message: {returned:?}"
+    );
+
+    // What a consumer sees.
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)
+        .await
+        .expect("reader");
+    let stored = reader
+        .read_at_least(next, Duration::from_secs(30))
+        .await
+        .expect("read back");
+    reader.close().await;
+    assert_eq!(stored.len(), next);
+    let mut wrong = Vec::new();
+    for m in &stored {
+        let event_id = m.properties.get("event_id").expect("event_id property");
+        let recorded = &returned[event_id];
+        if &m.msg_id != recorded {
+            wrong.push(format!(
+                "{event_id}: recorded {recorded}, stored UNIQ_KEY {} (offset id {})",
+                m.msg_id, m.offset_msg_id
+            ));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {next} recorded ids are not what the broker stored:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+
+    // What the broker's own tool finds: every id, in one mqadmin run.
+    let ids: Vec<&str> = returned.values().map(String::as_str).collect();
+    let out = rocketmq()
+        .mqadmin(&["queryMsgById", "-t", &topic, "-i", &ids.join(",")])
+        .expect("mqadmin");
+    let found: HashSet<String> = printed_message_ids(&out).into_iter().collect();
+    let missing: Vec<&String> = returned
+        .values()
+        .filter(|id| !found.contains(*id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "mqadmin queryMsgById did not find {} of {next} ids: {missing:?}\n{out}",
+        missing.len()
+    );
+    sink.shutdown().await;
+}
