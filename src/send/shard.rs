@@ -12,6 +12,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+mod retry;
+pub use retry::WakeUp;
+
 /// An event routed to a shard.
 #[derive(Debug, Clone)]
 pub struct ShardEvent {
@@ -92,6 +95,8 @@ pub struct ShardOptions {
     pub max_batch_bytes: usize,
     /// This shard's number (the `shard` label of its queue-depth metric).
     pub index: u32,
+    /// The wake-up shared by the shards given clones of these options.
+    pub wake: Arc<WakeUp>,
 }
 
 impl Default for ShardOptions {
@@ -105,6 +110,7 @@ impl Default for ShardOptions {
             max_batch: 64,
             max_batch_bytes: 1024 * 1024,
             index: 0,
+            wake: Arc::default(),
         }
     }
 }
@@ -208,7 +214,11 @@ async fn resolve_queue<S: Sink>(
                 match options.retry.delay(retries) {
                     Some(delay) => {
                         tracing::warn!(topic = %event.row.message.topic, %reason, retry = retries, ?delay, "route look-up failed; retrying");
-                        wait(delay, cancel).await.map_err(|_| Stop::Cancelled)?;
+                        options
+                            .wake
+                            .wait(delay, cancel)
+                            .await
+                            .map_err(|_| Stop::Cancelled)?;
                     }
                     None => {
                         let reason = format!("gave up after {} retries: {reason}", retries - 1);
@@ -237,32 +247,6 @@ fn count_error(error: &SendError) {
 
 fn failed(reason: String, attempts: u32) -> Outcome {
     Outcome::Failed { reason, attempts }
-}
-
-/// Wakes every shard waiting out a retry delay when another shard got `SEND_OK`: the broker is
-/// back, so a shard need not sit out the rest of a long backoff (and hold its keys) after an
-/// outage that other shards have already seen end.
-static BROKER_ANSWERED: tokio::sync::Notify = tokio::sync::Notify::const_new();
-/// Shards waiting out a retry delay (so a successful send only notifies when someone waits).
-static WAITING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-async fn wait(delay: Duration, cancel: &CancellationToken) -> Result<(), ()> {
-    use std::sync::atomic::Ordering;
-    WAITING.fetch_add(1, Ordering::SeqCst);
-    let waited = tokio::select! {
-        _ = cancel.cancelled() => Err(()),
-        _ = tokio::time::sleep(delay) => Ok(()),
-        _ = BROKER_ANSWERED.notified() => Ok(()),
-    };
-    WAITING.fetch_sub(1, Ordering::SeqCst);
-    waited
-}
-
-/// A send got `SEND_OK`: wakes the shards waiting out a retry delay, if any.
-fn broker_answered() {
-    if WAITING.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-        BROKER_ANSWERED.notify_waiters();
-    }
 }
 
 async fn report(
@@ -304,7 +288,7 @@ async fn send_batch<S: Sink>(
                 // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
                 crate::failpoint::hit("after_send_ok");
                 crate::metrics::health().set_broker(true);
-                broker_answered();
+                options.wake.broker_answered();
                 for (event, msg_id) in batch.into_iter().zip(ids) {
                     report(done, event, Outcome::Sent { msg_id }).await?;
                 }
@@ -332,7 +316,7 @@ async fn send_batch<S: Sink>(
                         crate::metrics::relay().retries.inc();
                         tracing::warn!(%topic, queue, %reason, retry = retries, ?delay, size = messages.len(),
                             "send not acknowledged; retrying");
-                        wait(delay, cancel).await?;
+                        options.wake.wait(delay, cancel).await?;
                     }
                     None => {
                         let reason = format!("gave up after {} retries: {reason}", retries - 1);
