@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 mod retry;
 pub use retry::WakeUp;
+use retry::{Backoff, Next};
 
 /// An event routed to a shard.
 #[derive(Debug, Clone)]
@@ -52,7 +53,8 @@ impl ShardEvent {
 pub enum Outcome {
     /// The broker answered `SEND_OK`; its message id.
     Sent { msg_id: String },
-    /// Given up: the reason and how many attempts were made.
+    /// Given up: the reason and how many attempts were counted (the first and each retry; an
+    /// early attempt after a wake-up that failed too is not counted).
     Failed { reason: String, attempts: u32 },
 }
 
@@ -169,7 +171,8 @@ pub async fn run_shard<S: Sink>(
                 break;
             }
         }
-        if send_batch(&*sink, batch, queue, &options, &done, &cancel)
+        let backoff = Backoff::new(&options.retry, &options.wake);
+        if send_batch(&*sink, batch, queue, backoff, &done, &cancel)
             .await
             .is_err()
         {
@@ -189,44 +192,38 @@ enum Stop {
     Failed(Outcome),
 }
 
-/// The queue index of `event`, retrying route look-ups that fail for a retryable reason.
+/// The queue index of `event`, retrying route look-ups that fail for a retryable reason (a
+/// wake-up is not a retry: see [`Backoff`]).
 async fn resolve_queue<S: Sink>(
     sink: &S,
     event: &ShardEvent,
     options: &ShardOptions,
     cancel: &CancellationToken,
 ) -> Result<usize, Stop> {
-    let mut retries = 0;
+    let topic = &event.row.message.topic;
+    let mut backoff = Backoff::new(&options.retry, &options.wake);
     loop {
-        match sink.queue_count(&event.row.message.topic).await {
+        let reason = match sink.queue_count(topic).await {
             Ok(n) if n > 0 => return Ok(index_for(event.key_hash, n)),
             Ok(_) => {
-                return Err(Stop::Failed(failed(
-                    format!("topic {} has no writable queue", event.row.message.topic),
-                    retries + 1,
-                )))
+                let reason = format!("topic {topic} has no writable queue");
+                return Err(Stop::Failed(failed(reason, backoff.attempts())));
             }
             Err(SendError::Rejected(reason)) => {
-                return Err(Stop::Failed(failed(reason, retries + 1)))
+                return Err(Stop::Failed(failed(reason, backoff.attempts())))
             }
-            Err(SendError::Retryable(reason)) => {
-                retries += 1;
-                match options.retry.delay(retries) {
-                    Some(delay) => {
-                        tracing::warn!(topic = %event.row.message.topic, %reason, retry = retries, ?delay, "route look-up failed; retrying");
-                        options
-                            .wake
-                            .wait(delay, cancel)
-                            .await
-                            .map_err(|_| Stop::Cancelled)?;
-                    }
-                    None => {
-                        let reason = format!("gave up after {} retries: {reason}", retries - 1);
-                        return Err(Stop::Failed(failed(reason, retries)));
-                    }
-                }
+            Err(SendError::Retryable(reason)) => reason,
+        };
+        match backoff.failed() {
+            Next::Retry { retry, delay } => {
+                tracing::warn!(%topic, %reason, retry, ?delay, "route look-up failed; retrying");
             }
+            Next::Resume { left } => {
+                tracing::debug!(%topic, %reason, ?left, "route look-up after a wake-up failed; waiting out the rest of the retry delay");
+            }
+            Next::GiveUp => return Err(Stop::Failed(backoff.gave_up(&reason))),
         }
+        backoff.wait(cancel).await.map_err(|()| Stop::Cancelled)?;
     }
 }
 
@@ -270,25 +267,25 @@ async fn report(
 }
 
 /// Sends `batch` until every event has an outcome. A batch the broker rejects as a whole is
-/// split and sent one by one, so one poison message does not fail its neighbours.
+/// split and sent one by one, so one poison message does not fail its neighbours; the events
+/// keep the batch's retries (`backoff`).
 async fn send_batch<S: Sink>(
     sink: &S,
     batch: Vec<ShardEvent>,
     queue: usize,
-    options: &ShardOptions,
+    mut backoff: Backoff<'_>,
     done: &mpsc::Sender<Completion>,
     cancel: &CancellationToken,
 ) -> Result<(), ()> {
     let messages: Vec<&OutboundMessage> = batch.iter().map(|e| &e.row.message).collect();
     let topic = batch[0].row.message.topic.clone();
-    let mut retries = 0u32;
     loop {
         let error = match sink.send(&topic, queue, &messages).await {
             Ok(ids) => {
                 // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
                 crate::failpoint::hit("after_send_ok");
                 crate::metrics::health().set_broker(true);
-                options.wake.broker_answered();
+                backoff.broker_answered();
                 for (event, msg_id) in batch.into_iter().zip(ids) {
                     report(done, event, Outcome::Sent { msg_id }).await?;
                 }
@@ -297,37 +294,40 @@ async fn send_batch<S: Sink>(
             Err(error) => error,
         };
         count_error(&error);
-        match error {
+        let reason = match error {
             SendError::Rejected(reason) if batch.len() > 1 => {
                 tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
                 for event in batch {
-                    Box::pin(send_batch(sink, vec![event], queue, options, done, cancel)).await?;
+                    let backoff = backoff.clone();
+                    Box::pin(send_batch(sink, vec![event], queue, backoff, done, cancel)).await?;
                 }
                 return Ok(());
             }
             SendError::Rejected(reason) => {
                 let event = batch.into_iter().next().expect("one event");
-                return report(done, event, failed(reason, retries + 1)).await;
+                return report(done, event, failed(reason, backoff.attempts())).await;
             }
-            SendError::Retryable(reason) => {
-                retries += 1;
-                match options.retry.delay(retries) {
-                    Some(delay) => {
-                        crate::metrics::relay().retries.inc();
-                        tracing::warn!(%topic, queue, %reason, retry = retries, ?delay, size = messages.len(),
-                            "send not acknowledged; retrying");
-                        options.wake.wait(delay, cancel).await?;
-                    }
-                    None => {
-                        let reason = format!("gave up after {} retries: {reason}", retries - 1);
-                        for event in batch {
-                            report(done, event, failed(reason.clone(), retries)).await?;
-                        }
-                        return Ok(());
-                    }
+            SendError::Retryable(reason) => reason,
+        };
+        match backoff.failed() {
+            Next::Retry { retry, delay } => {
+                crate::metrics::relay().retries.inc();
+                tracing::warn!(%topic, queue, %reason, retry, ?delay, size = messages.len(),
+                    "send not acknowledged; retrying");
+            }
+            Next::Resume { left } => {
+                tracing::debug!(%topic, queue, %reason, ?left, size = messages.len(),
+                    "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
+            }
+            Next::GiveUp => {
+                let outcome = backoff.gave_up(&reason);
+                for event in batch {
+                    report(done, event, outcome.clone()).await?;
                 }
+                return Ok(());
             }
         }
+        backoff.wait(cancel).await?;
     }
 }
 

@@ -15,6 +15,11 @@ struct ScriptedSink {
     calls: Mutex<Vec<(String, usize, Vec<String>)>>,
     /// Event ids rejected whenever they are in a send.
     poison: Vec<String>,
+    /// When set, every send after the scripted answers answers `Retryable` with this reason
+    /// (a broker that stays down); otherwise they answer `SEND_OK`.
+    down: Option<String>,
+    /// When set, every route look-up answers `Retryable` with this reason.
+    route_down: Option<String>,
 }
 
 impl ScriptedSink {
@@ -33,6 +38,9 @@ impl ScriptedSink {
 
 impl Sink for ScriptedSink {
     async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {
+        if let Some(reason) = &self.route_down {
+            return Err(SendError::Retryable(reason.clone()));
+        }
         self.queues
             .get(topic)
             .copied()
@@ -53,7 +61,12 @@ impl Sink for ScriptedSink {
         if ids.iter().any(|id| self.poison.contains(id)) {
             return Err(SendError::Rejected("message too large".into()));
         }
-        match self.answers.lock().unwrap().pop_front().unwrap_or(Ok(())) {
+        let next = self.answers.lock().unwrap().pop_front();
+        let answer = next.unwrap_or_else(|| match &self.down {
+            Some(reason) => Err(SendError::Retryable(reason.clone())),
+            None => Ok(()),
+        });
+        match answer {
             Ok(()) => Ok(ids.iter().map(|id| format!("msg-{id}")).collect()),
             Err(e) => Err(e),
         }
@@ -271,5 +284,100 @@ async fn cancellation_during_backoff_reports_nothing_for_the_unsent_event() {
     assert!(
         done_rx.recv().await.is_none(),
         "an unacknowledged event is never reported"
+    );
+}
+
+/// A small policy: retries after 1, 2, 4 and 8 s, so FAILED comes 15 s after the first attempt.
+fn small_policy() -> ShardOptions {
+    ShardOptions {
+        retry: RetryPolicy {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(8),
+            max_retries: Some(4),
+        },
+        ..ShardOptions::default()
+    }
+}
+
+/// The policy's total wait before FAILED: the sum of its delays.
+fn total_delay(policy: &RetryPolicy) -> Duration {
+    (1..).map_while(|retry| policy.delay(retry)).sum()
+}
+
+/// Runs one event through `sink`, which never succeeds, with the small policy while other
+/// shards keep getting `SEND_OK` (a wake-up every 10 ms); checks that it goes FAILED after the
+/// policy's 4 retries, no sooner than the policy's total delay (and not much later).
+async fn fails_only_after_the_total_delay_despite_wake_ups(sink: Arc<ScriptedSink>, reason: &str) {
+    let options = small_policy();
+    let total = total_delay(&options.retry);
+    assert_eq!(total, Duration::from_secs(1 + 2 + 4 + 8));
+    let wake = Arc::clone(&options.wake);
+    let waker = tokio::spawn(async move {
+        loop {
+            wake.broker_answered();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let started = tokio::time::Instant::now();
+    let done = run(sink, vec![event(0, 1, "k", "t")], options).await;
+    let elapsed = started.elapsed();
+    waker.abort();
+    match &done[0].outcome {
+        Outcome::Failed {
+            reason: got,
+            attempts,
+        } => {
+            assert_eq!(*attempts, 5, "the first attempt and 4 retries");
+            assert!(
+                got.contains("gave up after 4 retries") && got.contains(reason),
+                "{got}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        elapsed >= total,
+        "FAILED after {elapsed:?}, before the policy's {total:?}"
+    );
+    assert!(elapsed < total + Duration::from_secs(1), "{elapsed:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn wake_ups_do_not_use_up_send_retries_so_failed_comes_after_the_policy_s_total_delay() {
+    let mut sink = ScriptedSink::new(vec![]);
+    sink.down = Some("broker-b unavailable".into());
+    let sink = Arc::new(sink);
+    fails_only_after_the_total_delay_despite_wake_ups(Arc::clone(&sink), "broker-b").await;
+    assert!(
+        sink.calls().len() > 5,
+        "the wake-ups still made early attempts"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn wake_ups_do_not_use_up_route_look_up_retries_either() {
+    let mut sink = ScriptedSink::new(vec![]);
+    sink.route_down = Some("name server unavailable".into());
+    fails_only_after_the_total_delay_despite_wake_ups(Arc::new(sink), "name server").await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_up_ends_a_retry_delay_at_once_when_the_broker_is_back() {
+    let sink = Arc::new(ScriptedSink::new(vec![Err(SendError::Retryable(
+        "broker unavailable".into(),
+    ))]));
+    let options = ShardOptions::default();
+    let wake = Arc::clone(&options.wake);
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wake.broker_answered();
+    });
+    let started = tokio::time::Instant::now();
+    let done = run(Arc::clone(&sink), vec![event(0, 1, "k", "t")], options).await;
+    assert_eq!(outcomes(&done), vec![("e1".into(), sent("e1"))]);
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(100),
+        "sent at the wake-up, not after the 1 s delay"
     );
 }
