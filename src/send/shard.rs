@@ -1,5 +1,9 @@
 //! One ordered sender: takes events of its shard in binlog order, batches consecutive events
 //! bound for the same queue, sends, retries, and reports each event's outcome in order.
+//!
+//! A retry goes to the queue each key has under the topic's route at the time, in the shard's
+//! order (`send_batch`); how retry delays are waited out, and how a wake-up may cut them short
+//! without counting as a retry, is in `retry::Backoff`.
 
 use super::{OutboundMessage, SendError, Sink};
 use crate::binlog::OutboxRow;
@@ -143,8 +147,10 @@ pub async fn run_shard<S: Sink>(
                 e = input.recv() => match e { Some(e) => e, None => return },
             },
         };
-        let queue = match resolve_queue(&*sink, &first, &options, &cancel).await {
-            Ok(queue) => queue,
+        // The first event's route look-up has retries of its own; the batch's start afresh.
+        let mut look_up = Backoff::new(&options.retry, &options.wake);
+        let queue = match route(&*sink, std::slice::from_ref(&first), &mut look_up, &cancel).await {
+            Ok(queues) => queues[0],
             Err(Stop::Cancelled) => return,
             Err(Stop::Failed(outcome)) => {
                 if report(&done, first, outcome).await.is_err() {
@@ -192,19 +198,19 @@ enum Stop {
     Failed(Outcome),
 }
 
-/// The queue index of `event`, retrying route look-ups that fail for a retryable reason (a
-/// wake-up is not a retry: see [`Backoff`]).
-async fn resolve_queue<S: Sink>(
+/// The queue of each of `events` (all of one topic) under the topic's current route, retrying
+/// look-ups that fail for a retryable reason under `backoff` (a wake-up is not a retry: see
+/// [`Backoff`]).
+async fn route<S: Sink>(
     sink: &S,
-    event: &ShardEvent,
-    options: &ShardOptions,
+    events: &[ShardEvent],
+    backoff: &mut Backoff<'_>,
     cancel: &CancellationToken,
-) -> Result<usize, Stop> {
-    let topic = &event.row.message.topic;
-    let mut backoff = Backoff::new(&options.retry, &options.wake);
+) -> Result<Vec<usize>, Stop> {
+    let topic = &events[0].row.message.topic;
     loop {
         let reason = match sink.queue_count(topic).await {
-            Ok(n) if n > 0 => return Ok(index_for(event.key_hash, n)),
+            Ok(n) if n > 0 => return Ok(events.iter().map(|e| index_for(e.key_hash, n)).collect()),
             Ok(_) => {
                 let reason = format!("topic {topic} has no writable queue");
                 return Err(Stop::Failed(failed(reason, backoff.attempts())));
@@ -225,6 +231,19 @@ async fn resolve_queue<S: Sink>(
         }
         backoff.wait(cancel).await.map_err(|()| Stop::Cancelled)?;
     }
+}
+
+/// Cuts `batch` into runs of consecutive events bound for one queue (`queues[i]` is the queue of
+/// `batch[i]`), in the batch's order.
+fn runs(batch: Vec<ShardEvent>, queues: Vec<usize>) -> Vec<(usize, Vec<ShardEvent>)> {
+    let mut runs: Vec<(usize, Vec<ShardEvent>)> = Vec::new();
+    for (event, queue) in batch.into_iter().zip(queues) {
+        match runs.last_mut() {
+            Some((run_queue, run)) if *run_queue == queue => run.push(event),
+            _ => runs.push((queue, vec![event])),
+        }
+    }
+    runs
 }
 
 /// Counts a failed send attempt by class.
@@ -266,20 +285,27 @@ async fn report(
     .map_err(|_| ())
 }
 
-/// Sends `batch` until every event has an outcome. A batch the broker rejects as a whole is
-/// split and sent one by one, so one poison message does not fail its neighbours; the events
-/// keep the batch's retries (`backoff`).
+/// Sends `batch` (events of one topic, in the shard's order) to `queue` until every event has an
+/// outcome.
+///
+/// Before each retry, the events' queues are worked out again from the topic's current route
+/// (a broker may have died, leaving fewer queues): if they still share one, the batch goes
+/// there; if the new route splits them, they are sent as consecutive sub-batches, one per run
+/// of events bound for one queue, each only once the one before has its outcome, so the
+/// shard's order, hence each key's order, is kept. A batch the broker rejects as a whole is
+/// split and sent one by one, so one poison message does not fail its neighbours. Sub-batches
+/// keep the batch's retries (`backoff`): splitting gives no event a fresh set.
 async fn send_batch<S: Sink>(
     sink: &S,
-    batch: Vec<ShardEvent>,
-    queue: usize,
+    mut batch: Vec<ShardEvent>,
+    mut queue: usize,
     mut backoff: Backoff<'_>,
     done: &mpsc::Sender<Completion>,
     cancel: &CancellationToken,
 ) -> Result<(), ()> {
-    let messages: Vec<&OutboundMessage> = batch.iter().map(|e| &e.row.message).collect();
     let topic = batch[0].row.message.topic.clone();
     loop {
+        let messages: Vec<&OutboundMessage> = batch.iter().map(|e| &e.row.message).collect();
         let error = match sink.send(&topic, queue, &messages).await {
             Ok(ids) => {
                 // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
@@ -297,11 +323,8 @@ async fn send_batch<S: Sink>(
         let reason = match error {
             SendError::Rejected(reason) if batch.len() > 1 => {
                 tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
-                for event in batch {
-                    let backoff = backoff.clone();
-                    Box::pin(send_batch(sink, vec![event], queue, backoff, done, cancel)).await?;
-                }
-                return Ok(());
+                let singles = batch.into_iter().map(|event| (queue, vec![event]));
+                return send_in_turn(sink, singles, &backoff, done, cancel).await;
             }
             SendError::Rejected(reason) => {
                 let event = batch.into_iter().next().expect("one event");
@@ -319,16 +342,55 @@ async fn send_batch<S: Sink>(
                 tracing::debug!(%topic, queue, %reason, ?left, size = messages.len(),
                     "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
             }
-            Next::GiveUp => {
-                let outcome = backoff.gave_up(&reason);
-                for event in batch {
-                    report(done, event, outcome.clone()).await?;
-                }
-                return Ok(());
-            }
+            Next::GiveUp => return report_all(done, batch, backoff.gave_up(&reason)).await,
         }
         backoff.wait(cancel).await?;
+        let queues = match route(sink, &batch, &mut backoff, cancel).await {
+            Ok(queues) => queues,
+            Err(Stop::Cancelled) => return Err(()),
+            Err(Stop::Failed(outcome)) => return report_all(done, batch, outcome).await,
+        };
+        let mut runs = runs(batch, queues);
+        if runs.len() > 1 {
+            tracing::warn!(%topic, runs = runs.len(), "the route changed; sending the batch as consecutive sub-batches");
+            return send_in_turn(sink, runs, &backoff, done, cancel).await;
+        }
+        (queue, batch) = runs.pop().expect("a batch has events");
     }
+}
+
+/// Sends the sub-batches `(queue, events)` of one batch in turn, each with the batch's retries.
+async fn send_in_turn<S: Sink>(
+    sink: &S,
+    sub_batches: impl IntoIterator<Item = (usize, Vec<ShardEvent>)>,
+    backoff: &Backoff<'_>,
+    done: &mpsc::Sender<Completion>,
+    cancel: &CancellationToken,
+) -> Result<(), ()> {
+    for (queue, events) in sub_batches {
+        Box::pin(send_batch(
+            sink,
+            events,
+            queue,
+            backoff.clone(),
+            done,
+            cancel,
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
+/// Reports `outcome` for every event of `batch`, in order.
+async fn report_all(
+    done: &mpsc::Sender<Completion>,
+    batch: Vec<ShardEvent>,
+    outcome: Outcome,
+) -> Result<(), ()> {
+    for event in batch {
+        report(done, event, outcome.clone()).await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 /// Wakes the shards waiting out a retry delay when one of them got `SEND_OK`: the broker is
 /// back, so a shard need not sit out the rest of a long backoff (and hold its keys) after an
 /// outage that other shards have already seen end. A wake-up only moves an attempt earlier; it
-/// is not a retry (see [`Backoff`]).
+/// is not a retry (see `Backoff`).
 ///
 /// Shared by the shards given clones of one [`ShardOptions`](super::ShardOptions), i.e. the
 /// shards of one relay; shards of other relays in the same process (tests) are not woken.

@@ -9,7 +9,9 @@ type Answer = Result<(), SendError>;
 /// A sink whose answers are scripted; records every send.
 #[derive(Default)]
 struct ScriptedSink {
-    queues: HashMap<String, usize>,
+    /// The write queues of each topic (the current route); a send to an index past the end is
+    /// answered `Retryable`, as `RocketMqSink` does.
+    queues: Mutex<HashMap<String, usize>>,
     answers: Mutex<VecDeque<Answer>>,
     /// (topic, queue, event ids) of every send.
     calls: Mutex<Vec<(String, usize, Vec<String>)>>,
@@ -25,10 +27,15 @@ struct ScriptedSink {
 impl ScriptedSink {
     fn new(answers: Vec<Answer>) -> Self {
         ScriptedSink {
-            queues: HashMap::from([("t".to_string(), 4), ("u".to_string(), 4)]),
+            queues: Mutex::new(HashMap::from([("t".to_string(), 4), ("u".to_string(), 4)])),
             answers: Mutex::new(answers.into()),
             ..Default::default()
         }
+    }
+
+    /// The route of `topic` changes to `queues` write queues.
+    fn set_queues(&self, topic: &str, queues: usize) {
+        self.queues.lock().unwrap().insert(topic.into(), queues);
     }
 
     fn calls(&self) -> Vec<(String, usize, Vec<String>)> {
@@ -42,6 +49,8 @@ impl Sink for ScriptedSink {
             return Err(SendError::Retryable(reason.clone()));
         }
         self.queues
+            .lock()
+            .unwrap()
             .get(topic)
             .copied()
             .ok_or_else(|| SendError::Rejected(format!("no such topic {topic}")))
@@ -58,6 +67,11 @@ impl Sink for ScriptedSink {
             .lock()
             .unwrap()
             .push((topic.into(), queue, ids.clone()));
+        if queue >= self.queue_count(topic).await? {
+            return Err(SendError::Retryable(format!(
+                "topic {topic} has fewer queues than before; re-routing"
+            )));
+        }
         if ids.iter().any(|id| self.poison.contains(id)) {
             return Err(SendError::Rejected("message too large".into()));
         }
@@ -91,24 +105,36 @@ fn event(seq: u64, id: u64, key: &str, topic: &str) -> ShardEvent {
     )
 }
 
+/// Starts a shard fed `events` (all queued before it starts); the task ends with its
+/// completions once it has sent them all.
+fn start(
+    sink: Arc<ScriptedSink>,
+    events: Vec<ShardEvent>,
+    options: ShardOptions,
+) -> tokio::task::JoinHandle<Vec<Completion>> {
+    tokio::spawn(async move {
+        let (tx, rx) = mpsc::channel(100);
+        let (done_tx, mut done_rx) = mpsc::channel(100);
+        for e in events {
+            tx.send(e).await.unwrap();
+        }
+        drop(tx);
+        run_shard(sink, rx, done_tx, options, CancellationToken::new()).await;
+        let mut out = Vec::new();
+        while let Some(c) = done_rx.recv().await {
+            out.push(c);
+        }
+        out
+    })
+}
+
 /// Feeds `events` (all queued before the shard starts) and collects the completions.
 async fn run(
     sink: Arc<ScriptedSink>,
     events: Vec<ShardEvent>,
     options: ShardOptions,
 ) -> Vec<Completion> {
-    let (tx, rx) = mpsc::channel(100);
-    let (done_tx, mut done_rx) = mpsc::channel(100);
-    for e in events {
-        tx.send(e).await.unwrap();
-    }
-    drop(tx);
-    run_shard(sink, rx, done_tx, options, CancellationToken::new()).await;
-    let mut out = Vec::new();
-    while let Some(c) = done_rx.recv().await {
-        out.push(c);
-    }
-    out
+    start(sink, events, options).await.unwrap()
 }
 
 fn outcomes(done: &[Completion]) -> Vec<(String, Outcome)> {
@@ -379,5 +405,138 @@ async fn a_wake_up_ends_a_retry_delay_at_once_when_the_broker_is_back() {
         started.elapsed(),
         Duration::from_millis(100),
         "sent at the wake-up, not after the 1 s delay"
+    );
+}
+
+/// One broker of the cluster dies while the shard waits out its first retry delay: the route
+/// of topic "t" goes from `before` to `after` write queues half-way through the 1 s delay.
+async fn run_through_a_route_change(
+    sink: &Arc<ScriptedSink>,
+    events: Vec<ShardEvent>,
+    options: ShardOptions,
+    (before, after): (usize, usize),
+) -> Vec<Completion> {
+    sink.set_queues("t", before);
+    let shard = start(Arc::clone(sink), events, options);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sink.set_queues("t", after);
+    shard.await.unwrap()
+}
+
+fn ids(ids: &[&str]) -> Vec<String> {
+    ids.iter().map(|id| id.to_string()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_the_route_shrinks_sends_to_the_key_s_queue_under_the_new_route() {
+    let hash = java_string_hash("g");
+    let (stale, now) = (index_for(hash, 8), index_for(hash, 4));
+    assert!(stale >= 4, "the old queue is gone after the change");
+    let sink = Arc::new(ScriptedSink::new(vec![Err(SendError::Retryable(
+        "broker-b unavailable".into(),
+    ))]));
+    let events = vec![event(0, 1, "g", "t"), event(0, 2, "g", "t")];
+    let started = tokio::time::Instant::now();
+    let done = run_through_a_route_change(&sink, events, ShardOptions::default(), (8, 4)).await;
+    assert_eq!(
+        outcomes(&done),
+        vec![("e1".into(), sent("e1")), ("e2".into(), sent("e2"))]
+    );
+    assert_eq!(
+        sink.calls(),
+        vec![
+            ("t".into(), stale, ids(&["e1", "e2"])),
+            ("t".into(), now, ids(&["e1", "e2"])),
+        ],
+        "the retry goes to the key's queue among 4"
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(1), "one retry");
+}
+
+/// Keys "h" and "t" share a queue among 12 but not among 8 (a 4-queue broker of three died):
+/// `[e1 h, e2 h, e3 t, e4 h]`, one batch before the change, is split by the new route.
+fn a_batch_the_new_route_splits() -> (Vec<ShardEvent>, usize, usize, usize) {
+    let (h, t) = (java_string_hash("h"), java_string_hash("t"));
+    let stale = index_for(h, 12);
+    assert_eq!(stale, index_for(t, 12));
+    assert!(stale >= 8, "the old queue is gone after the change");
+    let (qh, qt) = (index_for(h, 8), index_for(t, 8));
+    assert_ne!(qh, qt);
+    let events = vec![
+        event(0, 1, "h", "t"),
+        event(0, 2, "h", "t"),
+        event(1, 3, "t", "t"),
+        event(2, 4, "h", "t"),
+    ];
+    (events, stale, qh, qt)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_the_new_route_splits_is_sent_as_consecutive_sub_batches_in_shard_order() {
+    let (events, stale, qh, qt) = a_batch_the_new_route_splits();
+    let sink = Arc::new(ScriptedSink::new(vec![Err(SendError::Retryable(
+        "broker-c unavailable".into(),
+    ))]));
+    let done = run_through_a_route_change(&sink, events, ShardOptions::default(), (12, 8)).await;
+    assert_eq!(
+        outcomes(&done),
+        ["e1", "e2", "e3", "e4"].map(|id| (id.to_string(), sent(id))),
+        "every event Sent, reported in shard order"
+    );
+    assert_eq!(
+        sink.calls(),
+        vec![
+            ("t".into(), stale, ids(&["e1", "e2", "e3", "e4"])),
+            ("t".into(), qh, ids(&["e1", "e2"])),
+            ("t".into(), qt, ids(&["e3"])),
+            ("t".into(), qh, ids(&["e4"])),
+        ],
+        "one sub-batch per run of one queue, in the batch's order"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sub_batches_of_a_split_batch_keep_its_retries() {
+    let (events, _, _, _) = a_batch_the_new_route_splits();
+    // The batch fails once (retry 1); after the split e1+e2 go through, e3 fails for good, e4
+    // goes through.
+    let down = || Err(SendError::Retryable("broker-a unavailable".into()));
+    let sink = Arc::new(ScriptedSink::new(vec![
+        down(),
+        Ok(()),
+        down(),
+        down(),
+        down(),
+        down(),
+    ]));
+    let options = small_policy();
+    let total = total_delay(&options.retry);
+    let started = tokio::time::Instant::now();
+    let done = run_through_a_route_change(&sink, events, options, (12, 8)).await;
+    let got = outcomes(&done);
+    assert_eq!(
+        got[..2],
+        [("e1".into(), sent("e1")), ("e2".into(), sent("e2"))]
+    );
+    match &got[2] {
+        (id, Outcome::Failed { reason, attempts }) if id == "e3" => {
+            assert_eq!(
+                *attempts, 5,
+                "the batch's first attempt and 4 retries in all"
+            );
+            assert!(reason.contains("gave up after 4 retries"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(got[3], ("e4".into(), sent("e4")));
+    assert_eq!(
+        sink.calls().len(),
+        1 + 1 + 4 + 1,
+        "e3 alone has the retries its batch had left, not a fresh 4"
+    );
+    assert_eq!(
+        started.elapsed(),
+        total,
+        "FAILED at the end of the policy's delays"
     );
 }
