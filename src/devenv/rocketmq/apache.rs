@@ -122,6 +122,13 @@ waitTimeMillsInSendQueue=1000
         ha_port = node.ha_port,
         auto_create = options.auto_create_topics,
     );
+    if node.role == super::BrokerRole::SyncMaster {
+        // 5.x acknowledges a SYNC_MASTER's send once `inSyncReplicas` copies hold it (1 by
+        // default: the master alone). Two, as a master+slave pair means: a slave that is gone
+        // makes sends fail (IN_SYNC_REPLICAS_NOT_ENOUGH), one that does not answer within
+        // `slaveTimeout` makes them FLUSH_SLAVE_TIMEOUT (stored on the master, not SEND_OK).
+        conf.push_str("totalReplicas=2\ninSyncReplicas=2\nslaveTimeout=500\n");
+    }
     if let Some(acl) = &options.acl {
         conf.push_str(&acl_conf(acl));
     }

@@ -37,10 +37,10 @@ impl Probe {
         })
     }
 
-    /// Ok once broker `id` of `group` is registered and, where a master runs, a probe message
-    /// sent through the route is stored: `SEND_OK`, or any answer while the group's slave is not
-    /// running (a `SYNC_MASTER` then answers `SLAVE_NOT_AVAILABLE`). The error says what is
-    /// still missing.
+    /// Ok once broker `id` of `group` is registered and, where a master runs and the group's
+    /// slave (if any) runs too, a probe message sent through the route came back `SEND_OK`. A
+    /// `SYNC_MASTER` without its slave refuses sends, so registering is all it can show. The
+    /// error says what is still missing.
     pub(super) fn group_usable(
         &self,
         group: &str,
@@ -58,7 +58,7 @@ impl Probe {
                     "{group}-{id} is not registered with the name server yet"
                 ));
             }
-            if !master_running {
+            if !master_running || !slave_running {
                 return Ok(());
             }
             let Some(master) = addrs.and_then(|a| a.get(&0)) else {
@@ -76,7 +76,6 @@ impl Probe {
             shutdown.shutdown().await;
             match answer {
                 Ok(Some(sent)) if sent.send_status == SendStatus::SendOk => Ok(()),
-                Ok(Some(_)) if !slave_running => Ok(()),
                 Ok(other) => Err(format!("probe send answered {other:?}")),
                 Err(e) => Err(format!("probe send: {e}")),
             }

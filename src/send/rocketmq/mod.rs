@@ -5,6 +5,8 @@
 //! Every message carries KEYS = `event_id biz_key`, the user properties `event_id` and `biz_key`,
 //! its tags and its headers.
 
+mod topics;
+
 use super::{ClientHost, OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
 use rocketmq_client_rust::{
@@ -20,6 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
+use topics::{ClusterMemory, Missing, NameServerView, AUTO_CREATE_TOPIC};
 
 /// How long a topic's queue list is trusted before it is fetched again.
 const ROUTE_TTL: Duration = Duration::from_secs(30);
@@ -30,6 +33,17 @@ const REBUILD_AFTER_UNAVAILABLE: u32 = 3;
 
 /// A topic's write queues and when they were fetched.
 type CachedRoute = (Arc<Vec<MessageQueue>>, Instant);
+/// Queues a topic the broker auto-creates gets: the producer's `defaultTopicQueueNums`.
+const AUTO_CREATED_QUEUES: usize = 4;
+
+/// Where a topic's messages go.
+enum Route {
+    /// Its write queues, from the name server.
+    Queues(Arc<Vec<MessageQueue>>),
+    /// No route yet, but the cluster creates it on its first message: sent through the
+    /// default topic's route, [`AUTO_CREATED_QUEUES`] queues.
+    AutoCreate,
+}
 
 /// See the module documentation.
 pub struct RocketMqSink {
@@ -39,9 +53,8 @@ pub struct RocketMqSink {
     producer: RwLock<DefaultMQProducer>,
     /// Write queues per topic, shared (`Arc`) so the per-event queue look-up copies nothing.
     routes: Mutex<HashMap<String, CachedRoute>>,
-    /// Topics that had a route in this process: a later "no such topic" is a broker restart
-    /// more likely than a deleted topic, so it is retried.
-    known_topics: Mutex<HashSet<String>>,
+    /// Topics and broker groups seen, for the verdict on "no such topic" (see [`topics`]).
+    memory: ClusterMemory,
     unavailable_in_a_row: AtomicU32,
 }
 
@@ -60,7 +73,7 @@ impl RocketMqSink {
             namesrv,
             producer: RwLock::new(producer),
             routes: Mutex::new(HashMap::new()),
-            known_topics: Mutex::new(HashSet::new()),
+            memory: ClusterMemory::default(),
             unavailable_in_a_row: AtomicU32::new(0),
         })
     }
@@ -69,10 +82,10 @@ impl RocketMqSink {
         self.producer.read().expect("not poisoned").clone()
     }
 
-    async fn route(&self, topic: &str) -> Result<Arc<Vec<MessageQueue>>, SendError> {
+    async fn route(&self, topic: &str) -> Result<Route, SendError> {
         if let Some((queues, at)) = self.routes.lock().expect("not poisoned").get(topic) {
             if at.elapsed() < ROUTE_TTL {
-                return Ok(Arc::clone(queues));
+                return Ok(Route::Queues(Arc::clone(queues)));
             }
         }
         let mut producer = self.producer();
@@ -84,7 +97,12 @@ impl RocketMqSink {
             .map_err(|e| SendError::Retryable(e.to_string()))?;
         let queues = match fetched {
             Ok(queues) => Arc::new(queues),
-            Err(e) => return Err(self.classify_route_error(topic, &e).await),
+            Err(e) => {
+                return match self.classify_route_error(topic, &e).await {
+                    Missing::AutoCreate => Ok(Route::AutoCreate),
+                    Missing::Rejected(e) | Missing::Retry(e) => Err(e),
+                }
+            }
         };
         if queues.is_empty() {
             return Err(SendError::Rejected(format!(
@@ -95,11 +113,9 @@ impl RocketMqSink {
             .lock()
             .expect("not poisoned")
             .insert(topic.to_string(), (Arc::clone(&queues), Instant::now()));
-        self.known_topics
-            .lock()
-            .expect("not poisoned")
-            .insert(topic.to_string());
-        Ok(queues)
+        let groups: HashSet<String> = queues.iter().map(|q| q.broker_name().to_string()).collect();
+        self.memory.routed(topic, groups);
+        Ok(Route::Queues(queues))
     }
 
     /// Maps a client error to retryable or not, and rebuilds the producer when the broker has
@@ -131,45 +147,115 @@ impl RocketMqSink {
         }
     }
 
-    /// "No such topic" is final only while the cluster has a live broker: a stopped broker
-    /// unregisters from the name server and its topics look missing until it returns.
-    async fn classify_route_error(&self, topic: &str, error: &ClientError) -> SendError {
+    /// What a client error of a send or route look-up means; "no such topic" is decided by
+    /// [`ClusterMemory::verdict`].
+    async fn classify_route_error(&self, topic: &str, error: &ClientError) -> Missing {
         let classified = self.classify(error);
         if !is_missing_topic(error) {
-            return classified;
-        }
-        let known = self
-            .known_topics
-            .lock()
-            .expect("not poisoned")
-            .contains(topic);
-        if known {
-            return missing_topic_verdict(topic, classified.reason(), true, Ok((1, false)));
+            return match classified {
+                SendError::Rejected(_) => Missing::Rejected(classified),
+                SendError::Retryable(_) => Missing::Retry(classified),
+            };
         }
         let view = self.name_server_view(topic).await;
-        missing_topic_verdict(topic, classified.reason(), false, view)
+        self.memory.verdict(topic, classified.reason(), view)
     }
 
-    /// How many brokers the name server knows, and whether it has a route for `topic`.
-    async fn name_server_view(&self, topic: &str) -> Result<(usize, bool), String> {
+    /// The name server's registered broker groups, and whether it routes `topic` and the
+    /// auto-create topic.
+    async fn name_server_view(&self, topic: &str) -> Result<NameServerView, String> {
         let mut admin = DefaultMQAdminExt::new(self.host.client_runtime());
         admin.set_namesrv_addr(self.namesrv.as_str());
         let topic = topic.to_string();
-        let (info, route) = self
+        let (info, route, auto) = self
             .host
             .run(async move {
                 admin.start().await?;
                 let info = admin.examine_broker_cluster_info().await;
                 let route = admin.examine_topic_route_info(topic.into()).await;
+                let auto = admin
+                    .examine_topic_route_info(AUTO_CREATE_TOPIC.into())
+                    .await;
                 admin.shutdown().await;
-                Ok::<_, ClientError>((info?, route))
+                Ok::<_, ClientError>((info?, route, auto))
             })
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| e.to_string())?;
-        let brokers = info.broker_addr_table.map(|t| t.len()).unwrap_or(0);
-        let routed = matches!(route, Ok(Some(r)) if !r.queue_datas.is_empty());
-        Ok((brokers, routed))
+        let mut view = NameServerView::default();
+        for (group, data) in info.broker_addr_table.unwrap_or_default() {
+            if data.broker_addrs().contains_key(&0) {
+                view.groups.insert(group.to_string());
+            } else {
+                view.groups_without_master += 1;
+            }
+        }
+        view.routed = matches!(route, Ok(Some(r)) if !r.queue_datas.is_empty());
+        view.auto_create = matches!(auto, Ok(Some(r)) if !r.queue_datas.is_empty());
+        Ok(view)
+    }
+
+    /// Sends `messages` one by one through the default topic's route, so the broker creates
+    /// `topic` on the first; `queue_index` picks the queue as for a routed topic. Forgets the
+    /// auto-create state afterwards: the next send looks the new route up.
+    async fn send_creating(
+        &self,
+        queue_index: usize,
+        messages: Vec<Message>,
+    ) -> Result<Vec<String>, SendError> {
+        let mut ids = Vec::with_capacity(messages.len());
+        for message in messages {
+            let topic = message.topic().to_string();
+            let producer = self.producer();
+            let outcome = self
+                .host
+                .run(async move {
+                    let pick = |queues: &[MessageQueue], _: &Message, index: &usize| {
+                        (!queues.is_empty()).then(|| queues[*index % queues.len()].clone())
+                    };
+                    producer
+                        .send_with_selector(message, pick, queue_index)
+                        .await
+                })
+                .await
+                .map_err(|e| SendError::Retryable(e.to_string()))?;
+            ids.extend(self.answer(&topic, outcome, 1).await?);
+        }
+        tracing::info!(
+            queue_index,
+            "sent through the auto-create route; the broker created the topic"
+        );
+        Ok(ids)
+    }
+
+    /// The ids of a send's messages, or why it failed.
+    async fn answer(
+        &self,
+        topic: &str,
+        outcome: Result<Option<SendResult>, ClientError>,
+        count: usize,
+    ) -> Result<Vec<String>, SendError> {
+        match outcome {
+            Ok(Some(result)) => {
+                self.unavailable_in_a_row.store(0, Ordering::Relaxed);
+                accept(result, count)
+            }
+            Ok(None) => Err(SendError::Retryable(
+                "the client returned no send result".into(),
+            )),
+            Err(error) => {
+                let classified = match self.classify_route_error(topic, &error).await {
+                    Missing::Rejected(e) => e,
+                    Missing::Retry(e) => e,
+                    Missing::AutoCreate => SendError::Retryable(format!(
+                        "the broker did not create {topic} on its first message yet: {error}"
+                    )),
+                };
+                // A changed route may explain it; look again next time.
+                self.routes.lock().expect("not poisoned").remove(topic);
+                Err(classified)
+            }
+        }
     }
 
     async fn rebuild_if_stuck(&self) {
@@ -231,37 +317,6 @@ fn is_missing_topic(error: &ClientError) -> bool {
             .map(MQClientException::response_code),
         Some(17) | Some(-1)
     ) || error.broker_response_code() == Some(17)
-}
-
-/// What a "no such topic" answer for `topic` means, given whether the topic had a route in this
-/// process (`known`) and the name server's view (`(brokers, has_route)`): final (`Rejected`) only
-/// when brokers are registered, none routes the topic, and it never had a route here. The client
-/// reports a missing topic either as TOPIC_NOT_EXIST (17) or as "Can not find Message Queue for
-/// this topic" (-1); both are the same verdict, not a reason to retry for minutes.
-fn missing_topic_verdict(
-    topic: &str,
-    reason: &str,
-    known: bool,
-    view: Result<(usize, bool), String>,
-) -> SendError {
-    if known {
-        return SendError::Retryable(format!(
-            "topic {topic} had a route moments ago (broker restarting?); {reason}"
-        ));
-    }
-    match view {
-        Ok((0, _)) => SendError::Retryable(format!(
-            "no broker is registered with the name server (down?); {reason}"
-        )),
-        Ok((_, true)) => SendError::Retryable(format!(
-            "the name server has a route for {topic}; the client's view was stale"
-        )),
-        Ok((_, false)) => SendError::Rejected(format!(
-            "no such topic {topic}: the name server has no route for it (create the topic, then \
-             `outbox-relay retry` the FAILED rows); {reason}"
-        )),
-        Err(e) => SendError::Retryable(format!("cannot ask the name server about {topic}: {e}")),
-    }
 }
 
 /// The broker message for `m`.
@@ -338,7 +393,10 @@ fn accept(result: SendResult, count: usize) -> Result<Vec<String>, SendError> {
 
 impl Sink for RocketMqSink {
     async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {
-        self.route(topic).await.map(|queues| queues.len())
+        match self.route(topic).await? {
+            Route::Queues(queues) => Ok(queues.len()),
+            Route::AutoCreate => Ok(AUTO_CREATED_QUEUES),
+        }
     }
 
     async fn send(
@@ -348,18 +406,21 @@ impl Sink for RocketMqSink {
         messages: &[&OutboundMessage],
     ) -> Result<Vec<String>, SendError> {
         self.rebuild_if_stuck().await;
-        let queues = self.route(topic).await?;
+        let route = self.route(topic).await?;
+        let mut built = messages
+            .iter()
+            .map(|m| build_message(m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let queues = match route {
+            Route::Queues(queues) => queues,
+            Route::AutoCreate => return self.send_creating(queue_index, built).await,
+        };
         let queue = queues.get(queue_index).cloned().ok_or_else(|| {
             SendError::Retryable(format!(
                 "topic {topic} has fewer queues than before; re-routing"
             ))
         })?;
-        let built = messages
-            .iter()
-            .map(|m| build_message(m))
-            .collect::<Result<Vec<_>, _>>()?;
         let count = built.len();
-        let mut built = built;
         let request = match built.pop() {
             Some(one) if built.is_empty() => Ok(one),
             Some(last) => {
@@ -379,23 +440,7 @@ impl Sink for RocketMqSink {
             })
             .await
             .map_err(|e| SendError::Retryable(e.to_string()))?;
-        match outcome {
-            Ok(Some(result)) => {
-                self.unavailable_in_a_row.store(0, Ordering::Relaxed);
-                accept(result, count)
-            }
-            Ok(None) => Err(SendError::Retryable(
-                "the client returned no send result".into(),
-            )),
-            Err(error) => {
-                let classified = self.classify_route_error(topic, &error).await;
-                if matches!(classified, SendError::Rejected(_)) {
-                    // A changed route may explain it; look again next time.
-                    self.routes.lock().expect("not poisoned").remove(topic);
-                }
-                Err(classified)
-            }
-        }
+        self.answer(topic, outcome, count).await
     }
 }
 
@@ -429,30 +474,6 @@ mod tests {
             accept(result(SendStatus::SendOk, Some("A")), 1),
             Ok(vec!["A".to_string()])
         );
-    }
-
-    #[test]
-    fn a_topic_the_name_server_does_not_route_is_rejected_at_once() {
-        // Found by the bad-input campaign: the client's "Can not find Message Queue" (-1) was
-        // classified retryable, so an unknown topic held its shard through every retry.
-        let reason = "Can not find Message Queue for this topic, t";
-        let rejected = missing_topic_verdict("t", reason, false, Ok((1, false)));
-        assert!(
-            matches!(&rejected, SendError::Rejected(r) if r.contains("no such topic t") && r.contains("no route")),
-            "{rejected:?}"
-        );
-        for (known, view) in [
-            (true, Ok((1, false))),
-            (false, Ok((0, false))),
-            (false, Ok((1, true))),
-            (false, Err("timeout".to_string())),
-        ] {
-            let verdict = missing_topic_verdict("t", reason, known, view.clone());
-            assert!(
-                matches!(verdict, SendError::Retryable(_)),
-                "{known} {view:?}: {verdict:?}"
-            );
-        }
     }
 
     #[test]

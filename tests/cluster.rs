@@ -1,0 +1,277 @@
+//! The relay against RocketMQ clusters, the way production runs them: two broker groups behind
+//! one name server, a `SYNC_MASTER` with its slave, a broker that auto-creates topics. Each test
+//! starts its own cluster (of `$OUTBOX_BROKER`'s kind, Apache RocketMQ by default), because each
+//! kills, freezes or reconfigures a broker. Delivery is judged by what the brokers stored.
+
+mod common;
+
+use common::relay::{
+    commit_events, count_status, current_position, relay_config, seed_checkpoint, wait_for,
+    wait_until_sent, RunningRelay,
+};
+use common::TestDb;
+use outbox_relay::config::Config;
+use outbox_relay::devenv::{scratch_dir, ReceivedMessage, RocketMq, RocketMqOptions, TopicReader};
+use outbox_relay::producer::NewEvent;
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+fn cluster(label: &str, options: RocketMqOptions) -> RocketMq {
+    RocketMq::start_with(&scratch_dir(label).unwrap(), options).expect("cluster starts")
+}
+
+/// A relay config on `cluster` whose retry policy totals about `policy` seconds: 1 s doubling to
+/// 4 s, so `max_retry` 8 waits 1 + 2 + 4 × 6 = 27 s before an event is FAILED.
+fn config_on(db: &TestDb, cluster: &RocketMq) -> (Config, tempfile::TempDir) {
+    let (mut config, dir) = relay_config(db);
+    config.rocketmq.namesrv_addr = Some(cluster.namesrv_addr());
+    config.rocketmq.send_timeout = Duration::from_secs(1);
+    config.retry.initial_backoff = Duration::from_secs(1);
+    config.retry.max_backoff = Duration::from_secs(4);
+    config.retry.max_retry = 8;
+    (config, dir)
+}
+
+/// `count` events of `topic` in transactions of 5, over `keys` keys, each key's events in order.
+async fn write(db: &TestDb, topic: &str, from: usize, count: usize, keys: usize) {
+    let mut conn = db.conn().await;
+    for chunk in (from..from + count).step_by(5) {
+        let events = (chunk..(chunk + 5).min(from + count))
+            .map(|n| NewEvent::new(topic, format!("key-{}", n % keys), json!({"n": n})))
+            .collect();
+        commit_events(&mut conn, events).await;
+    }
+}
+
+/// Every outbox row SENT, its `msg_id` the id of a message the cluster stored with its
+/// event_id, and each key's messages in commit order within every queue they reached. Returns
+/// the stored messages.
+async fn assert_delivered(db: &TestDb, cluster: &RocketMq, topic: &str) -> Vec<ReceivedMessage> {
+    use mysql_async::prelude::*;
+    let rows: Vec<(u64, String, String, u8, Option<String>)> = db
+        .conn()
+        .await
+        .query("SELECT id, event_id, biz_key, status, msg_id FROM outbox_event ORDER BY id")
+        .await
+        .unwrap();
+    let mut reader = TopicReader::new(&cluster.namesrv_addr(), topic)
+        .await
+        .unwrap();
+    let stored = reader
+        .read_at_least(rows.len(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    reader.close().await;
+    let mut ids_of: HashMap<&str, Vec<&str>> = HashMap::new();
+    for m in &stored {
+        ids_of
+            .entry(m.properties["event_id"].as_str())
+            .or_default()
+            .push(m.msg_id.as_str());
+    }
+    let id_of_row: HashMap<&str, u64> = rows.iter().map(|r| (r.1.as_str(), r.0)).collect();
+    for (id, event_id, _, status, msg_id) in &rows {
+        assert_eq!(*status, 2, "row {id} ({event_id}) is SENT");
+        let msg_id = msg_id.as_deref().unwrap_or_default();
+        assert!(
+            ids_of
+                .get(event_id.as_str())
+                .is_some_and(|ids| ids.contains(&msg_id)),
+            "row {id}: msg_id {msg_id} is not the id of a stored message of {event_id} ({:?})",
+            ids_of.get(event_id.as_str())
+        );
+    }
+    // Per key, per queue (the store host is the first 16 hex digits of the offset id): the
+    // first arrival of each event follows commit (id) order.
+    let mut per_queue: BTreeMap<(String, String, i32), Vec<(i64, u64)>> = BTreeMap::new();
+    for m in &stored {
+        let host = m.offset_msg_id.get(..16).unwrap_or_default().to_string();
+        let key = m.properties["biz_key"].clone();
+        per_queue
+            .entry((key, host, m.queue_id))
+            .or_default()
+            .push((m.queue_offset, id_of_row[m.properties["event_id"].as_str()]));
+    }
+    for (queue, mut seen) in per_queue {
+        seen.sort();
+        let mut first = Vec::new();
+        for (_, id) in &seen {
+            if !first.contains(id) {
+                first.push(*id);
+            }
+        }
+        assert!(
+            first.windows(2).all(|w| w[0] < w[1]),
+            "{queue:?}: out of commit order: {seen:?}"
+        );
+    }
+    stored
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_broker_of_two_holds_only_its_keys_for_the_policy_time_then_all_arrive() {
+    let db = TestDb::migrated("cluster_freeze").await;
+    let mut mq = cluster(
+        "cluster-freeze",
+        RocketMqOptions {
+            groups: 2,
+            auto_create_topics: false,
+            ..RocketMqOptions::default()
+        },
+    );
+    let topic = "cluster_freeze";
+    mq.create_topic(topic, 4).unwrap();
+    let (mut config, _dir) = config_on(&db, &mq);
+    // One shard per queue (8 = 2 groups × 4): a shard is ordered, so keys of a live broker
+    // flow only when no shard mixes them with keys of the frozen one.
+    config.relay.shards = 8;
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+    write(&db, topic, 0, 100, 20).await;
+    wait_until_sent(&db, 100, Duration::from_secs(60)).await;
+
+    // broker-b stops answering; its connection stays open, so its route stays (no re-routing).
+    let b = mq.broker_index("broker-b", 0).unwrap();
+    mq.freeze_broker_at(b);
+    let frozen_at = Instant::now();
+    write(&db, topic, 100, 200, 20).await;
+    // The keys on broker-a keep flowing; those on broker-b back off.
+    wait_for(
+        "broker-a's keys to flow",
+        Duration::from_secs(30),
+        || async { count_status(&db, 2).await >= 150 },
+    )
+    .await;
+    // Every SEND_OK on broker-a wakes the shards waiting on broker-b; with wake-ups counted as
+    // retries they went FAILED within a second. Hold the freeze for 15 s, half the policy.
+    tokio::time::sleep(Duration::from_secs(15).saturating_sub(frozen_at.elapsed())).await;
+    assert_eq!(
+        count_status(&db, 3).await,
+        0,
+        "nothing FAILED while the outage is shorter than the retry policy"
+    );
+    assert!(count_status(&db, 2).await < 300, "broker-b's keys waited");
+    mq.thaw_broker_at(b);
+    wait_until_sent(&db, 300, Duration::from_secs(60)).await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.marked.failed, 0);
+    assert_delivered(&db, &mq, topic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_topics_only_broker_down_while_another_is_up_retries_its_events() {
+    let db = TestDb::migrated("cluster_only_broker").await;
+    let mut mq = cluster(
+        "cluster-only",
+        RocketMqOptions {
+            groups: 2,
+            auto_create_topics: false,
+            ..RocketMqOptions::default()
+        },
+    );
+    // The topic lives on broker-b alone; broker-a stays up the whole time.
+    let topic = "cluster_only_b";
+    let b = mq.broker_index("broker-b", 0).unwrap();
+    let a = mq.broker_index("broker-a", 0).unwrap();
+    mq.stop_broker_at(a);
+    mq.create_topic(topic, 4).unwrap();
+    mq.start_broker_at(a).unwrap();
+    let (config, _dir) = config_on(&db, &mq);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+    write(&db, topic, 0, 20, 5).await;
+    wait_until_sent(&db, 20, Duration::from_secs(60)).await;
+
+    mq.kill_broker_at(b);
+    write(&db, topic, 20, 20, 5).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let failed: Vec<(String, Option<String>)> = {
+        use mysql_async::prelude::*;
+        db.conn()
+            .await
+            .query("SELECT event_id, last_error FROM outbox_event WHERE status = 3")
+            .await
+            .unwrap()
+    };
+    assert!(failed.is_empty(), "retried, not FAILED: {failed:?}");
+    assert_eq!(
+        count_status(&db, 2).await,
+        20,
+        "nothing SENT while broker-b is down"
+    );
+    mq.start_broker_at(b).unwrap();
+    wait_until_sent(&db, 40, Duration::from_secs(90)).await;
+    relay.stop().await;
+    assert_delivered(&db, &mq, topic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_the_broker_auto_creates_gets_its_first_and_every_later_event() {
+    let db = TestDb::migrated("cluster_auto_create").await;
+    // Apache's default: autoCreateTopicEnable = true.
+    let mq = cluster("cluster-auto", RocketMqOptions::default());
+    let topic = format!("auto_created_{}", std::process::id());
+    let (config, _dir) = config_on(&db, &mq);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+    write(&db, &topic, 0, 1, 3).await;
+    wait_until_sent(&db, 1, Duration::from_secs(30)).await;
+    write(&db, &topic, 1, 39, 3).await;
+    wait_until_sent(&db, 40, Duration::from_secs(30)).await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.marked.failed, 0);
+    let stored = assert_delivered(&db, &mq, &topic).await;
+    // Each key stayed on one queue: the first event went where the later ones go.
+    let mut queue_of: HashMap<&str, (String, i32)> = HashMap::new();
+    for m in &stored {
+        let at = (m.offset_msg_id[..16].to_string(), m.queue_id);
+        let first = queue_of
+            .entry(m.properties["biz_key"].as_str())
+            .or_insert(at.clone());
+        assert_eq!(*first, at, "{} changed queue", m.properties["biz_key"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_master_without_its_slave_is_never_taken_as_sent() {
+    let db = TestDb::migrated("cluster_sync_slave").await;
+    let mut mq = cluster(
+        "cluster-sync",
+        RocketMqOptions {
+            sync_slaves: true,
+            auto_create_topics: false,
+            ..RocketMqOptions::default()
+        },
+    );
+    let topic = "cluster_sync";
+    mq.create_topic(topic, 4).unwrap();
+    let (mut config, _dir) = config_on(&db, &mq);
+    config.retry.max_retry = 1000;
+    config.rocketmq.send_timeout = Duration::from_secs(3); // longer than the slaveTimeout
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+    write(&db, topic, 0, 10, 5).await;
+    wait_until_sent(&db, 10, Duration::from_secs(60)).await;
+
+    // A slave that does not answer: the master stores each message but answers
+    // FLUSH_SLAVE_TIMEOUT after its slaveTimeout. Then a slave that is gone: the master refuses.
+    let slave = mq.broker_index("broker-a", 1).unwrap();
+    mq.freeze_broker_at(slave);
+    write(&db, topic, 10, 10, 5).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        count_status(&db, 2).await,
+        10,
+        "no SENT on FLUSH_SLAVE_TIMEOUT"
+    );
+    mq.kill_broker_at(slave);
+    write(&db, topic, 20, 10, 5).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(count_status(&db, 2).await, 10, "no SENT without the slave");
+    assert_eq!(count_status(&db, 3).await, 0, "and nothing FAILED");
+    mq.start_broker_at(slave).unwrap();
+    wait_until_sent(&db, 30, Duration::from_secs(90)).await;
+    relay.stop().await;
+    assert_delivered(&db, &mq, topic).await;
+}
