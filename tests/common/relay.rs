@@ -376,6 +376,21 @@ pub async fn assert_every_event_arrived_in_key_order(db: &TestDb, topic: &str, t
         .collect();
     let expected: HashSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(arrived, expected, "every event_id arrives");
+    // Contract 5: each SENT row's msg_id is the id of a stored message of its event.
+    let stored_ids: HashSet<(&str, &str)> = messages
+        .iter()
+        .map(|m| (m.properties["event_id"].as_str(), m.msg_id.as_str()))
+        .collect();
+    let unproven: Vec<&(u64, String, String, Option<String>)> = rows
+        .iter()
+        .filter(|r| !stored_ids.contains(&(r.1.as_str(), r.3.as_deref().unwrap_or_default())))
+        .collect();
+    assert!(
+        unproven.is_empty(),
+        "{} SENT rows have a msg_id no stored message of their event carries: {:?}",
+        unproven.len(),
+        unproven.iter().take(5).collect::<Vec<_>>()
+    );
     println!("duplicates: {}", messages.len() - arrived.len());
     assert_key_order(&rows, &messages);
     reader.close().await;
