@@ -21,8 +21,20 @@ fn cluster(label: &str, options: RocketMqOptions) -> RocketMq {
     RocketMq::start_with(&scratch_dir(label).unwrap(), options).expect("cluster starts")
 }
 
-/// A relay config on `cluster` whose retry policy totals about `policy` seconds: 1 s doubling to
-/// 4 s, so `max_retry` 8 waits 1 + 2 + 4 × 6 = 27 s before an event is FAILED.
+/// Two broker groups (`broker-a`, `broker-b`) behind one name server, topics created by hand.
+fn two_groups(label: &str) -> RocketMq {
+    cluster(
+        label,
+        RocketMqOptions {
+            groups: 2,
+            auto_create_topics: false,
+            ..RocketMqOptions::default()
+        },
+    )
+}
+
+/// A relay config on `cluster` whose retry policy is 1 s doubling to 4 s, so `max_retry` 8
+/// waits 1 + 2 + 4 × 6 = 27 s before an event is FAILED.
 fn config_on(db: &TestDb, cluster: &RocketMq) -> (Config, tempfile::TempDir) {
     let (mut config, dir) = relay_config(db);
     config.rocketmq.namesrv_addr = Some(cluster.namesrv_addr());
@@ -112,14 +124,7 @@ async fn assert_delivered(db: &TestDb, cluster: &RocketMq, topic: &str) -> Vec<R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_broker_of_two_holds_only_its_keys_for_the_policy_time_then_all_arrive() {
     let db = TestDb::migrated("cluster_freeze").await;
-    let mut mq = cluster(
-        "cluster-freeze",
-        RocketMqOptions {
-            groups: 2,
-            auto_create_topics: false,
-            ..RocketMqOptions::default()
-        },
-    );
+    let mut mq = two_groups("cluster-freeze");
     let topic = "cluster_freeze";
     mq.create_topic(topic, 4).unwrap();
     let (mut config, _dir) = config_on(&db, &mq);
@@ -162,14 +167,7 @@ async fn a_frozen_broker_of_two_holds_only_its_keys_for_the_policy_time_then_all
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_topics_only_broker_down_while_another_is_up_retries_its_events() {
     let db = TestDb::migrated("cluster_only_broker").await;
-    let mut mq = cluster(
-        "cluster-only",
-        RocketMqOptions {
-            groups: 2,
-            auto_create_topics: false,
-            ..RocketMqOptions::default()
-        },
-    );
+    let mut mq = two_groups("cluster-only");
     // The topic lives on broker-b alone; broker-a stays up the whole time.
     let topic = "cluster_only_b";
     let b = mq.broker_index("broker-b", 0).unwrap();
