@@ -165,6 +165,43 @@ async fn a_frozen_broker_of_two_holds_only_its_keys_for_the_policy_time_then_all
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_of_two_killed_mid_stream_loses_nothing_and_fails_nothing() {
+    let db = TestDb::migrated("cluster_kill").await;
+    let mut mq = two_groups("cluster-kill");
+    let topic = "cluster_kill";
+    mq.create_topic(topic, 4).unwrap();
+    let (config, _dir) = config_on(&db, &mq);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+    let writer = {
+        let db = db.clone_handle();
+        tokio::spawn(async move {
+            for round in 0..40 {
+                write(&db, "cluster_kill", round * 10, 10, 20).await;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // kill -9: the name server drops broker-b's route at once, so its keys are re-routed to
+    // broker-a's queues (in their order) or wait for it; none may be FAILED.
+    let b = mq.broker_index("broker-b", 0).unwrap();
+    mq.kill_broker_at(b);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        count_status(&db, 3).await,
+        0,
+        "nothing FAILED during the outage"
+    );
+    mq.start_broker_at(b).unwrap();
+    writer.await.unwrap();
+    wait_until_sent(&db, 400, Duration::from_secs(90)).await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.marked.failed, 0);
+    assert_delivered(&db, &mq, topic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_topics_only_broker_down_while_another_is_up_retries_its_events() {
     let db = TestDb::migrated("cluster_only_broker").await;
     let mut mq = two_groups("cluster-only");
