@@ -94,14 +94,12 @@ async fn assert_delivered(db: &TestDb, cluster: &RocketMq, topic: &str) -> Vec<R
             ids_of.get(event_id.as_str())
         );
     }
-    // Per key, per queue (the store host is the first 16 hex digits of the offset id): the
-    // first arrival of each event follows commit (id) order.
+    // Per key, per queue: the first arrival of each event follows commit (id) order.
     let mut per_queue: BTreeMap<(String, String, i32), Vec<(i64, u64)>> = BTreeMap::new();
     for m in &stored {
-        let host = m.offset_msg_id.get(..16).unwrap_or_default().to_string();
         let key = m.properties["biz_key"].clone();
         per_queue
-            .entry((key, host, m.queue_id))
+            .entry((key, m.broker_name.clone(), m.queue_id))
             .or_default()
             .push((m.queue_offset, id_of_row[m.properties["event_id"].as_str()]));
     }
@@ -260,7 +258,7 @@ async fn a_topic_the_broker_auto_creates_gets_its_first_and_every_later_event() 
     // Each key stayed on one queue: the first event went where the later ones go.
     let mut queue_of: HashMap<&str, (String, i32)> = HashMap::new();
     for m in &stored {
-        let at = (m.offset_msg_id[..16].to_string(), m.queue_id);
+        let at = (m.broker_name.clone(), m.queue_id);
         let first = queue_of
             .entry(m.properties["biz_key"].as_str())
             .or_insert(at.clone());

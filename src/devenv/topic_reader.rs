@@ -5,7 +5,8 @@
 //!   offset 0 of each queue (nothing is skipped, nothing committed to the broker: each reader
 //!   keeps its own offsets in memory, so two readers each see the whole topic).
 //! - Within a queue, messages come back in queue-offset order; results are sorted by
-//!   `(queue_id, queue_offset)`, which is what per-key order checks need.
+//!   `(broker_name, queue_id, queue_offset)`, which is what per-key order checks need. Queues
+//!   are told apart by broker group too: in a cluster each group has its own queues `0..n`.
 //! - Duplicates the broker stored (a resend) come back as separate messages with their own queue
 //!   offsets, so tests can count them.
 //!
@@ -36,6 +37,9 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReceivedMessage {
     pub topic: String,
+    /// The broker group (`brokerName`) whose queue holds it: in a cluster each group has queues
+    /// `0..n` of its own.
+    pub broker_name: String,
     pub queue_id: i32,
     /// Position in its queue (0, 1, 2, ...): per-key order is `queue_offset` order.
     pub queue_offset: i64,
@@ -54,7 +58,7 @@ pub struct ReceivedMessage {
 }
 
 impl ReceivedMessage {
-    fn from_ext(message: &MessageExt) -> Self {
+    fn from_ext(broker_name: &str, message: &MessageExt) -> Self {
         let all = message.properties();
         let get = |name: &str| {
             all.iter()
@@ -68,6 +72,7 @@ impl ReceivedMessage {
             .collect();
         Self {
             topic: message.topic().to_string(),
+            broker_name: broker_name.to_string(),
             queue_id: message.queue_id(),
             queue_offset: message.queue_offset(),
             msg_id: get(MessageConst::PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX).unwrap_or_default(),
@@ -99,8 +104,8 @@ pub struct TopicReader {
     host: ClientHost,
     consumer: DefaultMQPullConsumer,
     topic: String,
-    /// Next offset to pull, per queue id.
-    next_offsets: HashMap<i32, i64>,
+    /// Next offset to pull, per queue (broker group, queue id).
+    next_offsets: HashMap<(String, i32), i64>,
     received: Vec<ReceivedMessage>,
     last_error: Option<String>,
 }
@@ -144,7 +149,7 @@ impl TopicReader {
         })
     }
 
-    /// Everything read so far, sorted by `(queue_id, queue_offset)`.
+    /// Everything read so far, sorted by `(broker_name, queue_id, queue_offset)`.
     pub fn received(&self) -> &[ReceivedMessage] {
         &self.received
     }
@@ -225,7 +230,13 @@ impl TopicReader {
         let new = found.len();
         if new > 0 {
             self.received.extend(found);
-            self.received.sort_by_key(|m| (m.queue_id, m.queue_offset));
+            self.received.sort_by(|a, b| {
+                (&a.broker_name, a.queue_id, a.queue_offset).cmp(&(
+                    &b.broker_name,
+                    b.queue_id,
+                    b.queue_offset,
+                ))
+            });
         }
         Ok(new)
     }
@@ -235,7 +246,7 @@ impl TopicReader {
 async fn pull_all_queues(
     consumer: &DefaultMQPullConsumer,
     topic: &str,
-    offsets: &mut HashMap<i32, i64>,
+    offsets: &mut HashMap<(String, i32), i64>,
     found: &mut Vec<ReceivedMessage>,
 ) -> std::result::Result<(), String> {
     let queues = consumer
@@ -243,7 +254,10 @@ async fn pull_all_queues(
         .await
         .map_err(|e| format!("fetch queues of {topic}: {e}"))?;
     for queue in queues {
-        let offset = offsets.entry(queue.queue_id()).or_insert(0);
+        let broker = queue.broker_name().to_string();
+        let offset = offsets
+            .entry((broker.clone(), queue.queue_id()))
+            .or_insert(0);
         loop {
             let result = consumer
                 .pull(&queue, "*", *offset, PULL_BATCH)
@@ -257,7 +271,7 @@ async fn pull_all_queues(
                             .msg_found_list()
                             .unwrap_or_default()
                             .iter()
-                            .map(ReceivedMessage::from_ext),
+                            .map(|m| ReceivedMessage::from_ext(&broker, m)),
                     );
                     *offset = next;
                 }

@@ -281,11 +281,11 @@ pub fn assert_key_order(
     messages: &[ReceivedMessage],
 ) {
     let id_of: HashMap<&str, u64> = rows.iter().map(|r| (r.1.as_str(), r.0)).collect();
-    let mut by_key: BTreeMap<&str, Vec<(i32, i64, u64)>> = BTreeMap::new();
+    let mut by_key: BTreeMap<&str, Vec<((&str, i32), i64, u64)>> = BTreeMap::new();
     for m in messages {
         let key = m.properties["biz_key"].as_str();
         by_key.entry(key).or_default().push((
-            m.queue_id,
+            (m.broker_name.as_str(), m.queue_id),
             m.queue_offset,
             id_of[m.properties["event_id"].as_str()],
         ));
@@ -296,7 +296,7 @@ pub fn assert_key_order(
         );
     }
     for (key, mut seen) in by_key {
-        let queues: HashSet<i32> = seen.iter().map(|s| s.0).collect();
+        let queues: HashSet<(&str, i32)> = seen.iter().map(|s| s.0).collect();
         assert_eq!(queues.len(), 1, "{key} went to several queues");
         seen.sort_by_key(|s| s.1);
         let ids: Vec<u64> = seen.iter().map(|s| s.2).collect();
