@@ -116,7 +116,7 @@ async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
     let dir = std::fs::canonicalize(&args.dir)?;
 
     eprintln!(
-        "[1/5] starting MariaDB on 127.0.0.1:{} ...",
+        "[1/6] starting MariaDB on 127.0.0.1:{} ...",
         args.mysql_port
     );
     let mut options = MariaDbOptions::new(dir.join("mariadb"));
