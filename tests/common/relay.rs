@@ -281,7 +281,9 @@ pub fn assert_key_order(
     messages: &[ReceivedMessage],
 ) {
     let id_of: HashMap<&str, u64> = rows.iter().map(|r| (r.1.as_str(), r.0)).collect();
-    let mut by_key: BTreeMap<&str, Vec<((&str, i32), i64, u64)>> = BTreeMap::new();
+    // (broker group, queue id) of a message: each group has queues 0..n of its own.
+    type Queue<'a> = (&'a str, i32);
+    let mut by_key: BTreeMap<&str, Vec<(Queue, i64, u64)>> = BTreeMap::new();
     for m in messages {
         let key = m.properties["biz_key"].as_str();
         by_key.entry(key).or_default().push((
@@ -296,7 +298,7 @@ pub fn assert_key_order(
         );
     }
     for (key, mut seen) in by_key {
-        let queues: HashSet<(&str, i32)> = seen.iter().map(|s| s.0).collect();
+        let queues: HashSet<Queue> = seen.iter().map(|s| s.0).collect();
         assert_eq!(queues.len(), 1, "{key} went to several queues");
         seen.sort_by_key(|s| s.1);
         let ids: Vec<u64> = seen.iter().map(|s| s.2).collect();
