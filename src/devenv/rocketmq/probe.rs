@@ -65,7 +65,7 @@ impl Probe {
                 return Err(format!("{group}'s master is not registered yet"));
             };
             let topic = probe_topic(&group);
-            create_on(&runtime, &acl, master, &topic, 1).await?;
+            create_on(&runtime, &namesrv, &acl, master, &topic, 1).await?;
             let producer = admin_producer(&runtime, &namesrv, &acl).await?;
             let probe = Message::builder()
                 .topic(topic.as_str())
@@ -95,7 +95,7 @@ impl Probe {
                 return Err("no master is registered with the name server".to_string());
             }
             for master in &masters {
-                create_on(&runtime, &acl, master, &topic, queues).await?;
+                create_on(&runtime, &namesrv, &acl, master, &topic, queues).await?;
             }
             let expected = queues as usize * masters.len();
             let mut producer = admin_producer(&runtime, &namesrv, &acl).await?;
@@ -193,12 +193,13 @@ async fn cluster_view(
 /// UPDATE_AND_CREATE_TOPIC on the broker at `addr`.
 async fn create_on(
     runtime: &Arc<ClientRuntime>,
+    namesrv: &str,
     acl: &Option<AclAccount>,
     addr: &str,
     topic: &str,
     queues: u32,
 ) -> Result<(), String> {
-    let mut admin = admin(runtime, "127.0.0.1:1", acl).await?;
+    let mut admin = admin(runtime, namesrv, acl).await?;
     let created = admin
         .create_and_update_topic_config(
             addr.into(),
