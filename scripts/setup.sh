@@ -7,15 +7,21 @@
 #   - with --rust-broker (or OUTBOX_BROKER=rust): the rocketmq-rust 1.0.0 namesrv + broker
 #     binaries from crates.io, built once into the same cache: ~15-20 minutes the first time on
 #     2 cores, seconds afterwards.
+#   - with --mysql (or OUTBOX_TEST_DB=mysql): Oracle MySQL (Debian sid's mysql-server-core) in a
+#     debootstrap'd chroot $OUTBOX_DEVENV_CACHE/mysql-chroot, from the Debian mirror this
+#     machine's apt sources name: about 1 minute the first time, seconds afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WANT_RUST_BROKER=0
 [ "${OUTBOX_BROKER:-}" = "rust" ] && WANT_RUST_BROKER=1
+WANT_MYSQL=0
+[ "${OUTBOX_TEST_DB:-}" = "mysql" ] && WANT_MYSQL=1
 for arg in "$@"; do
   case "$arg" in
     --rust-broker) WANT_RUST_BROKER=1 ;;
-    *) echo "usage: scripts/setup.sh [--rust-broker]" >&2; exit 2 ;;
+    --mysql) WANT_MYSQL=1 ;;
+    *) echo "usage: scripts/setup.sh [--rust-broker] [--mysql]" >&2; exit 2 ;;
   esac
 done
 
@@ -25,6 +31,9 @@ APACHE_VERSION="$(sed -n 's:.*<rocketmq.version>\(.*\)</rocketmq.version>.*:\1:p
 APACHE_LIB="$CACHE/apache-rocketmq/$APACHE_VERSION/lib"
 ROCKETMQ_ROOT="$CACHE/rocketmq"
 STAMP="$ROCKETMQ_ROOT/.installed-$ROCKETMQ_VERSION"
+# Must match src/devenv/mysql.rs (MySqlOptions' default chroot).
+MYSQL_ROOT="$CACHE/mysql-chroot"
+MYSQL_STAMP="$MYSQL_ROOT/.outbox-relay-installed"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -86,9 +95,55 @@ install_apache_rocketmq() {
   say "Apache RocketMQ: $(ls "$APACHE_LIB" | wc -l) jars in $APACHE_LIB"
 }
 
+# The first Debian mirror (not the security archive) that this machine's apt sources name, in
+# either the one-line (`deb URL suite ...`) or the deb822 (`URIs: URL`) format.
+debian_mirror() {
+  local files=()
+  [ -f /etc/apt/sources.list ] && files+=(/etc/apt/sources.list)
+  for f in /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] && files+=("$f")
+  done
+  [ ${#files[@]} -gt 0 ] || return 0
+  { sed -n 's/^[[:space:]]*deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\?\([a-z]\+:\/\/[^[:space:]]\+\).*/\2/p' "${files[@]}"
+    sed -n 's/^[[:space:]]*URIs:[[:space:]]*\([^[:space:]]\+\).*/\1/p' "${files[@]}"
+  } | grep -v -e security -e '^cdrom:' | grep -i debian | head -n1
+}
+
+install_mysql() {
+  if [ -f "$MYSQL_STAMP" ] && [ -x "$MYSQL_ROOT/usr/sbin/mysqld" ]; then
+    say "MySQL: $(chroot "$MYSQL_ROOT" /usr/sbin/mysqld --version) (chroot $MYSQL_ROOT)"
+    return
+  fi
+  if [ "$(id -u)" -ne 0 ]; then
+    say "MySQL: building and running the chroot needs root (debootstrap, chroot)"; exit 1
+  fi
+  if ! command -v debootstrap >/dev/null 2>&1; then
+    say "MySQL: installing debootstrap from Debian's packages ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  fi
+  local mirror
+  mirror="$(debian_mirror)"
+  mirror="${mirror:-http://deb.debian.org/debian}"
+  say "MySQL: debootstrap sid + mysql-server-core from $mirror into $MYSQL_ROOT (about 1 minute) ..."
+  rm -rf "$MYSQL_ROOT"
+  mkdir -p "$CACHE"
+  debootstrap --variant=minbase --include=mysql-server-core sid "$MYSQL_ROOT" "$mirror" \
+    >"$CACHE/mysql-chroot.log" 2>&1 || {
+      say "MySQL: debootstrap failed; last lines of $CACHE/mysql-chroot.log:"
+      tail -n 20 "$CACHE/mysql-chroot.log" >&2
+      exit 1
+    }
+  touch "$MYSQL_STAMP"
+  say "MySQL: $(chroot "$MYSQL_ROOT" /usr/sbin/mysqld --version) (chroot $MYSQL_ROOT)"
+}
+
 install_mariadb
 install_apache_rocketmq
+if [ "$WANT_MYSQL" = 1 ]; then
+  install_mysql
+fi
 if [ "$WANT_RUST_BROKER" = 1 ]; then
   install_rocketmq
 fi
-say "ready: MariaDB and the RocketMQ servers are installed"
+say "ready: MariaDB$([ "$WANT_MYSQL" = 1 ] && echo ", MySQL") and the RocketMQ servers are installed"

@@ -272,7 +272,7 @@ async fn the_mysql_password_never_appears_in_output_or_debug_logs() {
     // Connection errors: a closed port, a wrong password, a URL that does not parse.
     let port = outbox_relay::devenv::process::free_port().unwrap();
     let closed = url.replace(
-        &format!(":{}/", common::mariadb().port()),
+        &format!(":{}/", common::database().port()),
         &format!(":{port}/"),
     );
     assert_ne!(closed, url);

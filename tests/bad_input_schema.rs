@@ -11,7 +11,7 @@ mod support;
 
 use common::relay::{relay_config, sweeping_config};
 use common::rocketmq::new_topic;
-use common::{mariadb, TestDb};
+use common::{database, TestDb};
 use mysql_async::prelude::*;
 use mysql_async::{TxOpts, Value};
 use outbox_relay::producer::{NewEvent, Outbox};
@@ -159,9 +159,9 @@ async fn an_outbox_event_table_in_another_database_is_ignored() {
     let ours = db.name();
     // Another application's database with a table of the same name: one an exact copy of the
     // outbox, the other a different table that merely shares the name.
-    let copy_db = mariadb().create_database("bad_shadow_copy").unwrap();
+    let copy_db = database().create_database("bad_shadow_copy").unwrap();
     let copy_db = copy_db.rsplit('/').next().unwrap().to_string();
-    let other_db = mariadb().create_database("bad_shadow_other").unwrap();
+    let other_db = database().create_database("bad_shadow_other").unwrap();
     let other_db = other_db.rsplit('/').next().unwrap().to_string();
     let mut conn = db.conn().await;
     conn.query_drop(format!(

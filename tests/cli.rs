@@ -56,7 +56,7 @@ fn config_show_masks_the_password() {
 
 #[test]
 fn migrate_applies_then_reports_up_to_date() {
-    let url = common::mariadb().create_database("cli_migrate").unwrap();
+    let url = common::database().create_database("cli_migrate").unwrap();
     let out = outbox_relay(&["--mysql-url", &url, "migrate"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -74,7 +74,7 @@ fn migrate_applies_then_reports_up_to_date() {
 
 #[test]
 fn demo_enqueues_events_in_business_transactions() {
-    let url = common::mariadb().create_database("cli_demo").unwrap();
+    let url = common::database().create_database("cli_demo").unwrap();
     assert!(outbox_relay(&["--mysql-url", &url, "migrate"])
         .status
         .success());

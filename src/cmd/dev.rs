@@ -10,8 +10,8 @@ use outbox_relay::binlog::reader::check_server;
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
 use outbox_relay::devenv::{
-    scratch_dir, shared, BrokerKind, MariaDb, MariaDbOptions, RocketMq, RocketMqOptions,
-    TopicReader,
+    scratch_dir, shared, BrokerKind, Database, DatabaseKind, MariaDb, MariaDbOptions, RocketMq,
+    RocketMqOptions, TopicReader,
 };
 use outbox_relay::producer::Outbox;
 use outbox_relay::relay::{self, RelayHandle, RunOptions};
@@ -31,9 +31,10 @@ enum DevAction {
     /// Start MariaDB, RocketMQ and the relay, migrate, pay sample orders and show their events
     /// arriving in RocketMQ; run until Ctrl-C.
     Up(UpArgs),
-    /// Start the servers a whole test run shares (MariaDB and a RocketMQ cluster of
-    /// `$OUTBOX_BROKER`, without topic auto-creation), write their addresses to an env file,
-    /// and run until SIGTERM or Ctrl-C. `scripts/test.sh` uses it.
+    /// Start the servers a whole test run shares (the SQL server `$OUTBOX_TEST_DB` names,
+    /// MariaDB by default or MySQL, and a RocketMQ cluster of `$OUTBOX_BROKER`, without topic
+    /// auto-creation), write their addresses to an env file, and run until SIGTERM or Ctrl-C.
+    /// `scripts/test.sh` uses it.
     Servers(ServersArgs),
 }
 
@@ -69,9 +70,12 @@ pub async fn run(_global: &GlobalArgs, args: DevArgs) -> anyhow::Result<()> {
 
 async fn servers_cmd(args: ServersArgs) -> anyhow::Result<()> {
     let kind = BrokerKind::from_env()?;
-    let mariadb_dir = scratch_dir("shared-mariadb")?;
-    let mariadb =
-        MariaDb::start(MariaDbOptions::new(&mariadb_dir)).context("MariaDB did not start")?;
+    let db_kind = DatabaseKind::from_env()?;
+    let database = Database::start(
+        db_kind,
+        &scratch_dir(&format!("shared-{}", db_kind.name()))?,
+    )
+    .with_context(|| format!("{} did not start", db_kind.name()))?;
     let options = RocketMqOptions {
         kind: Some(kind),
         auto_create_topics: false,
@@ -80,11 +84,8 @@ async fn servers_cmd(args: ServersArgs) -> anyhow::Result<()> {
     let rocketmq = RocketMq::start_with(&scratch_dir("shared-rocketmq")?, options)
         .context("RocketMQ did not start")?;
     let text = format!(
-        "{}={}\n{}={}\n{}={}\n{}={}\n",
-        shared::MARIADB_DIR,
-        mariadb_dir.display(),
-        shared::MARIADB_PORT,
-        mariadb.port(),
+        "{}{}={}\n{}={}\n",
+        shared::database_env(&database),
         shared::NAMESRV,
         rocketmq.namesrv_addr(),
         BrokerKind::ENV,
@@ -94,8 +95,9 @@ async fn servers_cmd(args: ServersArgs) -> anyhow::Result<()> {
     std::fs::write(&partial, text)?;
     std::fs::rename(&partial, &args.env_file)?;
     eprintln!(
-        "shared servers: MariaDB 127.0.0.1:{}, RocketMQ ({}) namesrv {}; env in {}",
-        mariadb.port(),
+        "shared servers: {} 127.0.0.1:{}, RocketMQ ({}) namesrv {}; env in {}",
+        db_kind.name(),
+        database.port(),
         kind.name(),
         rocketmq.namesrv_addr(),
         args.env_file.display()
@@ -106,7 +108,7 @@ async fn servers_cmd(args: ServersArgs) -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     drop(rocketmq);
-    drop(mariadb);
+    drop(database);
     Ok(())
 }
 

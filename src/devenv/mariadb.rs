@@ -1,12 +1,11 @@
 //! A real MariaDB server (`mariadbd` from Debian's `mariadb-server`) with the binlog settings
 //! the relay needs: ROW format, FULL row image, FULL row metadata, GTID strict mode.
 
-use super::process::{find_executable, free_port, port_is_open, wait_until_ready, ServerProcess};
+use super::process::free_port;
+use super::sql_server::{mariadb_tool as tool, running_as_root, ProcessSlot, SqlEndpoint};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 /// How to start a [`MariaDb`].
 #[derive(Debug, Clone)]
@@ -38,19 +37,7 @@ impl MariaDbOptions {
 pub struct MariaDb {
     options: MariaDbOptions,
     port: u16,
-    process: Option<ServerProcess>,
-}
-
-const SEARCH_DIRS: [&str; 2] = ["/usr/sbin", "/usr/bin"];
-
-fn tool(name: &str) -> io::Result<PathBuf> {
-    let dirs: Vec<PathBuf> = SEARCH_DIRS.iter().map(PathBuf::from).collect();
-    find_executable(name, "OUTBOX_DEVENV_MARIADB_BIN", &dirs)
-}
-
-fn running_as_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    process: ProcessSlot,
 }
 
 impl MariaDb {
@@ -70,7 +57,7 @@ impl MariaDb {
         let mut server = Self {
             options,
             port,
-            process: None,
+            process: ProcessSlot::default(),
         };
         server.start_process()?;
         server.allow_root_over_tcp()?;
@@ -84,8 +71,13 @@ impl MariaDb {
         Self {
             options: MariaDbOptions::new(dir),
             port,
-            process: None,
+            process: ProcessSlot::default(),
         }
+    }
+
+    /// The server's directory (pass it to [`MariaDb::attach`]).
+    pub fn dir(&self) -> &Path {
+        &self.options.dir
     }
 
     fn socket_path(&self) -> PathBuf {
@@ -123,40 +115,29 @@ impl MariaDb {
             command.arg("--user=root");
         }
         command.args(&self.options.extra_args);
-        let mut process = ServerProcess::start("mariadbd", command, &dir.join("mariadbd.log"))?;
-        let socket = self.socket_path();
-        let port = self.port;
-        wait_until_ready(&mut process, Duration::from_secs(60), "MariaDB", || {
-            socket.exists() && port_is_open(port)
-        })?;
-        self.process = Some(process);
+        let process =
+            self.endpoint()
+                .start_process("MariaDB", command, &dir.join("mariadbd.log"))?;
+        self.process.set(process);
         Ok(())
+    }
+
+    fn endpoint(&self) -> SqlEndpoint {
+        SqlEndpoint {
+            socket: self.socket_path(),
+            port: self.port,
+        }
     }
 
     /// `mariadb-install-db` creates `root@localhost` (socket only, since we skip name
     /// resolution); add `root@127.0.0.1` so TCP clients can connect.
     fn allow_root_over_tcp(&self) -> io::Result<()> {
-        self.run_sql_as_root(
-            "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1'; \
-             GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;",
-        )
+        self.endpoint().allow_root_over_tcp()
     }
 
     /// Runs SQL with the `mariadb` command-line client over the Unix socket.
     pub fn run_sql_as_root(&self, sql: &str) -> io::Result<()> {
-        let output = Command::new(tool("mariadb")?)
-            .arg("--no-defaults")
-            .arg(format!("--socket={}", self.socket_path().display()))
-            .args(["--user=root", "--batch", "-e", sql])
-            .output()?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(io::Error::other(format!(
-                "mariadb client failed on `{sql}`: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            )))
-        }
+        self.endpoint().run_sql_as_root(sql)
     }
 
     /// The TCP port on 127.0.0.1.
@@ -171,33 +152,22 @@ impl MariaDb {
 
     /// A `mysql://` URL for `root` and `database` (empty for none).
     pub fn url(&self, database: &str) -> String {
-        format!("mysql://root@127.0.0.1:{}/{database}", self.port)
+        self.endpoint().url(database)
     }
 
     /// Creates a new, empty database named `<prefix>_<pid>_<n>` and returns its URL.
     pub fn create_database(&self, prefix: &str) -> io::Result<String> {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "{prefix}_{}_{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        self.run_sql_as_root(&format!("CREATE DATABASE `{name}`"))?;
-        Ok(self.url(&name))
+        self.endpoint().create_database(prefix)
     }
 
     /// Graceful shutdown (`SIGTERM`); the data directory is kept for [`MariaDb::restart`].
     pub fn stop(&mut self) {
-        if let Some(mut process) = self.process.take() {
-            process.stop(Duration::from_secs(30));
-        }
+        self.process.stop();
     }
 
     /// Crash (`SIGKILL`); InnoDB recovers on the next start.
     pub fn kill(&mut self) {
-        if let Some(mut process) = self.process.take() {
-            process.kill();
-        }
+        self.process.kill();
     }
 
     /// Starts the server again on the same port and data directory.
@@ -208,7 +178,7 @@ impl MariaDb {
 
     /// True while the server process runs.
     pub fn is_running(&mut self) -> bool {
-        self.process.as_mut().is_some_and(ServerProcess::is_running)
+        self.process.is_running()
     }
 }
 

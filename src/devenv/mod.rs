@@ -1,5 +1,5 @@
-//! Local servers for development, tests and benchmarks: a real MariaDB and a real RocketMQ
-//! namesrv + broker, each on free loopback ports with its own data directory.
+//! Local servers for development, tests and benchmarks: a real MariaDB or Oracle MySQL and a
+//! real RocketMQ namesrv + broker, each on free loopback ports with its own data directory.
 //!
 //! Nothing here is used by the relay in production. It exists so that `outbox-relay dev up`,
 //! the integration tests in `tests/` and `bench/` all start the servers the same way.
@@ -8,12 +8,17 @@
 //! [`process`]), and its data directory lives under [`scratch_root`] where stale directories of
 //! dead processes are removed by the next start.
 
+pub mod database;
 pub mod mariadb;
+pub mod mysql;
 pub mod process;
 pub mod rocketmq;
+mod sql_server;
 pub mod topic_reader;
 
+pub use database::{Database, DatabaseKind};
 pub use mariadb::{MariaDb, MariaDbOptions};
+pub use mysql::{MySql, MySqlOptions};
 pub use rocketmq::{AclAccount, BrokerKind, BrokerRole, ClientHost, RocketMq, RocketMqOptions};
 pub use topic_reader::{ReceivedMessage, TopicReader};
 
@@ -21,12 +26,17 @@ pub use topic_reader::{ReceivedMessage, TopicReader};
 /// `scripts/test.sh`) and hands to every test binary through these variables. A test binary
 /// run alone finds none of them and starts its own.
 pub mod shared {
-    use super::{BrokerKind, MariaDb, RocketMq};
+    use super::{BrokerKind, Database, DatabaseKind, MariaDb, MySql, RocketMq};
 
     /// The shared MariaDB's directory (socket `mariadbd.sock` inside).
     pub const MARIADB_DIR: &str = "OUTBOX_TEST_MARIADB_DIR";
     /// The shared MariaDB's TCP port on 127.0.0.1.
     pub const MARIADB_PORT: &str = "OUTBOX_TEST_MARIADB_PORT";
+    /// The shared MySQL's directory in its chroot, as seen from outside (socket `mysqld.sock`
+    /// inside).
+    pub const MYSQL_DIR: &str = "OUTBOX_TEST_MYSQL_DIR";
+    /// The shared MySQL's TCP port on 127.0.0.1.
+    pub const MYSQL_PORT: &str = "OUTBOX_TEST_MYSQL_PORT";
     /// The shared RocketMQ cluster's name server, `127.0.0.1:PORT`.
     pub const NAMESRV: &str = "OUTBOX_TEST_NAMESRV";
 
@@ -35,6 +45,37 @@ pub mod shared {
         let dir = std::env::var_os(MARIADB_DIR)?;
         let port = std::env::var(MARIADB_PORT).ok()?.parse().ok()?;
         Some(MariaDb::attach(dir, port))
+    }
+
+    /// The shared MySQL, if this process was given one.
+    pub fn mysql() -> Option<MySql> {
+        let dir = std::env::var_os(MYSQL_DIR)?;
+        let port = std::env::var(MYSQL_PORT).ok()?.parse().ok()?;
+        Some(MySql::attach(dir, port))
+    }
+
+    /// The shared server of `$OUTBOX_TEST_DB`'s kind, if this process was given one.
+    pub fn database() -> Option<Database> {
+        match DatabaseKind::from_env().ok()? {
+            DatabaseKind::MariaDb => mariadb().map(Database::MariaDb),
+            DatabaseKind::MySql => mysql().map(Database::MySql),
+        }
+    }
+
+    /// The `NAME=value` lines that hand `database` to test binaries (with
+    /// [`DatabaseKind::ENV`], so they pick the same kind).
+    pub fn database_env(database: &Database) -> String {
+        let (dir_var, port_var, dir) = match database {
+            Database::MariaDb(server) => (MARIADB_DIR, MARIADB_PORT, server.dir()),
+            Database::MySql(server) => (MYSQL_DIR, MYSQL_PORT, server.server_dir()),
+        };
+        format!(
+            "{}={}\n{dir_var}={}\n{port_var}={}\n",
+            DatabaseKind::ENV,
+            database.kind().name(),
+            dir.display(),
+            database.port()
+        )
     }
 
     /// The shared RocketMQ cluster (of `$OUTBOX_BROKER`'s kind), if this process was given one.
@@ -70,10 +111,16 @@ pub fn scratch_root() -> PathBuf {
 /// Directories left by processes that no longer exist (a test binary killed with `SIGKILL`, say)
 /// are removed first, so repeated runs do not fill the disk.
 pub fn scratch_dir(label: &str) -> io::Result<PathBuf> {
+    scratch_dir_in(&scratch_root(), label)
+}
+
+/// [`scratch_dir`] under another parent `root` (created if missing), with the same naming and
+/// the same removal of directories left by dead processes: e.g. MySQL's data directories,
+/// which must live inside its chroot.
+pub fn scratch_dir_in(root: &std::path::Path, label: &str) -> io::Result<PathBuf> {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    let root = scratch_root();
-    std::fs::create_dir_all(&root)?;
-    remove_stale_scratch_dirs(&root);
+    std::fs::create_dir_all(root)?;
+    remove_stale_scratch_dirs(root);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let dir = root.join(format!("{}-{n}-{label}", std::process::id()));
     if dir.exists() {

@@ -1,6 +1,7 @@
-//! Shared fixtures for integration tests: one real MariaDB per test run (the one
+//! Shared fixtures for integration tests: one real SQL server per test run (the one
 //! `scripts/test.sh` shares with every binary, else started on first use and killed when the
-//! binary exits), and a fresh database per test.
+//! binary exits), and a fresh database per test. `OUTBOX_TEST_DB` picks the server: `mariadb`
+//! (the default) or `mysql`.
 #![allow(dead_code)]
 
 pub mod ledger;
@@ -11,18 +12,30 @@ pub mod rocketmq;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
 use outbox_relay::config::{Config, TableName};
-use outbox_relay::devenv::{scratch_dir, MariaDb, MariaDbOptions};
+use outbox_relay::devenv::{scratch_dir, Database, DatabaseKind};
 use std::sync::OnceLock;
 
-/// The binary's MariaDB. Tests must not stop it; a test that restarts MariaDB starts its own.
-pub fn mariadb() -> &'static MariaDb {
-    static SERVER: OnceLock<MariaDb> = OnceLock::new();
+/// The binary's SQL server, of `$OUTBOX_TEST_DB`'s kind. Tests must not stop it; a test that
+/// restarts its server starts its own.
+pub fn database() -> &'static Database {
+    static SERVER: OnceLock<Database> = OnceLock::new();
     SERVER.get_or_init(|| {
-        if let Some(shared) = outbox_relay::devenv::shared::mariadb() {
+        if let Some(shared) = outbox_relay::devenv::shared::database() {
             return shared;
         }
-        let dir = scratch_dir("mariadb").expect("scratch dir");
-        MariaDb::start(MariaDbOptions::new(dir)).expect("MariaDB must start (run scripts/setup.sh)")
+        let kind = DatabaseKind::from_env().expect("OUTBOX_TEST_DB");
+        let dir = scratch_dir(kind.name()).expect("scratch dir");
+        Database::start(kind, &dir).unwrap_or_else(|e| {
+            panic!(
+                "{} must start (run scripts/setup.sh{}): {e}",
+                kind.name(),
+                if kind == DatabaseKind::MySql {
+                    " --mysql"
+                } else {
+                    ""
+                }
+            )
+        })
     })
 }
 
@@ -37,7 +50,7 @@ impl TestDb {
     /// A new empty database, not migrated.
     pub async fn empty(prefix: &str) -> Self {
         init_logging();
-        let url = mariadb().create_database(prefix).expect("create database");
+        let url = database().create_database(prefix).expect("create database");
         let mut config = Config::default();
         config.mysql.url = Some(url.clone());
         let pool = outbox_relay::db::pool(&config).expect("pool");

@@ -4,10 +4,11 @@ use super::rocketmq::rocketmq;
 use super::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::binlog::BinlogPosition;
+use outbox_relay::binlog::reader::server_position;
+use outbox_relay::binlog::{BinlogPosition, MariaDbGtidPos};
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
-use outbox_relay::devenv::{ReceivedMessage, TopicReader};
+use outbox_relay::devenv::{DatabaseKind, ReceivedMessage, TopicReader};
 use outbox_relay::producer::{EnqueueError, NewEvent, Outbox};
 use outbox_relay::relay::{RelayHandle, RunOptions, RunSummary};
 use serde_json::json;
@@ -37,18 +38,56 @@ pub fn relay_config(db: &TestDb) -> (Config, tempfile::TempDir) {
     (config, dir)
 }
 
-/// The server's current GTID position (where a relay started now would begin).
+/// The server's current GTID position (where a relay started now would begin), as the relay
+/// itself reads it: MariaDB's `gtid_binlog_pos` or MySQL's `gtid_executed`. Only the GTID form
+/// is kept (the relay resumes by it); file/offset only on a server without GTIDs.
 pub async fn current_position(db: &TestDb) -> BinlogPosition {
-    let gtid: String = db
-        .conn()
-        .await
-        .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
-        .await
-        .unwrap()
-        .unwrap_or_default();
+    let opts = outbox_relay::db::opts(&db.config).unwrap();
+    let current = server_position(&opts).await.unwrap().current;
+    if current.mariadb_gtid.is_none() && current.mysql_gtid_set.is_none() {
+        return current;
+    }
     BinlogPosition {
-        mariadb_gtid: Some(gtid.parse().unwrap()),
+        mariadb_gtid: current.mariadb_gtid,
+        mysql_gtid_set: current.mysql_gtid_set,
         ..BinlogPosition::default()
+    }
+}
+
+/// The GTID of the transaction `conn` committed last, as a position that holds it alone: a
+/// checkpoint [`BinlogPosition::covers`] it once it has passed that transaction. MariaDB:
+/// `@@last_gtid`; MySQL: the session's newest committed transaction in
+/// `performance_schema.events_transactions_history`.
+pub async fn last_committed_gtid(conn: &mut mysql_async::Conn) -> BinlogPosition {
+    match super::database().kind() {
+        DatabaseKind::MariaDb => {
+            let gtid: String = conn
+                .query_first("SELECT @@last_gtid")
+                .await
+                .unwrap()
+                .unwrap();
+            let mut position = MariaDbGtidPos::default();
+            position.apply(gtid.parse().unwrap());
+            BinlogPosition {
+                mariadb_gtid: Some(position),
+                ..BinlogPosition::default()
+            }
+        }
+        DatabaseKind::MySql => {
+            let gtid: String = conn
+                .query_first(
+                    "SELECT GTID FROM performance_schema.events_transactions_history \
+                     WHERE THREAD_ID = PS_CURRENT_THREAD_ID() AND STATE = 'COMMITTED' \
+                     AND GTID LIKE '%:%' ORDER BY EVENT_ID DESC LIMIT 1",
+                )
+                .await
+                .unwrap()
+                .expect("the session committed a transaction with a GTID");
+            BinlogPosition {
+                mysql_gtid_set: Some(gtid.parse().unwrap()),
+                ..BinlogPosition::default()
+            }
+        }
     }
 }
 

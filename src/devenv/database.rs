@@ -1,0 +1,108 @@
+//! Either local SQL server, picked by one setting: `OUTBOX_TEST_DB=mariadb` (the default) or
+//! `mysql`. Tests and `outbox-relay dev servers` hold a [`Database`] and do not care which.
+
+use super::{MariaDb, MariaDbOptions, MySql, MySqlOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Which server a [`Database`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DatabaseKind {
+    /// MariaDB 10.11 from Debian's packages.
+    MariaDb,
+    /// Oracle MySQL 9.x in the chroot of `scripts/setup.sh --mysql`.
+    MySql,
+}
+
+impl DatabaseKind {
+    /// The environment variable that picks the kind.
+    pub const ENV: &'static str = "OUTBOX_TEST_DB";
+
+    /// `$OUTBOX_TEST_DB`: `mariadb` (also when unset or empty) or `mysql`; anything else is an
+    /// error naming the accepted values.
+    pub fn from_env() -> io::Result<Self> {
+        match std::env::var(Self::ENV).unwrap_or_default().as_str() {
+            "" | "mariadb" => Ok(Self::MariaDb),
+            "mysql" => Ok(Self::MySql),
+            other => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}={other:?}: expected `mariadb` or `mysql`", Self::ENV),
+            )),
+        }
+    }
+
+    /// The value of [`DatabaseKind::ENV`] that names this kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::MariaDb => "mariadb",
+            Self::MySql => "mysql",
+        }
+    }
+}
+
+/// A running (or attached) MariaDB or MySQL: `root` without a password on `127.0.0.1:<port>`,
+/// with the binlog the relay reads (ROW, FULL image, FULL metadata, GTIDs).
+#[derive(Debug)]
+pub enum Database {
+    MariaDb(MariaDb),
+    MySql(MySql),
+}
+
+impl Database {
+    /// Starts a server of `kind` with its files under `dir` (MySQL's data directory is in its
+    /// chroot; `dir` gets its log).
+    pub fn start(kind: DatabaseKind, dir: &Path) -> io::Result<Self> {
+        Ok(match kind {
+            DatabaseKind::MariaDb => Self::MariaDb(MariaDb::start(MariaDbOptions::new(dir))?),
+            DatabaseKind::MySql => Self::MySql(MySql::start(MySqlOptions::new(dir))?),
+        })
+    }
+
+    /// Which server this is.
+    pub fn kind(&self) -> DatabaseKind {
+        match self {
+            Self::MariaDb(_) => DatabaseKind::MariaDb,
+            Self::MySql(_) => DatabaseKind::MySql,
+        }
+    }
+
+    /// The TCP port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        match self {
+            Self::MariaDb(server) => server.port(),
+            Self::MySql(server) => server.port(),
+        }
+    }
+
+    /// The data directory as this process sees it (binlogs are `binlog.NNNNNN` in it).
+    pub fn data_dir(&self) -> PathBuf {
+        match self {
+            Self::MariaDb(server) => server.data_dir(),
+            Self::MySql(server) => server.data_dir(),
+        }
+    }
+
+    /// A `mysql://` URL for `root` and `database` (empty for none).
+    pub fn url(&self, database: &str) -> String {
+        match self {
+            Self::MariaDb(server) => server.url(database),
+            Self::MySql(server) => server.url(database),
+        }
+    }
+
+    /// Creates a new, empty database named `<prefix>_<pid>_<n>` and returns its URL.
+    pub fn create_database(&self, prefix: &str) -> io::Result<String> {
+        match self {
+            Self::MariaDb(server) => server.create_database(prefix),
+            Self::MySql(server) => server.create_database(prefix),
+        }
+    }
+
+    /// Runs SQL as `root` over the server's Unix socket.
+    pub fn run_sql_as_root(&self, sql: &str) -> io::Result<()> {
+        match self {
+            Self::MariaDb(server) => server.run_sql_as_root(sql),
+            Self::MySql(server) => server.run_sql_as_root(sql),
+        }
+    }
+}
