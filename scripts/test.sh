@@ -2,22 +2,38 @@
 # The test command of the README ("Run the tests"); .ci/run calls exactly this.
 #
 #   scripts/test.sh              every test against Apache RocketMQ 5.3 (the Java broker) and
-#                                MariaDB, then the rocketmq-rust compatibility subset
+#                                MariaDB, then the relay's live tests against Oracle MySQL 9
+#                                (as root: it runs in a chroot), then the rocketmq-rust
+#                                compatibility subset
 #   scripts/test.sh ARGS...      only the first part, with ARGS passed to `cargo test`
-#                                (e.g. `scripts/test.sh --test relay`)
+#                                (e.g. `scripts/test.sh --test relay`; with OUTBOX_TEST_DB=mysql
+#                                against MySQL instead of MariaDB)
 #
-# Installs what is missing (scripts/setup.sh), then starts ONE MariaDB and ONE RocketMQ cluster
-# (`outbox-relay dev servers`) that every test binary shares: two cores cannot afford a JVM
-# broker per binary. Tests that kill, freeze or reconfigure a server start their own. A test
-# binary run alone (`cargo test --test X`) starts its own servers.
+# Installs what is missing (scripts/setup.sh), then starts ONE SQL server and ONE RocketMQ
+# cluster (`outbox-relay dev servers`) that every test binary of a phase shares: two cores
+# cannot afford a JVM broker per binary. Tests that kill, freeze or reconfigure a server start
+# their own. A test binary run alone (`cargo test --test X`) starts its own servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The rocketmq-rust servers are needed only for the compatibility subset of a full run.
-if [ $# -eq 0 ]; then scripts/setup.sh --rust-broker; else scripts/setup.sh; fi
-
 FEATURES=(--features failpoints)
 say() { printf '[test] %s\n' "$*" >&2; }
+FIRST_DB="${OUTBOX_TEST_DB:-mariadb}"
+
+# The rocketmq-rust servers are needed only for the compatibility subset of a full run, MySQL
+# only for its MySQL phase (or when OUTBOX_TEST_DB=mysql asks for it).
+WITH_MYSQL=0
+if [ $# -eq 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    WITH_MYSQL=1
+  else
+    say "WARNING: not root: the MySQL phase (mysqld runs in a chroot) is SKIPPED"
+  fi
+fi
+SETUP=()
+[ $# -eq 0 ] && SETUP+=(--rust-broker)
+[ "$WITH_MYSQL" = 1 ] && SETUP+=(--mysql)
+scripts/setup.sh "${SETUP[@]}"
 
 echo "== building the tests"
 cargo test "${FEATURES[@]}" --no-run "$@"
@@ -34,11 +50,12 @@ stop_servers() {
 }
 trap stop_servers EXIT
 
-# Starts the shared servers of broker kind $1 and exports their addresses.
+# Starts the shared servers, broker kind $1 and SQL server kind $2 (mariadb or mysql), and
+# exports their addresses (and both kinds, so every test binary picks the same).
 start_servers() {
   local env_file
   env_file="$(mktemp -u "${TMPDIR:-/tmp}/outbox-test-servers.XXXXXX")"
-  OUTBOX_BROKER="$1" "$BIN" dev servers --env-file "$env_file" &
+  OUTBOX_BROKER="$1" OUTBOX_TEST_DB="$2" "$BIN" dev servers --env-file "$env_file" &
   SERVERS_PID=$!
   for _ in $(seq 1 600); do
     [ -f "$env_file" ] && break
@@ -53,15 +70,26 @@ start_servers() {
   rm -f "$env_file"
 }
 
-echo "== tests against Apache RocketMQ (Java) and MariaDB"
-start_servers apache
+echo "== tests against Apache RocketMQ (Java) and $FIRST_DB"
+start_servers apache "$FIRST_DB"
 cargo test "${FEATURES[@]}" "$@"
 stop_servers
+
+if [ "$WITH_MYSQL" = 1 ]; then
+  # The relay's live tests on Oracle MySQL: end to end, kill -9, broker outage, cut
+  # connections, resume.
+  echo "== relay tests against Apache RocketMQ (Java) and Oracle MySQL"
+  started=$SECONDS
+  start_servers apache mysql
+  cargo test "${FEATURES[@]}" --test relay --test relay_faults --test relay_resume
+  stop_servers
+  say "MySQL phase: $((SECONDS - started)) s"
+fi
 
 if [ $# -eq 0 ]; then
   # rocketmq-rust stays supported: the end-to-end, kill, broker-restart and bad-input tests.
   echo "== compatibility subset against rocketmq-rust 1.0"
-  start_servers rust
+  start_servers rust mariadb
   cargo test "${FEATURES[@]}" --test relay --test relay_faults --test relay_resume \
     --test broker --test message_ids --test bad_input --test bad_input_schema
   stop_servers

@@ -1,4 +1,4 @@
-//! The CDC relay end to end: real MariaDB binlog → relay → real RocketMQ broker → a consumer.
+//! The CDC relay end to end: real MariaDB or MySQL binlog (`OUTBOX_TEST_DB`) → relay → real RocketMQ broker → a consumer.
 
 mod common;
 
