@@ -1,4 +1,5 @@
-//! The CDC relay end to end: real MariaDB or MySQL binlog (`OUTBOX_TEST_DB`) → relay → real RocketMQ broker → a consumer.
+//! The CDC relay end to end: real MariaDB or MySQL binlog (`OUTBOX_TEST_DB`) → relay → real
+//! RocketMQ broker → a consumer.
 
 mod common;
 
