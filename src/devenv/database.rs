@@ -21,7 +21,12 @@ impl DatabaseKind {
     /// `$OUTBOX_TEST_DB`: `mariadb` (also when unset or empty) or `mysql`; anything else is an
     /// error naming the accepted values.
     pub fn from_env() -> io::Result<Self> {
-        match std::env::var(Self::ENV).unwrap_or_default().as_str() {
+        Self::parse(&std::env::var(Self::ENV).unwrap_or_default())
+    }
+
+    /// A value of [`DatabaseKind::ENV`]: `mariadb` or empty, or `mysql`.
+    pub fn parse(value: &str) -> io::Result<Self> {
+        match value {
             "" | "mariadb" => Ok(Self::MariaDb),
             "mysql" => Ok(Self::MySql),
             other => Err(io::Error::new(
@@ -104,5 +109,23 @@ impl Database {
             Self::MariaDb(server) => server.run_sql_as_root(sql),
             Self::MySql(server) => server.run_sql_as_root(sql),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DatabaseKind;
+
+    #[test]
+    fn the_setting_names_either_server_and_defaults_to_mariadb() {
+        assert_eq!(DatabaseKind::parse("").unwrap(), DatabaseKind::MariaDb);
+        for kind in [DatabaseKind::MariaDb, DatabaseKind::MySql] {
+            assert_eq!(DatabaseKind::parse(kind.name()).unwrap(), kind);
+        }
+        let error = DatabaseKind::parse("postgres").unwrap_err().to_string();
+        assert!(
+            error.contains("OUTBOX_TEST_DB") && error.contains("mysql"),
+            "{error}"
+        );
     }
 }
