@@ -5,8 +5,8 @@
 //! the integration tests in `tests/` and `bench/` all start the servers the same way.
 //!
 //! Guarantee: every server started here dies with the process that started it (see
-//! [`process`]), and its data directory lives under [`scratch_root`] where stale directories of
-//! dead processes are removed by the next start.
+//! [`process`]), and its data directory lives under [`scratch_root`] (MySQL's: in its chroot,
+//! see [`mysql`]) where stale directories of dead processes are removed by the next start.
 
 pub mod database;
 pub mod mariadb;
