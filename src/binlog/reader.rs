@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 mod checks;
+mod rotate;
 
 pub use checks::{check_server, oldest_position, server_position, ServerInfo, StartupError};
 
@@ -77,7 +78,7 @@ struct StreamState {
     in_body: bool,
     gtid: Option<TxGtid>,
     /// Until the stream's format description: a rotate event's name is followed by the 4
-    /// checksum bytes (the server's artificial rotate comes before the checksum is announced).
+    /// checksum bytes (see [`rotate::first_has_checksum`]).
     rotate_has_checksum: bool,
     /// table_id → what its last table map said. Every transaction repeats its tables' maps;
     /// what was learnt from one (the row shape) is kept while the map's bytes are unchanged, not
@@ -169,7 +170,8 @@ impl BinlogReader {
         let mut stream = match tokio::time::timeout(open_limit, self.open(position)).await {
             Ok(opened) => {
                 let (stream, checksums) = opened?;
-                state.rotate_has_checksum = checksums;
+                state.rotate_has_checksum =
+                    rotate::first_has_checksum(self.options.flavor, checksums);
                 stream
             }
             Err(_) => {
@@ -315,11 +317,7 @@ impl BinlogReader {
         };
         match data {
             EventData::RotateEvent(rotate) => {
-                let mut name = rotate.name_raw();
-                if state.rotate_has_checksum {
-                    name = &name[..name.len().saturating_sub(4)];
-                }
-                state.file = binlog_file_name(&String::from_utf8_lossy(name));
+                state.file = rotate::file_name(rotate.name_raw(), state.rotate_has_checksum);
             }
             EventData::FormatDescriptionEvent(_) => state.rotate_has_checksum = false,
             EventData::GtidEvent(gtid) => {
@@ -543,14 +541,6 @@ fn statement_inserts_into(
         .cloned()
 }
 
-/// The file name of a rotate event (checksum bytes already cut): file names are `[A-Za-z0-9._-]`,
-/// so stop at the first other character, in case a server sent something unexpected.
-fn binlog_file_name(raw: &str) -> String {
-    raw.chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        .collect()
-}
-
 fn sids(set: &MySqlGtidSet) -> Result<Vec<Sid<'static>>, StreamFailure> {
     let mut by_source: Vec<(MySqlSource, Vec<GnoInterval>)> = Vec::new();
     for (source, start, end) in set.intervals() {
@@ -577,7 +567,7 @@ fn sids(set: &MySqlGtidSet) -> Result<Vec<Sid<'static>>, StreamFailure> {
 
 #[cfg(test)]
 mod tests {
-    use super::{binlog_file_name, statement_inserts_into};
+    use super::statement_inserts_into;
     use crate::config::TableName;
     use std::sync::Arc;
 
@@ -604,14 +594,5 @@ mod tests {
         ));
         assert!(!hit("UPDATE outbox_event SET status = 2", "app"));
         assert!(!hit("BEGIN", "app"));
-    }
-
-    #[test]
-    fn rotate_names_lose_trailing_checksum_bytes() {
-        assert_eq!(
-            binlog_file_name("binlog.000001\u{fffd}\u{fffd}n"),
-            "binlog.000001"
-        );
-        assert_eq!(binlog_file_name("mysql-bin.000042"), "mysql-bin.000042");
     }
 }
