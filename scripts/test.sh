@@ -77,11 +77,12 @@ stop_servers
 
 if [ "$WITH_MYSQL" = 1 ]; then
   # The relay's live tests on Oracle MySQL: end to end, kill -9, broker outage, cut
-  # connections, resume.
+  # connections, resume; poll mode, bad input, the sweeper, the producer API, migrations.
   echo "== relay tests against Apache RocketMQ (Java) and Oracle MySQL"
   started=$SECONDS
   start_servers apache mysql
-  cargo test "${FEATURES[@]}" --test relay --test relay_faults --test relay_resume
+  cargo test "${FEATURES[@]}" --test relay --test relay_faults --test relay_resume \
+    --test poll --test bad_input --test sweeper --test producer --test migrate
   stop_servers
   say "MySQL phase: $((SECONDS - started)) s"
 fi
