@@ -6,10 +6,12 @@
 //! order is kept) or ends `Failed` with the reason. An event is reported exactly once.
 
 mod client_host;
+mod client_security;
 pub mod rocketmq;
 pub mod shard;
 
 pub use client_host::ClientHost;
+pub use client_security::ClientSecurity;
 pub use rocketmq::RocketMqSink;
 pub use shard::{run_shard, Completion, Outcome, ShardEvent, ShardOptions};
 

@@ -22,6 +22,9 @@ mod rust_broker;
 
 pub use crate::send::ClientHost;
 
+use crate::config::Credentials;
+use crate::send::ClientSecurity;
+
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -78,6 +81,21 @@ impl BrokerKind {
 pub struct AclAccount {
     pub access_key: String,
     pub secret_key: String,
+}
+
+impl AclAccount {
+    pub fn new(access_key: impl Into<String>, secret_key: impl Into<String>) -> Self {
+        AclAccount {
+            access_key: access_key.into(),
+            secret_key: secret_key.into(),
+        }
+    }
+
+    /// Clients signed as this account (plain TCP).
+    pub fn security(&self) -> ClientSecurity {
+        let credentials = Credentials::new(self.access_key.as_str(), self.secret_key.as_str());
+        ClientSecurity::new(Some(credentials), false)
+    }
 }
 
 /// Knobs for [`RocketMq::start_with`].

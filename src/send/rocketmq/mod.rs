@@ -7,11 +7,11 @@
 
 mod topics;
 
-use super::{ClientHost, OutboundMessage, SendError, Sink};
+use super::{ClientHost, ClientSecurity, OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
 use rocketmq_client_rust::{
-    ClientError, DefaultMQAdminExt, DefaultMQProducer, MQClientException, RouteAdmin, SendResult,
-    SendStatus, TopicAdmin,
+    ClientError, DefaultMQProducer, MQClientException, RouteAdmin, SendResult, SendStatus,
+    TopicAdmin,
 };
 use rocketmq_model::common::message::message_batch::MessageBatch;
 use rocketmq_model::common::message::message_client_id_setter::MessageClientIDSetter;
@@ -49,6 +49,8 @@ enum Route {
 pub struct RocketMqSink {
     host: ClientHost,
     config: RocketMqConfig,
+    /// The account and TLS of the producer and the admin client.
+    security: ClientSecurity,
     namesrv: String,
     producer: RwLock<DefaultMQProducer>,
     /// Write queues per topic, shared (`Arc`) so the per-event queue look-up copies nothing.
@@ -59,17 +61,20 @@ pub struct RocketMqSink {
 }
 
 impl RocketMqSink {
-    /// Starts a producer for `config` (its `namesrv_addr` is required).
+    /// Starts a producer for `config` (its `namesrv_addr` is required), signed with its
+    /// credentials and over TLS if it says so.
     pub async fn start(config: &RocketMqConfig) -> anyhow::Result<Self> {
         let namesrv = config
             .namesrv_addr
             .clone()
             .ok_or_else(|| anyhow::anyhow!("`rocketmq.namesrv_addr` is required to send"))?;
+        let security = ClientSecurity::from_config(config)?;
         let host = ClientHost::new("outbox-relay-mq")?;
-        let producer = start_producer(&host, config, &namesrv).await?;
+        let producer = start_producer(&host, config, &security, &namesrv).await?;
         Ok(RocketMqSink {
             host,
             config: config.clone(),
+            security,
             namesrv,
             producer: RwLock::new(producer),
             routes: Mutex::new(HashMap::new()),
@@ -164,7 +169,7 @@ impl RocketMqSink {
     /// The name server's registered broker groups, and whether it routes `topic` and the
     /// auto-create topic.
     async fn name_server_view(&self, topic: &str) -> Result<NameServerView, String> {
-        let mut admin = DefaultMQAdminExt::new(self.host.client_runtime());
+        let mut admin = self.security.admin(self.host.client_runtime());
         admin.set_namesrv_addr(self.namesrv.as_str());
         let topic = topic.to_string();
         let (info, route, auto) = self
@@ -263,7 +268,7 @@ impl RocketMqSink {
             return;
         }
         self.unavailable_in_a_row.store(0, Ordering::Relaxed);
-        match start_producer(&self.host, &self.config, &self.namesrv).await {
+        match start_producer(&self.host, &self.config, &self.security, &self.namesrv).await {
             Ok(fresh) => {
                 let mut old =
                     std::mem::replace(&mut *self.producer.write().expect("not poisoned"), fresh);
@@ -291,14 +296,16 @@ impl RocketMqSink {
 async fn start_producer(
     host: &ClientHost,
     config: &RocketMqConfig,
+    security: &ClientSecurity,
     namesrv: &str,
 ) -> anyhow::Result<DefaultMQProducer> {
     let timeout_ms = u32::try_from(config.send_timeout.as_millis()).unwrap_or(u32::MAX);
-    let producer = DefaultMQProducer::builder(host.client_runtime())
+    let mut producer = DefaultMQProducer::builder(host.client_runtime())
         .producer_group(config.producer_group.as_str())
         .name_server_addr(namesrv)
         .send_msg_timeout(timeout_ms)
         .build();
+    security.secure_producer(&mut producer);
     let mut starting = producer.clone();
     host.run(async move { starting.start().await })
         .await?
