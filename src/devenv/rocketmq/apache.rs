@@ -155,8 +155,29 @@ innerClientAuthenticationCredentials={{\"accessKey\":\"{user}\",\"secretKey\":\"
 
 /// Runs `mqadmin <args> -n <namesrv>` (the real `MQAdminStartup` of `rocketmq-tools`) and
 /// returns what it printed. Errors if it exits non-zero; its own "not found" answers are output.
-pub fn mqadmin(namesrv: &str, args: &[&str], home: &Path) -> io::Result<String> {
-    std::fs::create_dir_all(home)?;
+/// With `acl`, its requests are signed as that account: 5.x `mqadmin` reads the keys from
+/// `$ROCKETMQ_HOME/conf/tools.yml` (`accessKey`, `secretKey`), written here into `home`.
+pub fn mqadmin(
+    namesrv: &str,
+    args: &[&str],
+    home: &Path,
+    acl: Option<&super::AclAccount>,
+) -> io::Result<String> {
+    let tools_yml = home.join("conf").join("tools.yml");
+    std::fs::create_dir_all(home.join("conf"))?;
+    match acl {
+        Some(acl) => std::fs::write(
+            &tools_yml,
+            format!(
+                "accessKey: \"{}\"\nsecretKey: \"{}\"\n",
+                acl.access_key, acl.secret_key
+            ),
+        )?,
+        None => match std::fs::remove_file(&tools_yml) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        },
+    }
     let output = java(home, 128)?
         .arg("-XX:TieredStopAtLevel=1")
         .arg("org.apache.rocketmq.tools.command.MQAdminStartup")

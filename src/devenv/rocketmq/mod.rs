@@ -76,7 +76,8 @@ impl BrokerKind {
     }
 }
 
-/// An account of the broker's ACL 2.0 (Apache only): the initial super user.
+/// An account of the broker's ACL 2.0 (Apache only): the initial super user in
+/// [`RocketMqOptions::acl`], or one a test creates with [`RocketMq::create_user`].
 #[derive(Debug, Clone)]
 pub struct AclAccount {
     pub access_key: String,
@@ -425,9 +426,61 @@ impl RocketMq {
     }
 
     /// Runs Apache's `mqadmin` against this cluster's name server (`-n` is added), e.g.
-    /// `["queryMsgByKey", "-t", topic, "-k", key]`; returns what it printed.
+    /// `["queryMsgByKey", "-t", topic, "-k", key]`; returns what it printed. On a cluster with
+    /// ACL on it signs as the super user of [`RocketMqOptions::acl`].
     pub fn mqadmin(&self, args: &[&str]) -> io::Result<String> {
-        apache::mqadmin(&self.namesrv_addr, args, &self.root.join("mqadmin"))
+        let home = self.root.join("mqadmin");
+        apache::mqadmin(&self.namesrv_addr, args, &home, self.options.acl.as_ref())
+    }
+
+    /// Creates `account` as an ordinary (not super) user on every master, with `mqadmin
+    /// createUser`; it may do nothing until [granted](Self::grant) permissions.
+    pub fn create_user(&self, account: &AclAccount) -> io::Result<()> {
+        self.mqadmin_acl(&[
+            "createUser",
+            "-c",
+            CLUSTER_NAME,
+            "-u",
+            &account.access_key,
+            "-p",
+            &account.secret_key,
+        ])
+    }
+
+    /// Allows `user` the `actions` (`Pub`, `Sub`, `Pub,Sub`, ...) on `resource` (`Topic:orders`,
+    /// `Group:*`, ...) on every master, with `mqadmin createAcl`. It takes effect at once on
+    /// running clients (the broker checks each request).
+    pub fn grant(&self, user: &str, resource: &str, actions: &str) -> io::Result<()> {
+        let subject = format!("User:{user}");
+        self.mqadmin_acl(&[
+            "createAcl",
+            "-c",
+            CLUSTER_NAME,
+            "-s",
+            &subject,
+            "-r",
+            resource,
+            "-a",
+            actions,
+            "-d",
+            "Allow",
+        ])
+    }
+
+    /// An ACL command of `mqadmin`: it prints `... success.` per broker, and an exception (still
+    /// exiting 0) when the broker refused.
+    fn mqadmin_acl(&self, args: &[&str]) -> io::Result<()> {
+        if self.options.acl.is_none() {
+            return Err(io::Error::other(
+                "this cluster runs without ACL (RocketMqOptions::acl)",
+            ));
+        }
+        let out = self.mqadmin(args)?;
+        if out.contains("success") && !out.contains("Exception") {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("mqadmin {}: {out}", args[0])))
+        }
     }
 
     fn node(&mut self, index: usize) -> &mut BrokerNode {
