@@ -143,7 +143,8 @@ pub struct RocketMqConfig {
     /// The account's secret; masked in `config show`, logs and errors.
     pub secret_key: Option<Secret>,
     /// A file holding the secret instead (a mounted Kubernetes Secret): read when a client
-    /// starts, trailing newline trimmed. Not together with `secret_key`.
+    /// starts, trailing newline trimmed, and again by the relay whenever the broker refuses its
+    /// account, so a rotated secret is used without a restart. Not together with `secret_key`.
     pub secret_key_file: Option<PathBuf>,
     /// TLS to the name server and brokers; the servers' certificates must chain to the system's
     /// roots (or to the PEM bundle in `$SSL_CERT_FILE`).

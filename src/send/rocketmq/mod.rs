@@ -49,8 +49,9 @@ enum Route {
 pub struct RocketMqSink {
     host: ClientHost,
     config: RocketMqConfig,
-    /// The account and TLS of the producer and the admin client.
-    security: ClientSecurity,
+    /// The account and TLS of the producer and the admin client; replaced when the secret in
+    /// `rocketmq.secret_key_file` changes.
+    security: RwLock<ClientSecurity>,
     namesrv: String,
     producer: RwLock<DefaultMQProducer>,
     /// Write queues per topic, shared (`Arc`) so the per-event queue look-up copies nothing.
@@ -74,7 +75,7 @@ impl RocketMqSink {
         Ok(RocketMqSink {
             host,
             config: config.clone(),
-            security,
+            security: RwLock::new(security),
             namesrv,
             producer: RwLock::new(producer),
             routes: Mutex::new(HashMap::new()),
@@ -136,7 +137,11 @@ impl RocketMqSink {
             .source_ref::<MQClientException>()
             .map(|e| format!(": {}", e.error_message().unwrap_or_default()))
             .unwrap_or_default();
-        let text = format!("{code} ({class}){detail}");
+        let broker = error
+            .broker_response_code()
+            .map(|code| format!(", broker code {code}"))
+            .unwrap_or_default();
+        let text = format!("{code} ({class}){broker}{detail}");
         if class == "unavailable" {
             self.unavailable_in_a_row.fetch_add(1, Ordering::Relaxed);
         }
@@ -160,6 +165,9 @@ impl RocketMqSink {
     /// [`ClusterMemory::verdict`].
     async fn classify_route_error(&self, topic: &str, error: &ClientError) -> Missing {
         let classified = self.classify(error);
+        if let SendError::Unauthorized(_) = classified {
+            self.reload_secret_file().await;
+        }
         if !is_missing_topic(error) {
             return match classified {
                 SendError::Rejected(_) => Missing::Rejected(classified),
@@ -173,7 +181,7 @@ impl RocketMqSink {
     /// The name server's registered broker groups, and whether it routes `topic` and the
     /// auto-create topic.
     async fn name_server_view(&self, topic: &str) -> Result<NameServerView, String> {
-        let mut admin = self.security.admin(self.host.client_runtime());
+        let mut admin = self.security().admin(self.host.client_runtime());
         admin.set_namesrv_addr(self.namesrv.as_str());
         let topic = topic.to_string();
         let (info, route, auto) = self
@@ -267,20 +275,49 @@ impl RocketMqSink {
         }
     }
 
+    fn security(&self) -> ClientSecurity {
+        self.security.read().expect("not poisoned").clone()
+    }
+
     async fn rebuild_if_stuck(&self) {
         if self.unavailable_in_a_row.load(Ordering::Relaxed) < REBUILD_AFTER_UNAVAILABLE {
             return;
         }
         self.unavailable_in_a_row.store(0, Ordering::Relaxed);
-        match start_producer(&self.host, &self.config, &self.security, &self.namesrv).await {
+        self.rebuild(self.security(), "after repeated connection failures")
+            .await;
+    }
+
+    /// After a refusal: if the secret is read from `rocketmq.secret_key_file` and the file now
+    /// holds another one (a rotated Kubernetes Secret), the producer is rebuilt with it, so the
+    /// waiting events go out without a restart.
+    async fn reload_secret_file(&self) {
+        if self.config.secret_key_file.is_none() {
+            return;
+        }
+        match ClientSecurity::from_config(&self.config) {
+            Ok(fresh) if fresh != self.security() => {
+                self.rebuild(fresh, "with the new secret of rocketmq.secret_key_file")
+                    .await
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read the secret again"),
+        }
+    }
+
+    /// Replaces the producer by a fresh one secured by `security` (then also used by the admin
+    /// client); keeps the old one if the new one does not start.
+    async fn rebuild(&self, security: ClientSecurity, why: &str) {
+        match start_producer(&self.host, &self.config, &security, &self.namesrv).await {
             Ok(fresh) => {
                 let mut old =
                     std::mem::replace(&mut *self.producer.write().expect("not poisoned"), fresh);
+                *self.security.write().expect("not poisoned") = security;
                 let _ = self.host.run(async move { old.shutdown().await }).await;
                 self.routes.lock().expect("not poisoned").clear();
-                tracing::info!("rebuilt the RocketMQ producer after repeated connection failures");
+                tracing::info!("rebuilt the RocketMQ producer {why}");
             }
-            Err(e) => tracing::warn!(error = %e, "could not rebuild the RocketMQ producer"),
+            Err(e) => tracing::warn!(error = %e, "could not rebuild the RocketMQ producer {why}"),
         }
     }
 
