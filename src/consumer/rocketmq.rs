@@ -152,7 +152,10 @@ impl IdempotentPushConsumer {
             topic: topic.clone(),
             detail,
         };
-        let builder = DefaultMQPushConsumer::builder(host.client_runtime())
+        let builder = DefaultMQPushConsumer::builder(host.client_runtime());
+        let mut builder = options
+            .security
+            .push_consumer_builder(builder)
             .consumer_group(group.clone())
             .name_server_addr(options.namesrv_addr.clone())
             .consume_message_batch_max_size(1)
@@ -165,12 +168,10 @@ impl IdempotentPushConsumer {
             } else {
                 ConsumeFromWhere::ConsumeFromLastOffset
             });
-        let mut builder = options.security.push_consumer_builder(builder);
         if let Some(times) = options.max_reconsume_times {
             builder = builder.max_reconsume_times(times);
         }
         let mut consumer = builder.build();
-        options.security.secure_push_consumer(&mut consumer);
         match options.mode {
             ListenerMode::Concurrent => consumer.register_message_listener_concurrently(
                 concurrent_listener(app, Arc::clone(&processor)),

@@ -6,24 +6,31 @@
 //! on the account or on TLS. The RPC hook is built once per value and shared by its clones: the
 //! client pools instances by hook identity, so a producer rebuilt beside a running one must get
 //! the same hook.
+//!
+//! With TLS the servers' certificates must chain to the system's roots, or to the PEM bundle in
+//! `$SSL_CERT_FILE` (read by the client's `rustls-native-certs`), or to the CA given to
+//! [`ClientSecurity::trusting`]; and a certificate must name the address dialled (an IP SAN for
+//! `127.0.0.1:9876`).
 
 use crate::config::{ConfigError, Credentials, RocketMqConfig};
 use rocketmq_client_rust::{
-    AclClientRPCHook, ClientRuntime, DefaultMQAdminExt, DefaultMQProducer,
-    DefaultMQPullConsumerBuilder, DefaultMQPushConsumer, DefaultMQPushConsumerBuilder,
-    SessionCredentials,
+    AclClientRPCHook, ClientConfig, ClientRuntime, DefaultMQAdminExt, DefaultMQProducer,
+    DefaultMQPullConsumerBuilder, DefaultMQPushConsumerBuilder, SessionCredentials,
 };
 use rocketmq_transport::api::RPCHook;
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The ACL account (if any) and TLS switch of the product's RocketMQ clients.
+/// The ACL account (if any) and TLS of the product's RocketMQ clients.
 #[derive(Clone, Default)]
 pub struct ClientSecurity {
     credentials: Option<Credentials>,
     /// `AclClientRPCHook` over `credentials`, built once.
     hook: Option<Arc<dyn RPCHook>>,
     tls: bool,
+    /// The CA (PEM) TLS trusts instead of the system's roots.
+    trusted_ca: Option<PathBuf>,
 }
 
 impl ClientSecurity {
@@ -37,6 +44,7 @@ impl ClientSecurity {
             credentials,
             hook,
             tls,
+            trusted_ca: None,
         }
     }
 
@@ -46,56 +54,70 @@ impl ClientSecurity {
         Ok(Self::new(config.credentials()?, config.tls))
     }
 
+    /// The same over TLS, trusting only the CA in `ca` (PEM): for servers with a private CA,
+    /// such as the harness's.
+    pub fn trusting(mut self, ca: impl Into<PathBuf>) -> Self {
+        self.tls = true;
+        self.trusted_ca = Some(ca.into());
+        self
+    }
+
     /// The account requests are signed with.
     pub fn credentials(&self) -> Option<&Credentials> {
         self.credentials.as_ref()
-    }
-
-    /// The access key, for messages ("the broker refused account X").
-    pub fn access_key(&self) -> Option<&str> {
-        self.credentials.as_ref().map(|c| c.access_key.as_str())
     }
 
     pub fn tls(&self) -> bool {
         self.tls
     }
 
-    /// Secures a producer before it starts.
-    pub fn secure_producer(&self, producer: &mut DefaultMQProducer) {
-        self.prepare_tls();
+    /// The client config a producer builder starts from (`.client_config(..)` first: it
+    /// replaces what was set before it): TLS on or off, and the CA it trusts. Signing is a second
+    /// step, [`Self::sign_producer`], as the producer's builder type is private to the client.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::default();
+        config.set_use_tls(self.tls);
+        if self.tls {
+            // The client builds its TLS config with the process's rustls crypto provider.
+            crate::db::choose_tls_provider();
+        }
+        if let Some(ca) = &self.trusted_ca {
+            config.set_tls_client_trust_cert_path(ca.display().to_string());
+        }
+        config
+    }
+
+    /// Signs the requests of a producer built from [`Self::client_config`], before it starts.
+    pub fn sign_producer(&self, producer: &mut DefaultMQProducer) {
         if let Some(hook) = &self.hook {
             producer.set_rpc_hook(Arc::clone(hook));
         }
-        producer.set_use_tls(self.tls);
     }
 
     /// An admin client (not started) on `runtime`.
     pub fn admin(&self, runtime: Arc<ClientRuntime>) -> DefaultMQAdminExt {
-        self.prepare_tls();
         let mut admin = match &self.hook {
             Some(hook) => DefaultMQAdminExt::with_rpc_hook(runtime, Arc::clone(hook)),
             None => DefaultMQAdminExt::new(runtime),
         };
+        let tls = self.client_config().tls_config().clone();
         admin.set_use_tls(self.tls);
+        admin.client_config_mut().set_tls_config(tls);
         admin
     }
 
-    /// Signs the requests of the push consumer `builder` will build; call
-    /// [`Self::secure_push_consumer`] on what it built.
+    /// `builder` secured like this; call it first (it replaces the builder's client config).
     pub fn push_consumer_builder(
         &self,
         builder: DefaultMQPushConsumerBuilder,
     ) -> DefaultMQPushConsumerBuilder {
-        builder.rpc_hook(self.hook.clone())
+        builder
+            .client_config(self.client_config())
+            .rpc_hook(self.hook.clone())
     }
 
-    /// Sets TLS on a built push consumer before it starts (its builder has no switch for it).
-    pub fn secure_push_consumer(&self, consumer: &mut DefaultMQPushConsumer) {
-        self.prepare_tls();
-        consumer.set_use_tls(self.tls);
-    }
-
-    /// Signs the requests of a pull consumer (the harness's topic reader, which never uses TLS).
+    /// `builder` (the harness's topic reader) signed like this. The classic pull consumer of
+    /// client 1.0 cannot use TLS: its builder turns it off whatever the client config says.
     pub fn pull_consumer_builder(
         &self,
         builder: DefaultMQPullConsumerBuilder,
@@ -105,13 +127,6 @@ impl ClientSecurity {
             None => builder,
         }
     }
-
-    /// The client builds its TLS config with the process's rustls crypto provider.
-    fn prepare_tls(&self) {
-        if self.tls {
-            crate::db::choose_tls_provider();
-        }
-    }
 }
 
 impl fmt::Debug for ClientSecurity {
@@ -119,12 +134,15 @@ impl fmt::Debug for ClientSecurity {
         f.debug_struct("ClientSecurity")
             .field("credentials", &self.credentials)
             .field("tls", &self.tls)
+            .field("trusted_ca", &self.trusted_ca)
             .finish()
     }
 }
 
 impl PartialEq for ClientSecurity {
     fn eq(&self, other: &Self) -> bool {
-        self.credentials == other.credentials && self.tls == other.tls
+        self.credentials == other.credentials
+            && self.tls == other.tls
+            && self.trusted_ca == other.trusted_ca
     }
 }

@@ -1,7 +1,7 @@
 //! The harness's own client: readiness probes and topic creation, through the real client
 //! against the name server, so "ready" means what a producer will see.
 
-use super::{AclAccount, ClientHost};
+use super::ClientHost;
 use crate::send::ClientSecurity;
 use rocketmq_client_rust::{
     ClientRuntime, DefaultMQAdminExt, DefaultMQProducer, RouteAdmin, SendStatus, TopicAdmin,
@@ -25,16 +25,16 @@ type ClusterView = HashMap<String, HashMap<u64, String>>;
 pub(super) struct Probe {
     host: ClientHost,
     namesrv: String,
-    /// Signed as the cluster's ACL super user, if it has one.
+    /// Signed as the cluster's ACL super user, if it has one; TLS if the cluster has it.
     acl: ClientSecurity,
 }
 
 impl Probe {
-    pub(super) fn new(namesrv: &str, acl: Option<AclAccount>) -> io::Result<Self> {
+    pub(super) fn new(namesrv: &str, acl: ClientSecurity) -> io::Result<Self> {
         Ok(Self {
             host: ClientHost::new("devenv-probe")?,
             namesrv: namesrv.to_string(),
-            acl: acl.as_ref().map(AclAccount::security).unwrap_or_default(),
+            acl,
         })
     }
 
@@ -205,12 +205,13 @@ async fn admin_producer(
     acl: &ClientSecurity,
 ) -> Result<DefaultMQProducer, String> {
     let mut producer = DefaultMQProducer::builder(Arc::clone(runtime))
+        .client_config(acl.client_config())
         .producer_group("outbox_relay_devenv_admin")
         .name_server_addr(namesrv)
         .send_msg_timeout(2_000)
         .retry_times_when_send_failed(0)
         .build();
-    acl.secure_producer(&mut producer);
+    acl.sign_producer(&mut producer);
     producer
         .start()
         .await

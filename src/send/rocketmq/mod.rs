@@ -342,11 +342,12 @@ async fn start_producer(
 ) -> anyhow::Result<DefaultMQProducer> {
     let timeout_ms = u32::try_from(config.send_timeout.as_millis()).unwrap_or(u32::MAX);
     let mut producer = DefaultMQProducer::builder(host.client_runtime())
+        .client_config(security.client_config())
         .producer_group(config.producer_group.as_str())
         .name_server_addr(namesrv)
         .send_msg_timeout(timeout_ms)
         .build();
-    security.secure_producer(&mut producer);
+    security.sign_producer(&mut producer);
     let mut starting = producer.clone();
     host.run(async move { starting.start().await })
         .await?
