@@ -3,6 +3,7 @@
 //! binary exits), and a fresh database per test.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod ledger;
 pub mod proxy;
 pub mod relay;
