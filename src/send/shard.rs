@@ -8,8 +8,9 @@
 //! A send or route look-up the broker refuses for the relay's account
 //! ([`SendError::Unauthorized`]) is a configuration error, never the event's: it is retried at
 //! the retry policy's pace but uses no retry, so its events stay unacknowledged (PENDING or
-//! claimed, in order) until the credentials or permissions are fixed; each refusal logs at ERROR
-//! what to fix, and `/readyz` fails until a send to that topic is accepted.
+//! claimed, in order) until the credentials or permissions are fixed, and so do the events queued
+//! behind them in the shard; each refusal logs at ERROR what to fix, and `/readyz` fails until a
+//! send to that topic is accepted.
 
 use super::{OutboundMessage, SendError, Sink};
 use crate::binlog::OutboxRow;
