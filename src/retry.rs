@@ -66,6 +66,14 @@ impl RetryPolicy {
         }
         Some(delay.min(self.max))
     }
+
+    /// The wait before attempt `n` (1-based) of something retried for ever at this policy's
+    /// pace: [`Self::delay`]`(n)`, and once past `max_retries` the policy's last delay (its
+    /// initial delay if it allows no retry).
+    pub fn delay_without_end(&self, n: u32) -> Duration {
+        let last = self.max_retries.unwrap_or(u32::MAX).max(1);
+        self.delay(n.clamp(1, last)).unwrap_or(self.initial)
+    }
 }
 
 #[cfg(test)]
@@ -87,6 +95,18 @@ mod tests {
             Some(Duration::from_secs(300)),
             "capped at 5 min"
         );
+    }
+
+    #[test]
+    fn without_end_the_delays_follow_the_policy_then_stay_at_its_last() {
+        let p = RetryPolicy::from_config(&RetryConfig::default());
+        let delays: Vec<u64> = (1..=10).map(|n| p.delay_without_end(n).as_secs()).collect();
+        assert_eq!(delays, vec![1, 2, 4, 8, 16, 32, 64, 128, 128, 128]);
+        let none = RetryPolicy {
+            max_retries: Some(0),
+            ..p
+        };
+        assert_eq!(none.delay_without_end(5), Duration::from_secs(1));
     }
 
     #[test]

@@ -6,9 +6,15 @@ use std::io::Write;
 use std::process::{Command, Output};
 
 fn outbox_relay(args: &[&str]) -> Output {
+    outbox_relay_with(args, &[])
+}
+
+/// Runs the binary with `env` set.
+fn outbox_relay_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(args)
         .env_remove("OUTBOX_RELAY_CONFIG")
+        .envs(env.iter().copied())
         .output()
         .expect("run outbox-relay")
 }
@@ -41,17 +47,55 @@ fn an_unknown_config_key_fails_naming_the_key() {
 }
 
 #[test]
-fn config_show_masks_the_password() {
-    let out = outbox_relay(&[
-        "--mysql-url",
-        "mysql://relay:hunter2@db:3306/app",
-        "config",
-        "show",
-    ]);
+fn config_show_masks_the_password_and_the_rocketmq_secret() {
+    let out = outbox_relay_with(
+        &[
+            "--mysql-url",
+            "mysql://relay:hunter2@db:3306/app",
+            "config",
+            "show",
+        ],
+        &[
+            ("OUTBOX_RELAY_ROCKETMQ__ACCESS_KEY", "relay"),
+            ("OUTBOX_RELAY_ROCKETMQ__SECRET_KEY", "correct-horse"),
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("hunter2"), "{text}");
     assert!(text.contains("relay:***@db:3306/app"), "{text}");
+    assert!(!text.contains("correct-horse"), "{text}");
+    assert!(text.contains("secret_key = \"***\""), "{text}");
+}
+
+#[test]
+fn config_check_reads_the_rocketmq_secret_file() {
+    let args = [
+        "--mysql-url",
+        "mysql://relay@db:3306/app",
+        "config",
+        "check",
+    ];
+    let account = ("OUTBOX_RELAY_ROCKETMQ__ACCESS_KEY", "relay");
+    let missing = (
+        "OUTBOX_RELAY_ROCKETMQ__SECRET_KEY_FILE",
+        "/nonexistent/rocketmq-secret",
+    );
+    let out = outbox_relay_with(&args, &[account, missing]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("rocketmq.secret_key_file") && err.contains("/nonexistent/rocketmq-secret"),
+        "{err}"
+    );
+    let mut secret = tempfile::NamedTempFile::new().unwrap();
+    writeln!(secret, "s3cret").unwrap();
+    let file = secret.path().to_str().unwrap();
+    let out = outbox_relay_with(
+        &args,
+        &[account, ("OUTBOX_RELAY_ROCKETMQ__SECRET_KEY_FILE", file)],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[test]

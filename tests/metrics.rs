@@ -4,28 +4,13 @@
 
 mod common;
 
-use common::relay::{relay_config, wait_for, wait_until_sent, write_config_file, write_events};
+use common::http::{free_addr, get};
+use common::relay::{
+    relay_config_on, wait_for, wait_until_sent, write_config_file, write_events, RelayProcess,
+};
 use common::TestDb;
 use outbox_relay::devenv::{scratch_dir, RocketMq, RocketMqOptions};
-use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-/// `GET path` on `addr`: (status code, body); `None` if nothing listens.
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream = std::net::TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let status = response.split(' ').nth(1)?.parse().ok()?;
-    let body = response.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
 
 /// The value of the sample starting with `series` (name and labels) in a Prometheus text body.
 fn sample(body: &str, series: &str) -> Option<f64> {
@@ -33,23 +18,6 @@ fn sample(body: &str, series: &str) -> Option<f64> {
         .find(|line| line.starts_with(series))
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Relay(Child);
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,28 +33,14 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     .unwrap();
     let topic = format!("metrics_{}", std::process::id());
     broker.create_topic(&topic, 4).unwrap();
-    let (mut config, dir) = relay_config(&db);
-    config.rocketmq.namesrv_addr = Some(broker.namesrv_addr());
+    let (mut config, dir) = relay_config_on(&db, &broker.namesrv_addr());
     config.metrics.refresh = Duration::from_millis(300);
     config.retry.max_retry = 1000;
     config.retry.initial_backoff = Duration::from_millis(100);
     config.retry.max_backoff = Duration::from_millis(500);
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_addr();
     let file = write_config_file(&config, dir.path());
-    let mut relay = Relay(
-        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args([
-                "-c",
-                file.to_str().unwrap(),
-                "--metrics-listen",
-                &addr,
-                "run",
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let relay = RelayProcess::spawn_serving(&file, &addr, &dir.path().join("relay.log"), &[]);
     let table = format!(
         "{}.outbox_event",
         db.config
@@ -152,7 +106,5 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     assert!(errors >= 1.0, "the outage shows in the error counter");
     assert_eq!(get(&addr, "/readyz").unwrap().0, 200);
 
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(relay.0.id() as libc::pid_t, libc::SIGTERM) };
-    assert!(relay.0.wait().unwrap().success(), "SIGTERM is a clean stop");
+    relay.stop();
 }

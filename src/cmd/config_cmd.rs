@@ -11,9 +11,11 @@ pub struct ConfigArgs {
 
 #[derive(Debug, Subcommand)]
 enum ConfigAction {
-    /// Load the configuration and report the first problem, if any.
+    /// Load the configuration and report the first problem, if any (the RocketMQ secret file
+    /// is read too).
     Check,
-    /// Print the effective configuration as TOML, with the MySQL password masked.
+    /// Print the effective configuration as TOML, with the MySQL password and the RocketMQ
+    /// secret masked.
     Show,
 }
 
@@ -22,6 +24,7 @@ pub fn run(global: &GlobalArgs, args: ConfigArgs) -> anyhow::Result<()> {
     match args.action {
         ConfigAction::Check => {
             config.mysql_url()?;
+            config.rocketmq.credentials()?;
             println!("configuration OK");
         }
         ConfigAction::Show => print!("{}", config.to_redacted_toml()),

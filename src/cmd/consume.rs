@@ -11,7 +11,7 @@ use clap::Args;
 use mysql_async::prelude::*;
 use mysql_async::Transaction;
 use outbox_relay::consumer::{
-    ConsumedEvent, ConsumerMetrics, Disposition, Handler, IdempotentProcessor,
+    ClientSecurity, ConsumedEvent, ConsumerMetrics, Disposition, Handler, IdempotentProcessor,
     IdempotentPushConsumer, ListenerMode, Outcome, PushConsumerOptions, StateGuard, StateMachine,
     Transition,
 };
@@ -136,7 +136,8 @@ pub async fn run(global: &GlobalArgs, args: ConsumeArgs) -> anyhow::Result<()> {
             .with_metrics(metrics.clone())
             .with_prefilter(10_000)
             .with_observer(observer);
-    let mut options = PushConsumerOptions::new(namesrv, args.topic.clone());
+    let mut options = PushConsumerOptions::new(namesrv, args.topic.clone())
+        .with_security(ClientSecurity::from_config(&config.rocketmq)?);
     options.from_first_offset = !args.from_last;
     if args.orderly {
         options.mode = ListenerMode::Orderly;

@@ -4,8 +4,10 @@
 //! Guarantee: an unknown key (in the file or in an `OUTBOX_RELAY_…` variable) and a missing
 //! required value are errors that name the key; nothing is silently ignored.
 
+mod secret;
 mod table;
 
+pub use secret::{Credentials, Secret};
 pub use table::TableName;
 
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -18,6 +20,10 @@ use std::time::Duration;
 /// `OUTBOX_RELAY_MYSQL__URL`, `OUTBOX_RELAY_RELAY__SHARDS`. (`OUTBOX_RELAY_CONFIG` names the
 /// file itself.)
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
+
+/// Keys whose environment variables are taken verbatim, as strings (credentials may look like
+/// numbers or lists).
+const RAW_ENV_KEYS: &[&str] = &["rocketmq.access_key", "rocketmq.secret_key"];
 
 /// A configuration problem, phrased so the user knows what to change.
 #[derive(Debug, thiserror::Error)]
@@ -120,7 +126,7 @@ impl Default for OutboxConfig {
     }
 }
 
-/// `[rocketmq]`: where events are published.
+/// `[rocketmq]`: where events are published, and as whom.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RocketMqConfig {
@@ -131,6 +137,18 @@ pub struct RocketMqConfig {
     /// Timeout of one send; a timed-out send is retried (the consumer de-duplicates).
     #[serde(with = "humantime_serde")]
     pub send_timeout: Duration,
+    /// ACL 2.0 account (Apache RocketMQ 5 with authentication on): its access key (user name).
+    /// Needs `secret_key` or `secret_key_file`.
+    pub access_key: Option<String>,
+    /// The account's secret; masked in `config show`, logs and errors.
+    pub secret_key: Option<Secret>,
+    /// A file holding the secret instead (a mounted Kubernetes Secret): read when a client
+    /// starts, trailing newline trimmed, and again by the relay whenever the broker refuses its
+    /// account, so a rotated secret is used without a restart. Not together with `secret_key`.
+    pub secret_key_file: Option<PathBuf>,
+    /// TLS to the name server and brokers; the servers' certificates must chain to the system's
+    /// roots (or to the PEM bundle in `$SSL_CERT_FILE`).
+    pub tls: bool,
 }
 
 impl Default for RocketMqConfig {
@@ -139,8 +157,75 @@ impl Default for RocketMqConfig {
             namesrv_addr: None,
             producer_group: "outbox-relay".to_string(),
             send_timeout: Duration::from_secs(3),
+            access_key: None,
+            secret_key: None,
+            secret_key_file: None,
+            tls: false,
         }
     }
+}
+
+impl RocketMqConfig {
+    /// The ACL account, `None` without `access_key`; reads `secret_key_file` if that is how
+    /// the secret is given. Errors name the key to fix and never contain the secret.
+    pub fn credentials(&self) -> Result<Option<Credentials>, ConfigError> {
+        self.check_credentials()?;
+        let Some(access_key) = &self.access_key else {
+            return Ok(None);
+        };
+        let secret_key = match (&self.secret_key, &self.secret_key_file) {
+            (Some(secret), _) => secret.clone(),
+            (None, Some(path)) => read_secret_file(path)?,
+            (None, None) => unreachable!("checked by check_credentials"),
+        };
+        Ok(Some(Credentials {
+            access_key: access_key.clone(),
+            secret_key,
+        }))
+    }
+
+    /// `access_key` and exactly one of `secret_key` / `secret_key_file`, or none of them.
+    fn check_credentials(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: &str| Err(ConfigError::Invalid(msg.to_string()));
+        match (&self.access_key, &self.secret_key, &self.secret_key_file) {
+            (_, Some(_), Some(_)) => invalid(
+                "both `rocketmq.secret_key` and `rocketmq.secret_key_file` are set: keep one",
+            ),
+            (Some(key), _, _) if key.trim().is_empty() => {
+                invalid("`rocketmq.access_key` is empty: give the ACL account's access key")
+            }
+            (Some(_), None, None) => invalid(
+                "`rocketmq.access_key` is set without a secret: set `rocketmq.secret_key` or \
+                 `rocketmq.secret_key_file`",
+            ),
+            (Some(_), Some(secret), None) if secret.expose().is_empty() => {
+                invalid("`rocketmq.secret_key` is empty")
+            }
+            (None, Some(_), _) | (None, _, Some(_)) => invalid(
+                "a secret (`rocketmq.secret_key` or `rocketmq.secret_key_file`) is set without \
+                 `rocketmq.access_key`",
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The secret in `path`, without its trailing newline.
+fn read_secret_file(path: &Path) -> Result<Secret, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::Invalid(format!(
+            "cannot read `rocketmq.secret_key_file` {}: {e}",
+            path.display()
+        ))
+    })?;
+    let secret = text.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() {
+        return Err(ConfigError::Invalid(format!(
+            "`rocketmq.secret_key_file` {} is empty",
+            path.display()
+        )));
+    }
+    Ok(Secret::new(secret))
 }
 
 /// How the relay finds new rows.
@@ -324,8 +409,21 @@ impl Config {
             }
             figment = figment.merge(Toml::file_exact(path));
         }
+        figment = figment.merge(
+            Env::prefixed(ENV_PREFIX)
+                .split("__")
+                .ignore(&["config"])
+                .ignore(RAW_ENV_KEYS),
+        );
+        // figment parses variables (`1234` becomes a number, `[a]` a list): keep these verbatim.
+        for (key, value) in Env::prefixed(ENV_PREFIX)
+            .split("__")
+            .only(RAW_ENV_KEYS)
+            .iter()
+        {
+            figment = figment.merge(Serialized::default(key.as_str(), value));
+        }
         let config: Config = figment
-            .merge(Env::prefixed(ENV_PREFIX).split("__").ignore(&["config"]))
             .merge(Serialized::defaults(overrides))
             .extract()
             .map_err(|e| ConfigError::Invalid(describe_figment_error(e)))?;
@@ -358,7 +456,7 @@ impl Config {
         if self.outbox.max_payload_bytes == 0 {
             return invalid("`outbox.max_payload_bytes` must be at least 1".into());
         }
-        Ok(())
+        self.rocketmq.check_credentials()
     }
 
     /// `mysql.url`, or an error saying how to set it.
@@ -401,10 +499,14 @@ impl Config {
         })
     }
 
-    /// The configuration as TOML with the database password masked (for `config show`).
+    /// The configuration as TOML with the database password and the RocketMQ secret masked
+    /// (for `config show`).
     pub fn to_redacted_toml(&self) -> String {
         let mut copy = self.clone();
         copy.mysql.url = copy.mysql.url.as_deref().map(redact_url_password);
+        if copy.rocketmq.secret_key.is_some() {
+            copy.rocketmq.secret_key = Some(Secret::new(Secret::MASK));
+        }
         toml::to_string_pretty(&copy).expect("config serialises to TOML")
     }
 }

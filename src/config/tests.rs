@@ -160,3 +160,129 @@ fn redacted_output_hides_the_password() {
         "mysql://root@h/db"
     );
 }
+
+#[test]
+fn rocketmq_credentials_come_from_the_file_or_the_environment() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "relay.toml",
+            "[rocketmq]\naccess_key = \"relay\"\nsecret_key = \"from-file\"\ntls = true\n",
+        )?;
+        let c = Config::load(Some(Path::new("relay.toml")), serde_json::json!({})).unwrap();
+        assert_eq!(
+            c.rocketmq.credentials().unwrap(),
+            Some(Credentials::new("relay", "from-file"))
+        );
+        assert!(c.rocketmq.tls);
+        assert!(!Config::default().rocketmq.tls, "TLS is off by default");
+        assert_eq!(Config::default().rocketmq.credentials().unwrap(), None);
+
+        // Variables are taken verbatim: a secret that looks like a number keeps its zeros.
+        jail.set_env("OUTBOX_RELAY_ROCKETMQ__SECRET_KEY", "007");
+        jail.set_env("OUTBOX_RELAY_ROCKETMQ__ACCESS_KEY", "1234");
+        let c = Config::load(Some(Path::new("relay.toml")), serde_json::json!({})).unwrap();
+        assert_eq!(
+            c.rocketmq.credentials().unwrap(),
+            Some(Credentials::new("1234", "007")),
+            "the environment overrides the file"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn the_secret_file_is_read_with_its_trailing_newline_trimmed() {
+    let secret = write_toml("s3cret\n");
+    let config = RocketMqConfig {
+        access_key: Some("relay".into()),
+        secret_key_file: Some(secret.path().to_path_buf()),
+        ..RocketMqConfig::default()
+    };
+    assert_eq!(
+        config.credentials().unwrap(),
+        Some(Credentials::new("relay", "s3cret"))
+    );
+
+    let empty = write_toml("\n");
+    let config = RocketMqConfig {
+        secret_key_file: Some(empty.path().to_path_buf()),
+        ..config
+    };
+    let text = config.credentials().unwrap_err().to_string();
+    assert!(
+        text.contains("secret_key_file") && text.contains("empty"),
+        "{text}"
+    );
+
+    let config = RocketMqConfig {
+        secret_key_file: Some("/nonexistent/secret".into()),
+        ..config
+    };
+    let text = config.credentials().unwrap_err().to_string();
+    assert!(text.contains("/nonexistent/secret"), "{text}");
+}
+
+#[test]
+fn incomplete_or_doubled_credentials_are_errors_naming_the_keys() {
+    figment::Jail::expect_with(|jail| {
+        let load = |toml: &str| {
+            let file = write_toml(toml);
+            Config::load(Some(file.path()), serde_json::json!({}))
+                .unwrap_err()
+                .to_string()
+        };
+        let text = load("[rocketmq]\naccess_key = \"relay\"\n");
+        assert!(
+            text.contains("rocketmq.access_key")
+                && text.contains("rocketmq.secret_key")
+                && text.contains("rocketmq.secret_key_file"),
+            "{text}"
+        );
+        let text = load("[rocketmq]\nsecret_key = \"s3cret\"\n");
+        assert!(text.contains("rocketmq.access_key"), "{text}");
+        assert!(!text.contains("s3cret"), "the secret is not echoed: {text}");
+        let text = load("[rocketmq]\nsecret_key_file = \"/run/secret\"\n");
+        assert!(text.contains("rocketmq.access_key"), "{text}");
+        let text = load(
+            "[rocketmq]\naccess_key = \"relay\"\nsecret_key = \"s3cret\"\n\
+             secret_key_file = \"/run/secret\"\n",
+        );
+        assert!(
+            text.contains("both") && text.contains("secret_key_file"),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+
+        // A secret of the wrong type is refused without being shown.
+        let text = load("[rocketmq]\naccess_key = \"relay\"\nsecret_key = 918273\n");
+        assert!(
+            text.contains("secret_key") && !text.contains("918273"),
+            "{text}"
+        );
+        jail.set_env("OUTBOX_RELAY_ROCKETMQ__ACCESS_KEY", "relay");
+        let text = Config::load(None, serde_json::json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("without a secret"), "{text}");
+        Ok(())
+    });
+}
+
+#[test]
+fn the_rocketmq_secret_is_masked_for_people_and_kept_for_processes() {
+    let mut c = Config::default();
+    c.rocketmq.access_key = Some("relay".into());
+    c.rocketmq.secret_key = Some(Secret::new("s3cret-value"));
+    let shown = c.to_redacted_toml();
+    assert!(!shown.contains("s3cret-value"), "{shown}");
+    assert!(shown.contains("secret_key = \"***\""), "{shown}");
+    assert!(shown.contains("access_key = \"relay\""), "{shown}");
+    let debug = format!("{c:?} {:?}", c.rocketmq.credentials().unwrap());
+    assert!(!debug.contains("s3cret-value"), "{debug}");
+    assert_eq!(format!("{}", Secret::new("x")), "***");
+
+    // A config file written for a relay process keeps the real secret.
+    let written = toml::to_string(&c).unwrap();
+    let read: Config = toml::from_str(&written).unwrap();
+    assert_eq!(read, c);
+}

@@ -39,7 +39,7 @@
 use super::event::ConsumedEvent;
 use super::idempotent::{Disposition, IdempotentProcessor};
 use super::Handler;
-use crate::send::ClientHost;
+use crate::send::{ClientHost, ClientSecurity};
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, DefaultMQPushConsumer, MQPushConsumer,
@@ -78,6 +78,9 @@ pub struct PushConsumerOptions {
     pub max_reconsume_times: Option<i32>,
     /// Orderly mode: how long a queue pauses before a failed message is retried.
     pub suspend_millis: u64,
+    /// The ACL account the consumer signs its requests with, and TLS (none and off by default);
+    /// `ClientSecurity::from_config(&config.rocketmq)` takes the relay's.
+    pub security: ClientSecurity,
 }
 
 impl PushConsumerOptions {
@@ -91,7 +94,14 @@ impl PushConsumerOptions {
             from_first_offset: true,
             max_reconsume_times: None,
             suspend_millis: 1_000,
+            security: ClientSecurity::default(),
         }
+    }
+
+    /// The same, signed with `security`'s account and over TLS if it says so.
+    pub fn with_security(mut self, security: ClientSecurity) -> Self {
+        self.security = security;
+        self
     }
 }
 
@@ -142,7 +152,10 @@ impl IdempotentPushConsumer {
             topic: topic.clone(),
             detail,
         };
-        let mut builder = DefaultMQPushConsumer::builder(host.client_runtime())
+        let builder = DefaultMQPushConsumer::builder(host.client_runtime());
+        let mut builder = options
+            .security
+            .push_consumer_builder(builder)
             .consumer_group(group.clone())
             .name_server_addr(options.namesrv_addr.clone())
             .consume_message_batch_max_size(1)

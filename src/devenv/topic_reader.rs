@@ -26,7 +26,8 @@ use rocketmq_client_rust::PullStatus;
 use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::{MessageConst, STRING_HASH_SET};
 
-use super::rocketmq::ClientHost;
+use super::rocketmq::{AclAccount, ClientHost};
+use crate::send::ClientSecurity;
 
 /// Messages pulled per request.
 const PULL_BATCH: i32 = 64;
@@ -113,8 +114,33 @@ pub struct TopicReader {
 impl TopicReader {
     /// Starts a reader of `topic` through the namesrv at `namesrv_addr` (`host:port`).
     /// The topic does not have to exist yet.
-    #[allow(deprecated)]
     pub async fn new(namesrv_addr: &str, topic: &str) -> Result<Self> {
+        Self::with_credentials(namesrv_addr, topic, None).await
+    }
+
+    /// [`Self::new`] on a cluster with ACL on: pulls signed as `account` (which needs `Sub` on
+    /// the topic and on the reader's own group, or to be a super user).
+    pub async fn with_credentials(
+        namesrv_addr: &str,
+        topic: &str,
+        account: Option<AclAccount>,
+    ) -> Result<Self> {
+        let security = account.as_ref().map(AclAccount::security);
+        Self::with_security(namesrv_addr, topic, security.unwrap_or_default()).await
+    }
+
+    /// [`Self::new`] with requests signed as `security`'s account. Not over TLS: the classic
+    /// pull consumer of client 1.0 cannot (its builder turns TLS off), so a TLS `security` is an
+    /// error; read a TLS cluster with `mqadmin` or a push consumer instead.
+    #[allow(deprecated)]
+    pub async fn with_security(
+        namesrv_addr: &str,
+        topic: &str,
+        security: ClientSecurity,
+    ) -> Result<Self> {
+        if security.tls() {
+            bail!("TopicReader cannot use TLS (the client's classic pull consumer turns it off)");
+        }
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let host = ClientHost::new("topic-reader")?;
         let group = format!(
@@ -122,7 +148,9 @@ impl TopicReader {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        let consumer = DefaultMQPullConsumer::builder(host.client_runtime())
+        let builder =
+            security.pull_consumer_builder(DefaultMQPullConsumer::builder(host.client_runtime()));
+        let consumer = builder
             .consumer_group(group)
             .name_server_addr(namesrv_addr.to_string())
             .consumer_pull_timeout(Duration::from_secs(5))

@@ -1,9 +1,11 @@
-//! What `/healthz` and `/readyz` report: this instance's role and whether its last contact with
-//! MySQL and with the broker worked.
+//! What `/healthz` and `/readyz` report: this instance's role, whether its last contact with
+//! MySQL and with the broker worked, and whether the broker refuses the relay's account for a
+//! topic.
 
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 /// This instance's part in the deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -24,6 +26,11 @@ pub struct Health {
     role: AtomicU8,
     mysql_ok: AtomicBool,
     broker_ok: AtomicBool,
+    /// Topics whose last send the broker refused for the relay's account, until one of their
+    /// sends gets `SEND_OK`.
+    refused: Mutex<BTreeSet<String>>,
+    /// `refused.len()`, so that a `SEND_OK` takes no lock while nothing is refused.
+    refused_count: AtomicUsize,
 }
 
 /// The body of `/readyz`.
@@ -33,6 +40,10 @@ pub struct Readiness {
     pub role: Role,
     pub mysql: bool,
     pub broker: bool,
+    /// False while the broker refuses the relay's credentials or permissions for a topic.
+    pub broker_auth: bool,
+    /// Those topics.
+    pub refused_topics: Vec<String>,
 }
 
 const ROLES: [Role; 5] = [
@@ -63,17 +74,53 @@ impl Health {
         self.broker_ok.store(ok, Ordering::Relaxed);
     }
 
-    /// Ready: streaming, standing by or polling, with MySQL and the broker reachable.
+    /// A send to `topic` was refused for the relay's account (false), or got `SEND_OK` (true,
+    /// which ends a refusal of that topic).
+    pub fn set_broker_auth(&self, topic: &str, ok: bool) {
+        if ok && self.refused_count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut refused = self.refused.lock().expect("not poisoned");
+        if ok {
+            refused.remove(topic);
+        } else if !refused.contains(topic) {
+            refused.insert(topic.to_string());
+        }
+        self.refused_count.store(refused.len(), Ordering::Relaxed);
+    }
+
+    /// Ready: streaming, standing by or polling, with MySQL and the broker reachable, and no
+    /// topic refused for the relay's account.
     pub fn readiness(&self) -> Readiness {
         let role = self.role();
         let mysql = self.mysql_ok.load(Ordering::Relaxed);
         let broker = self.broker_ok.load(Ordering::Relaxed);
+        let refused_topics: Vec<String> = self
+            .refused
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .cloned()
+            .collect();
+        let broker_auth = refused_topics.is_empty();
         let serving = matches!(role, Role::Standby | Role::Streaming | Role::Polling);
         Readiness {
-            ready: serving && mysql && broker,
+            ready: serving && mysql && broker && broker_auth,
             role,
             mysql,
             broker,
+            broker_auth,
+            refused_topics,
+        }
+    }
+
+    fn new(mysql_ok: bool) -> Self {
+        Health {
+            role: AtomicU8::new(0),
+            mysql_ok: AtomicBool::new(mysql_ok),
+            broker_ok: AtomicBool::new(true),
+            refused: Mutex::new(BTreeSet::new()),
+            refused_count: AtomicUsize::new(0),
         }
     }
 }
@@ -81,11 +128,7 @@ impl Health {
 /// The process's health.
 pub fn health() -> &'static Health {
     static HEALTH: OnceLock<Health> = OnceLock::new();
-    HEALTH.get_or_init(|| Health {
-        role: AtomicU8::new(0),
-        mysql_ok: AtomicBool::new(false),
-        broker_ok: AtomicBool::new(true),
-    })
+    HEALTH.get_or_init(|| Health::new(false))
 }
 
 #[cfg(test)]
@@ -94,11 +137,7 @@ mod tests {
 
     #[test]
     fn ready_only_when_serving_with_both_servers_reachable() {
-        let health = Health {
-            role: AtomicU8::new(0),
-            mysql_ok: AtomicBool::new(true),
-            broker_ok: AtomicBool::new(true),
-        };
+        let health = Health::new(true);
         assert!(!health.readiness().ready, "starting");
         health.set_role(Role::Standby);
         assert!(health.readiness().ready);
@@ -109,5 +148,27 @@ mod tests {
         assert_eq!(health.readiness().role, Role::Streaming);
         health.set_mysql(false);
         assert!(!health.readiness().ready);
+    }
+
+    #[test]
+    fn a_refused_topic_keeps_it_unready_until_a_send_to_that_topic_is_accepted() {
+        let health = Health::new(true);
+        health.set_role(Role::Streaming);
+        health.set_broker_auth("orders", false);
+        health.set_broker_auth("orders", false);
+        let r = health.readiness();
+        assert!(!r.ready && !r.broker_auth, "{r:?}");
+        assert_eq!(r.refused_topics, vec!["orders".to_string()]);
+        health.set_broker_auth("payments", true);
+        assert!(
+            !health.readiness().ready,
+            "another topic's SEND_OK does not clear it"
+        );
+        health.set_broker_auth("orders", true);
+        let r = health.readiness();
+        assert!(
+            r.ready && r.broker_auth && r.refused_topics.is_empty(),
+            "{r:?}"
+        );
     }
 }

@@ -3,13 +3,17 @@
 //!
 //! Guarantees: only a `SEND_OK` from the broker makes an event `Sent`; every other answer or
 //! error is retried (if retryable, with backoff, holding back the rest of the shard so a key's
-//! order is kept) or ends `Failed` with the reason. An event is reported exactly once.
+//! order is kept) or ends `Failed` with the reason. A refusal of the relay's account
+//! (credentials, permission) is retried without end: it never makes an event `Failed`. An event
+//! is reported exactly once.
 
 mod client_host;
+mod client_security;
 pub mod rocketmq;
 pub mod shard;
 
 pub use client_host::ClientHost;
+pub use client_security::ClientSecurity;
 pub use rocketmq::RocketMqSink;
 pub use shard::{run_shard, Completion, Outcome, ShardEvent, ShardOptions};
 
@@ -27,13 +31,18 @@ pub enum SendError {
     /// Retrying cannot help: no such topic, message too large, malformed message.
     #[error("rejected: {0}")]
     Rejected(String),
+    /// The broker refused the relay's account: unknown access key, wrong secret, or no `Pub`
+    /// permission on the topic (a configuration error, not the event's). Retried at the retry
+    /// policy's pace without using up retries, so the event waits until it is fixed.
+    #[error("unauthorized: {0}")]
+    Unauthorized(String),
 }
 
 impl SendError {
     /// The reason without the class prefix.
     pub fn reason(&self) -> &str {
         match self {
-            SendError::Retryable(r) | SendError::Rejected(r) => r,
+            SendError::Retryable(r) | SendError::Rejected(r) | SendError::Unauthorized(r) => r,
         }
     }
 }

@@ -4,6 +4,13 @@
 //! A retry goes to the queue each key has under the topic's route at the time, in the shard's
 //! order (`send_batch`); how retry delays are waited out, and how a wake-up may cut them short
 //! without counting as a retry, is in `retry::Backoff`.
+//!
+//! A send or route look-up the broker refuses for the relay's account
+//! ([`SendError::Unauthorized`]) is a configuration error, never the event's: it is retried at
+//! the retry policy's pace but uses no retry, so its events stay unacknowledged (PENDING or
+//! claimed, in order) until the credentials or permissions are fixed, and so do the events queued
+//! behind them in the shard; each refusal logs at ERROR what to fix, and `/readyz` fails until a
+//! send to that topic is accepted.
 
 use super::{OutboundMessage, SendError, Sink};
 use crate::binlog::OutboxRow;
@@ -18,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 mod retry;
 pub use retry::WakeUp;
-use retry::{Backoff, Next};
+use retry::{Backoff, Next, Refusal};
 
 /// An event routed to a shard.
 #[derive(Debug, Clone)]
@@ -218,6 +225,11 @@ async fn route<S: Sink>(
             Err(SendError::Rejected(reason)) => {
                 return Err(Stop::Failed(failed(reason, backoff.attempts())))
             }
+            Err(SendError::Unauthorized(reason)) => {
+                refused(topic, &reason, backoff);
+                backoff.wait(cancel).await.map_err(|()| Stop::Cancelled)?;
+                continue;
+            }
             Err(SendError::Retryable(reason)) => reason,
         };
         match backoff.failed() {
@@ -254,11 +266,27 @@ fn count_error(error: &SendError) {
             "retryable"
         }
         SendError::Rejected(_) => "rejected",
+        SendError::Unauthorized(_) => "unauthorized",
     };
     crate::metrics::relay()
         .send_errors
         .get_or_create(&crate::metrics::ErrorClass { class })
         .inc();
+}
+
+/// An attempt for `topic` the broker refused for the relay's account: marks the relay unready
+/// until a send to `topic` is accepted, says at ERROR what to fix, and sets the wait before the
+/// next attempt, which uses no retry (see [`Backoff::refused`]). Call `backoff.wait` next.
+fn refused(topic: &str, reason: &str, backoff: &mut Backoff<'_>) {
+    crate::metrics::health().set_broker_auth(topic, false);
+    match backoff.refused() {
+        Refusal::Wait { count, delay } => tracing::error!(%topic, %reason, refusal = count, ?delay,
+            "RocketMQ refused the relay's credentials for topic {topic}: check rocketmq.access_key / \
+             secret_key (or secret_key_file) and the account's Pub permission on the topic; the \
+             events wait, never FAILED for this, and are sent again after {delay:?}"),
+        Refusal::Resume { left } => tracing::debug!(%topic, %reason, ?left,
+            "refused again after a wake-up; waiting out the rest of the delay"),
+    }
 }
 
 fn failed(reason: String, attempts: u32) -> Outcome {
@@ -311,6 +339,7 @@ async fn send_batch<S: Sink>(
                 // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
                 crate::failpoint::hit("after_send_ok");
                 crate::metrics::health().set_broker(true);
+                crate::metrics::health().set_broker_auth(&topic, true);
                 backoff.broker_answered();
                 for (event, msg_id) in batch.into_iter().zip(ids) {
                     report(done, event, Outcome::Sent { msg_id }).await?;
@@ -320,7 +349,7 @@ async fn send_batch<S: Sink>(
             Err(error) => error,
         };
         count_error(&error);
-        let reason = match error {
+        match error {
             SendError::Rejected(reason) if batch.len() > 1 => {
                 tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
                 let singles = batch.into_iter().map(|event| (queue, vec![event]));
@@ -330,19 +359,19 @@ async fn send_batch<S: Sink>(
                 let event = batch.into_iter().next().expect("one event");
                 return report(done, event, failed(reason, backoff.attempts())).await;
             }
-            SendError::Retryable(reason) => reason,
-        };
-        match backoff.failed() {
-            Next::Retry { retry, delay } => {
-                crate::metrics::relay().retries.inc();
-                tracing::warn!(%topic, queue, %reason, retry, ?delay, size = messages.len(),
-                    "send not acknowledged; retrying");
-            }
-            Next::Resume { left } => {
-                tracing::debug!(%topic, queue, %reason, ?left, size = messages.len(),
-                    "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
-            }
-            Next::GiveUp => return report_all(done, batch, backoff.gave_up(&reason)).await,
+            SendError::Unauthorized(reason) => refused(&topic, &reason, &mut backoff),
+            SendError::Retryable(reason) => match backoff.failed() {
+                Next::Retry { retry, delay } => {
+                    crate::metrics::relay().retries.inc();
+                    tracing::warn!(%topic, queue, %reason, retry, ?delay, size = messages.len(),
+                        "send not acknowledged; retrying");
+                }
+                Next::Resume { left } => {
+                    tracing::debug!(%topic, queue, %reason, ?left, size = messages.len(),
+                        "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
+                }
+                Next::GiveUp => return report_all(done, batch, backoff.gave_up(&reason)).await,
+            },
         }
         backoff.wait(cancel).await?;
         let queues = match route(sink, &batch, &mut backoff, cancel).await {

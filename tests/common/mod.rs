@@ -4,6 +4,7 @@
 //! (the default) or `mysql`.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod ledger;
 pub mod proxy;
 pub mod relay;

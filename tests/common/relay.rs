@@ -23,10 +23,16 @@ use tokio_util::sync::CancellationToken;
 /// A config for `db` and the binary's broker, with its own replica server id and a temporary
 /// checkpoint directory (kept alive by the returned guard).
 pub fn relay_config(db: &TestDb) -> (Config, tempfile::TempDir) {
+    relay_config_on(db, &rocketmq().namesrv_addr())
+}
+
+/// [`relay_config`] for the cluster of name server `namesrv` (the binary's broker is not
+/// started).
+pub fn relay_config_on(db: &TestDb, namesrv: &str) -> (Config, tempfile::TempDir) {
     static NEXT_SERVER_ID: AtomicU32 = AtomicU32::new(1000);
     let dir = tempfile::tempdir().expect("checkpoint dir");
     let mut config = db.config.clone();
-    config.rocketmq.namesrv_addr = Some(rocketmq().namesrv_addr());
+    config.rocketmq.namesrv_addr = Some(namesrv.to_string());
     config.rocketmq.producer_group = format!("relay_test_{}", std::process::id());
     config.relay.shards = 4;
     config.relay.checkpoint_dir = dir.path().to_path_buf();
@@ -313,6 +319,9 @@ pub fn spawn_relay_process(config_file: &std::path::Path) -> Child {
         .expect("start outbox-relay run")
 }
 
+/// One arrival of a key's message: ((broker group, queue id), queue offset, row id).
+type Arrival<'a> = ((&'a str, i32), i64, u64);
+
 /// Checks the arrival order: every key went to one queue, and its messages arrived (by queue
 /// offset, first delivery of each event) in commit (id) order. `rows` are (id, event_id, …).
 pub fn assert_key_order(
@@ -320,9 +329,7 @@ pub fn assert_key_order(
     messages: &[ReceivedMessage],
 ) {
     let id_of: HashMap<&str, u64> = rows.iter().map(|r| (r.1.as_str(), r.0)).collect();
-    // (broker group, queue id) of a message: each group has queues 0..n of its own.
-    type Queue<'a> = (&'a str, i32);
-    let mut by_key: BTreeMap<&str, Vec<(Queue, i64, u64)>> = BTreeMap::new();
+    let mut by_key: BTreeMap<&str, Vec<Arrival>> = BTreeMap::new();
     for m in messages {
         let key = m.properties["biz_key"].as_str();
         by_key.entry(key).or_default().push((
@@ -337,7 +344,7 @@ pub fn assert_key_order(
         );
     }
     for (key, mut seen) in by_key {
-        let queues: HashSet<Queue> = seen.iter().map(|s| s.0).collect();
+        let queues: HashSet<(&str, i32)> = seen.iter().map(|s| s.0).collect();
         assert_eq!(queues.len(), 1, "{key} went to several queues");
         seen.sort_by_key(|s| s.1);
         let ids: Vec<u64> = seen.iter().map(|s| s.2).collect();
@@ -393,6 +400,20 @@ pub async fn sent_latencies_ms(db: &TestDb) -> Vec<f64> {
 /// Checks a finished run of `total` events to `topic`: every row SENT with its `msg_id`, every
 /// event_id arrived, each key on one queue in commit order; prints the duplicates.
 pub async fn assert_every_event_arrived_in_key_order(db: &TestDb, topic: &str, total: usize) {
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), topic)
+        .await
+        .unwrap();
+    assert_read_every_event_in_key_order(db, &mut reader, total).await;
+    reader.close().await;
+}
+
+/// [`assert_every_event_arrived_in_key_order`] with what `reader` (of the run's topic, on any
+/// cluster) reads; returns the stored messages.
+pub async fn assert_read_every_event_in_key_order(
+    db: &TestDb,
+    reader: &mut TopicReader,
+    total: usize,
+) -> Vec<ReceivedMessage> {
     let rows: Vec<(u64, String, String, Option<String>)> = db
         .conn()
         .await
@@ -404,9 +425,6 @@ pub async fn assert_every_event_arrived_in_key_order(db: &TestDb, topic: &str, t
             .all(|r| r.3.as_deref().is_some_and(|m| !m.is_empty())),
         "a SENT row lacks its msg_id"
     );
-    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), topic)
-        .await
-        .unwrap();
     let messages = reader
         .read_at_least(total, Duration::from_secs(120))
         .await
@@ -434,7 +452,7 @@ pub async fn assert_every_event_arrived_in_key_order(db: &TestDb, topic: &str, t
     );
     println!("duplicates: {}", messages.len() - arrived.len());
     assert_key_order(&rows, &messages);
-    reader.close().await;
+    messages
 }
 
 /// A relay process that is killed if the test fails before stopping it.
@@ -443,6 +461,32 @@ pub struct RelayProcess(Child);
 impl RelayProcess {
     pub fn spawn(config_file: &std::path::Path) -> Self {
         RelayProcess(spawn_relay_process(config_file))
+    }
+
+    /// `outbox-relay -c FILE --metrics-listen ADDR run` with `env` set, logging at the default
+    /// level to `log`.
+    pub fn spawn_serving(
+        config_file: &std::path::Path,
+        metrics: &str,
+        log: &std::path::Path,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let log = std::fs::File::create(log).expect("relay log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args([
+                "-c",
+                config_file.to_str().unwrap(),
+                "--metrics-listen",
+                metrics,
+                "run",
+            ])
+            .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start outbox-relay run");
+        RelayProcess(child)
     }
 
     /// SIGKILL: no drain, no release of claimed rows.

@@ -5,6 +5,7 @@
 //! Guarantee: nothing here reads or writes outside the instance directory it is given (the JVM's
 //! `user.home`, where the servers put `logs/` and `store/` by default, points into it).
 
+use super::tls::TlsFiles;
 use super::{BrokerNode, RocketMqOptions, CLUSTER_NAME};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -39,8 +40,9 @@ pub fn lib_dir() -> io::Result<PathBuf> {
 }
 
 /// `java` with a small heap and fast start-up, the class path of the jars, and `user.home` in
-/// `home`. The servers' stock scripts ask for 4-8 GiB of heap; tests need a fraction of it.
-fn java(home: &Path, heap_mb: u32) -> io::Result<Command> {
+/// `home`, then `flags`. The servers' stock scripts ask for 4-8 GiB of heap; tests need a
+/// fraction of it.
+fn java(home: &Path, heap_mb: u32, flags: &[String]) -> io::Result<Command> {
     let lib = lib_dir()?;
     let java = std::env::var_os("JAVA_HOME")
         .map(|h| PathBuf::from(h).join("bin").join("java"))
@@ -52,6 +54,7 @@ fn java(home: &Path, heap_mb: u32) -> io::Result<Command> {
         .arg(format!("-Xmx{heap_mb}m"))
         .args(["-XX:+UseSerialGC", "-XX:-UsePerfData", "-Xss512k"])
         .arg(format!("-Duser.home={}", home.display()))
+        .args(flags)
         .arg("-cp")
         .arg(format!("{}/*", lib.display()))
         .env("HOME", home)
@@ -60,11 +63,12 @@ fn java(home: &Path, heap_mb: u32) -> io::Result<Command> {
     Ok(command)
 }
 
-/// The name server on `127.0.0.1:port`, its config written to `dir`.
-pub fn namesrv_command(dir: &Path, port: u16) -> io::Result<Command> {
+/// The name server on `127.0.0.1:port`, its config written to `dir`; TLS only with `tls`.
+pub fn namesrv_command(dir: &Path, port: u16, tls: Option<&TlsFiles>) -> io::Result<Command> {
     let conf = dir.join("namesrv.properties");
     std::fs::write(&conf, format!("listenPort={port}\nbindAddress=127.0.0.1\n"))?;
-    let mut command = java(dir, 128)?;
+    let flags = tls.map(TlsFiles::server_flags).unwrap_or_default();
+    let mut command = java(dir, 128, &flags)?;
     command
         .arg("org.apache.rocketmq.namesrv.NamesrvStartup")
         .arg("-c")
@@ -72,15 +76,17 @@ pub fn namesrv_command(dir: &Path, port: u16) -> io::Result<Command> {
     Ok(command)
 }
 
-/// One broker of the cluster, its `broker.conf` written to its directory.
+/// One broker of the cluster, its `broker.conf` written to its directory; TLS only with `tls`.
 pub fn broker_command(
     node: &BrokerNode,
     namesrv: &str,
     options: &RocketMqOptions,
+    tls: Option<&TlsFiles>,
 ) -> io::Result<Command> {
     let conf = node.dir.join("broker.conf");
     std::fs::write(&conf, broker_conf(node, namesrv, options))?;
-    let mut command = java(&node.dir, 384)?;
+    let flags = tls.map(TlsFiles::server_flags).unwrap_or_default();
+    let mut command = java(&node.dir, 384, &flags)?;
     command
         .arg("org.apache.rocketmq.broker.BrokerStartup")
         .arg("-c")
@@ -153,11 +159,77 @@ innerClientAuthenticationCredentials={{\"accessKey\":\"{user}\",\"secretKey\":\"
     )
 }
 
+/// What one `mqadmin` run printed.
+#[derive(Debug, Clone)]
+pub struct MqadminOutput {
+    /// Standard output without logback's own status lines.
+    pub stdout: String,
+    /// Standard error: where `mqadmin` prints the exception of a refused command, though it
+    /// still exits 0.
+    pub stderr: String,
+    /// It exited 0.
+    pub success: bool,
+}
+
 /// Runs `mqadmin <args> -n <namesrv>` (the real `MQAdminStartup` of `rocketmq-tools`) and
 /// returns what it printed. Errors if it exits non-zero; its own "not found" answers are output.
-pub fn mqadmin(namesrv: &str, args: &[&str], home: &Path) -> io::Result<String> {
-    std::fs::create_dir_all(home)?;
-    let output = java(home, 128)?
+/// With `acl`, its requests are signed as that account, and with `tls` it speaks TLS (see
+/// [`mqadmin_run`]).
+pub fn mqadmin(
+    namesrv: &str,
+    args: &[&str],
+    home: &Path,
+    acl: Option<&super::AclAccount>,
+    tls: Option<&TlsFiles>,
+) -> io::Result<String> {
+    let out = mqadmin_run(namesrv, args, home, acl, tls)?;
+    if out.success {
+        Ok(out.stdout)
+    } else {
+        Err(io::Error::other(format!(
+            "mqadmin {} failed: {}{}",
+            args.join(" "),
+            out.stdout,
+            out.stderr
+        )))
+    }
+}
+
+/// Runs `mqadmin <args> -n <namesrv>` with `home` as its `ROCKETMQ_HOME`. With `acl`, its
+/// requests are signed as that account: 5.x `mqadmin` reads the keys from
+/// `$ROCKETMQ_HOME/conf/tools.yml` (`accessKey`, `secretKey`), written here (replaced at once, so
+/// runs sharing `home` never read half a file). With `tls` it speaks TLS, trusting its CA.
+pub fn mqadmin_run(
+    namesrv: &str,
+    args: &[&str],
+    home: &Path,
+    acl: Option<&super::AclAccount>,
+    tls: Option<&TlsFiles>,
+) -> io::Result<MqadminOutput> {
+    let conf = home.join("conf");
+    std::fs::create_dir_all(&conf)?;
+    let tools_yml = conf.join("tools.yml");
+    match acl {
+        Some(acl) => {
+            let keys = format!(
+                "accessKey: \"{}\"\nsecretKey: \"{}\"\n",
+                acl.access_key, acl.secret_key
+            );
+            let staged = conf.join(format!(
+                "tools.yml.{}.{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            std::fs::write(&staged, keys)?;
+            std::fs::rename(&staged, &tools_yml)?;
+        }
+        None => match std::fs::remove_file(&tools_yml) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        },
+    }
+    let flags = tls.map(TlsFiles::client_flags).unwrap_or_default();
+    let output = java(home, 128, &flags)?
         .arg("-XX:TieredStopAtLevel=1")
         .arg("org.apache.rocketmq.tools.command.MQAdminStartup")
         .args(args)
@@ -170,16 +242,11 @@ pub fn mqadmin(namesrv: &str, args: &[&str], home: &Path) -> io::Result<String> 
         .filter(|line| !line.contains("|-INFO in ") && !line.contains("|-WARN in "))
         .map(|line| format!("{line}\n"))
         .collect();
-    if output.status.success() {
-        Ok(stdout)
-    } else {
-        Err(io::Error::other(format!(
-            "mqadmin {} failed ({}): {stdout}{}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        )))
-    }
+    Ok(MqadminOutput {
+        stdout,
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        success: output.status.success(),
+    })
 }
 
 /// The `UNIQ_KEY` (the message id a consumer sees) of every message that `mqadmin`'s

@@ -16,11 +16,17 @@
 //! [`ClientHost`] is the private client runtime the harness uses for its probes; tests can use it
 //! too, to get an `Arc<ClientRuntime>` that works from plain or async code alike.
 
+mod acl;
 pub mod apache;
 mod probe;
 mod rust_broker;
+mod tls;
 
 pub use crate::send::ClientHost;
+pub use acl::AclAccount;
+pub use tls::TlsFiles;
+
+use crate::send::ClientSecurity;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -73,13 +79,6 @@ impl BrokerKind {
     }
 }
 
-/// An account of the broker's ACL 2.0 (Apache only): the initial super user.
-#[derive(Debug, Clone)]
-pub struct AclAccount {
-    pub access_key: String,
-    pub secret_key: String,
-}
-
 /// Knobs for [`RocketMq::start_with`].
 #[derive(Debug, Clone)]
 pub struct RocketMqOptions {
@@ -95,6 +94,10 @@ pub struct RocketMqOptions {
     pub sync_slaves: bool,
     /// Authentication and authorization on (ACL 2.0), with this super user (Apache only).
     pub acl: Option<AclAccount>,
+    /// The name server and brokers accept TLS only (`tls.server.mode=enforcing`), with a
+    /// certificate for `127.0.0.1` from a CA of the cluster's own ([`RocketMq::tls_ca`]); the
+    /// harness's clients trust it (Apache only; needs the `openssl` command).
+    pub tls: bool,
 }
 
 impl Default for RocketMqOptions {
@@ -105,6 +108,7 @@ impl Default for RocketMqOptions {
             groups: 1,
             sync_slaves: false,
             acl: None,
+            tls: false,
         }
     }
 }
@@ -167,6 +171,8 @@ pub struct RocketMq {
     kind: BrokerKind,
     options: RocketMqOptions,
     root: PathBuf,
+    /// The certificates of a TLS cluster.
+    tls: Option<TlsFiles>,
 }
 
 impl RocketMq {
@@ -181,16 +187,24 @@ impl RocketMq {
             Some(kind) => kind,
             None => BrokerKind::from_env()?,
         };
-        if options.acl.is_some() && kind != BrokerKind::Apache {
-            return Err(io::Error::other("ACL is set up only on the Apache broker"));
+        if (options.acl.is_some() || options.tls) && kind != BrokerKind::Apache {
+            return Err(io::Error::other(
+                "ACL and TLS are set up only on the Apache broker",
+            ));
         }
         std::fs::create_dir_all(root)?;
         let root = std::fs::canonicalize(root)?;
+        let tls = match options.tls {
+            true => Some(TlsFiles::make(&root.join("tls"))?),
+            false => None,
+        };
         let namesrv_dir = root.join("namesrv");
         std::fs::create_dir_all(&namesrv_dir)?;
         let namesrv_port = free_port()?;
         let command = match kind {
-            BrokerKind::Apache => apache::namesrv_command(&namesrv_dir, namesrv_port)?,
+            BrokerKind::Apache => {
+                apache::namesrv_command(&namesrv_dir, namesrv_port, tls.as_ref())?
+            }
             BrokerKind::Rust => rust_broker::namesrv_command(&namesrv_dir, namesrv_port)?,
         };
         let mut namesrv =
@@ -208,6 +222,7 @@ impl RocketMq {
             kind,
             options: options.clone(),
             root: root.clone(),
+            tls,
         };
         for group in 0..options.groups.max(1) {
             let name = group_name(group);
@@ -250,6 +265,7 @@ impl RocketMq {
                 ..RocketMqOptions::default()
             },
             root: root.to_path_buf(),
+            tls: None,
         }
     }
 
@@ -261,6 +277,27 @@ impl RocketMq {
     /// Which servers run.
     pub fn kind(&self) -> BrokerKind {
         self.kind
+    }
+
+    /// The CA (PEM) of a TLS cluster ([`RocketMqOptions::tls`]): what a relay process is given
+    /// in `$SSL_CERT_FILE`.
+    pub fn tls_ca(&self) -> Option<&Path> {
+        self.tls.as_ref().map(|files| files.ca.as_path())
+    }
+
+    /// How the harness's own clients connect: signed as the super user of
+    /// [`RocketMqOptions::acl`], over TLS trusting the cluster's CA if it has one.
+    pub fn client_security(&self) -> ClientSecurity {
+        let security = self
+            .options
+            .acl
+            .as_ref()
+            .map(AclAccount::security)
+            .unwrap_or_default();
+        match &self.tls {
+            Some(files) => security.trusting(&files.ca),
+            None => security,
+        }
     }
 
     /// The options this instance was started with.
@@ -355,13 +392,13 @@ impl RocketMq {
     /// usable (see the module docs). Does nothing if it is running.
     pub fn start_broker_at(&mut self, index: usize) -> io::Result<()> {
         let namesrv = self.namesrv_addr();
-        let (kind, options) = (self.kind, self.options.clone());
+        let (kind, options, tls) = (self.kind, self.options.clone(), self.tls.clone());
         let node = self.node(index);
         if node.is_running() {
             return Ok(());
         }
         let command: Command = match kind {
-            BrokerKind::Apache => apache::broker_command(node, &namesrv, &options)?,
+            BrokerKind::Apache => apache::broker_command(node, &namesrv, &options, tls.as_ref())?,
             BrokerKind::Rust => rust_broker::broker_command(node, &namesrv, &options)?,
         };
         let log = node.dir.join("broker.out");
@@ -372,7 +409,7 @@ impl RocketMq {
 
     fn wait_until_usable(&mut self, index: usize) -> io::Result<()> {
         let namesrv = self.namesrv_addr();
-        let acl = self.options.acl.clone();
+        let security = self.client_security();
         let (group, id) = (self.brokers[index].group.clone(), self.brokers[index].id);
         let master = self.broker_index(&group, 0).unwrap_or(index);
         let has_slave = self.broker_index(&group, 1);
@@ -383,7 +420,7 @@ impl RocketMq {
         let master_running = self.brokers[master].is_running();
         let node = &mut self.brokers[index];
         let process = node.process.as_mut().expect("just started");
-        let probe = probe::Probe::new(&namesrv, acl)?;
+        let probe = probe::Probe::new(&namesrv, security)?;
         let mut last = String::from("no attempt finished yet");
         let waited = wait_until_ready(process, BROKER_START_TIMEOUT, "RocketMQ broker", || {
             let result = probe.group_usable(&group, id, master_running, slave_running);
@@ -403,13 +440,16 @@ impl RocketMq {
     /// name server lists, and waits until the route shows them all. Works whether or not the
     /// brokers auto-create topics.
     pub fn create_topic(&self, topic: &str, queues: u32) -> io::Result<()> {
-        probe::Probe::new(&self.namesrv_addr, self.options.acl.clone())?.create_topic(topic, queues)
+        probe::Probe::new(&self.namesrv_addr, self.client_security())?.create_topic(topic, queues)
     }
 
     /// Runs Apache's `mqadmin` against this cluster's name server (`-n` is added), e.g.
-    /// `["queryMsgByKey", "-t", topic, "-k", key]`; returns what it printed.
+    /// `["queryMsgByKey", "-t", topic, "-k", key]`; returns what it printed. On a cluster with
+    /// ACL on it signs as the super user of [`RocketMqOptions::acl`].
     pub fn mqadmin(&self, args: &[&str]) -> io::Result<String> {
-        apache::mqadmin(&self.namesrv_addr, args, &self.root.join("mqadmin"))
+        let home = self.root.join("mqadmin");
+        let (acl, tls) = (self.options.acl.as_ref(), self.tls.as_ref());
+        apache::mqadmin(&self.namesrv_addr, args, &home, acl, tls)
     }
 
     fn node(&mut self, index: usize) -> &mut BrokerNode {

@@ -1,10 +1,10 @@
 //! The harness's own client: readiness probes and topic creation, through the real client
 //! against the name server, so "ready" means what a producer will see.
 
-use super::{AclAccount, ClientHost};
+use super::ClientHost;
+use crate::send::ClientSecurity;
 use rocketmq_client_rust::{
-    AclClientRPCHook, ClientRuntime, DefaultMQAdminExt, DefaultMQProducer, RouteAdmin, SendStatus,
-    SessionCredentials, TopicAdmin,
+    ClientRuntime, DefaultMQAdminExt, DefaultMQProducer, RouteAdmin, SendStatus, TopicAdmin,
 };
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::topic::TopicConfig;
@@ -25,11 +25,12 @@ type ClusterView = HashMap<String, HashMap<u64, String>>;
 pub(super) struct Probe {
     host: ClientHost,
     namesrv: String,
-    acl: Option<AclAccount>,
+    /// Signed as the cluster's ACL super user, if it has one; TLS if the cluster has it.
+    acl: ClientSecurity,
 }
 
 impl Probe {
-    pub(super) fn new(namesrv: &str, acl: Option<AclAccount>) -> io::Result<Self> {
+    pub(super) fn new(namesrv: &str, acl: ClientSecurity) -> io::Result<Self> {
         Ok(Self {
             host: ClientHost::new("devenv-probe")?,
             namesrv: namesrv.to_string(),
@@ -140,24 +141,12 @@ impl Probe {
     }
 }
 
-fn rpc_hook(acl: &Option<AclAccount>) -> Option<Arc<AclClientRPCHook>> {
-    acl.as_ref().map(|a| {
-        Arc::new(AclClientRPCHook::new(SessionCredentials::with_keys(
-            a.access_key.as_str(),
-            a.secret_key.as_str(),
-        )))
-    })
-}
-
 async fn admin(
     runtime: &Arc<ClientRuntime>,
     namesrv: &str,
-    acl: &Option<AclAccount>,
+    acl: &ClientSecurity,
 ) -> Result<DefaultMQAdminExt, String> {
-    let mut admin = match rpc_hook(acl) {
-        Some(hook) => DefaultMQAdminExt::with_rpc_hook(Arc::clone(runtime), hook),
-        None => DefaultMQAdminExt::new(Arc::clone(runtime)),
-    };
+    let mut admin = acl.admin(Arc::clone(runtime));
     admin.set_namesrv_addr(namesrv);
     admin
         .start()
@@ -169,7 +158,7 @@ async fn admin(
 async fn cluster_view(
     runtime: &Arc<ClientRuntime>,
     namesrv: &str,
-    acl: &Option<AclAccount>,
+    acl: &ClientSecurity,
 ) -> Result<ClusterView, String> {
     let mut admin = admin(runtime, namesrv, acl).await?;
     let info = admin.examine_broker_cluster_info().await;
@@ -194,7 +183,7 @@ async fn cluster_view(
 async fn create_on(
     runtime: &Arc<ClientRuntime>,
     namesrv: &str,
-    acl: &Option<AclAccount>,
+    acl: &ClientSecurity,
     addr: &str,
     topic: &str,
     queues: u32,
@@ -214,17 +203,16 @@ async fn create_on(
 async fn admin_producer(
     runtime: &Arc<ClientRuntime>,
     namesrv: &str,
-    acl: &Option<AclAccount>,
+    acl: &ClientSecurity,
 ) -> Result<DefaultMQProducer, String> {
-    let mut builder = DefaultMQProducer::builder(Arc::clone(runtime))
+    let mut producer = DefaultMQProducer::builder(Arc::clone(runtime))
+        .client_config(acl.client_config())
         .producer_group("outbox_relay_devenv_admin")
         .name_server_addr(namesrv)
         .send_msg_timeout(2_000)
-        .retry_times_when_send_failed(0);
-    if let Some(hook) = rpc_hook(acl) {
-        builder = builder.rpc_hook(hook);
-    }
-    let mut producer = builder.build();
+        .retry_times_when_send_failed(0)
+        .build();
+    acl.sign_producer(&mut producer);
     producer
         .start()
         .await

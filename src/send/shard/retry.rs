@@ -56,6 +56,8 @@ pub(super) struct Backoff<'a> {
     wake: &'a WakeUp,
     /// Retries counted so far.
     retries: u32,
+    /// Attempts refused for the relay's account so far (they use no retry).
+    refusals: u32,
     /// When the retry delay being waited out ends; `None` before the first retry.
     deadline: Option<Instant>,
 }
@@ -72,12 +74,23 @@ pub(super) enum Next {
     GiveUp,
 }
 
+/// What an attempt the broker refused for the relay's account leads to (no retry is used).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// The `count`-th refusal in a row: the next attempt comes after `delay`.
+    Wait { count: u32, delay: Duration },
+    /// The attempt came early (after a wake-up): the rest of the current delay (`left`) is
+    /// waited out.
+    Resume { left: Duration },
+}
+
 impl<'a> Backoff<'a> {
     pub(super) fn new(policy: &'a RetryPolicy, wake: &'a WakeUp) -> Self {
         Backoff {
             policy,
             wake,
             retries: 0,
+            refusals: 0,
             deadline: None,
         }
     }
@@ -97,10 +110,8 @@ impl<'a> Backoff<'a> {
     /// before its deadline, or giving up. Call [`Backoff::wait`] next unless it gives up.
     pub(super) fn failed(&mut self) -> Next {
         let now = Instant::now();
-        if let Some(deadline) = self.deadline.filter(|&deadline| now < deadline) {
-            return Next::Resume {
-                left: deadline - now,
-            };
+        if let Some(left) = self.left(now) {
+            return Next::Resume { left };
         }
         match self.policy.delay(self.retries + 1) {
             Some(delay) => {
@@ -113,6 +124,31 @@ impl<'a> Backoff<'a> {
             }
             None => Next::GiveUp,
         }
+    }
+
+    /// Counts an attempt the broker refused for the relay's account (credentials, permission).
+    /// It uses no retry, so the events never go FAILED for it, but it is waited out like one:
+    /// the delays grow as the policy's do, then stay at its last
+    /// ([`RetryPolicy::delay_without_end`]). An early attempt (after a wake-up) waits out the
+    /// rest of the current delay, as in [`Backoff::failed`]. Call [`Backoff::wait`] next.
+    pub(super) fn refused(&mut self) -> Refusal {
+        let now = Instant::now();
+        if let Some(left) = self.left(now) {
+            return Refusal::Resume { left };
+        }
+        self.refusals = self.refusals.saturating_add(1);
+        let delay = self.policy.delay_without_end(self.refusals);
+        self.deadline = Some(now + delay);
+        Refusal::Wait {
+            count: self.refusals,
+            delay,
+        }
+    }
+
+    /// What is left of the delay being waited out at `now`, if `now` is before its deadline.
+    fn left(&self, now: Instant) -> Option<Duration> {
+        let deadline = self.deadline.filter(|&deadline| now < deadline)?;
+        Some(deadline - now)
     }
 
     /// A send got `SEND_OK`: wakes the shards waiting out a retry delay (see [`WakeUp`]).

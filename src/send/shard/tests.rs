@@ -2,7 +2,10 @@
 
 use super::*;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
+
+mod refused;
 
 type Answer = Result<(), SendError>;
 
@@ -22,6 +25,9 @@ struct ScriptedSink {
     down: Option<String>,
     /// When set, every route look-up answers `Retryable` with this reason.
     route_down: Option<String>,
+    /// The next this many route look-ups (a send looks its route up too) answer
+    /// `Unauthorized`.
+    route_refusals: AtomicU32,
 }
 
 impl ScriptedSink {
@@ -47,6 +53,16 @@ impl Sink for ScriptedSink {
     async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {
         if let Some(reason) = &self.route_down {
             return Err(SendError::Retryable(reason.clone()));
+        }
+        let refuse = |left: u32| left.checked_sub(1);
+        if let Ok(left) =
+            self.route_refusals
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, refuse)
+        {
+            return Err(SendError::Unauthorized(format!(
+                "NO_PERMISSION (16), {} more to come",
+                left - 1
+            )));
         }
         self.queues
             .lock()
