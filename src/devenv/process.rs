@@ -180,11 +180,43 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
     }
 }
 
-/// A loopback TCP port that was free a moment ago.
+/// A loopback TCP port that was free a moment ago, below the kernel's ephemeral range where the
+/// machine allows it: a server stopped for a restart must find its port still free, and any
+/// outgoing connection (a client reconnecting meanwhile) could take a port of that range.
 pub fn free_port() -> io::Result<u16> {
+    const LOWEST: u16 = 10_000;
+    let below = ephemeral_range_start().unwrap_or(0);
+    if below > LOWEST + 1_000 {
+        let span = u64::from(below - LOWEST);
+        let mut seed = random_seed();
+        for _ in 0..1_000 {
+            // xorshift: enough to spread picks of concurrent harnesses over the range.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let port = LOWEST + (seed % span) as u16;
+            if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
         .local_addr()?
         .port())
+}
+
+/// The first port of `net.ipv4.ip_local_port_range`, where the kernel picks outgoing ports.
+fn ephemeral_range_start() -> Option<u16> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    range.split_whitespace().next()?.parse().ok()
+}
+
+/// A different seed per call and per process.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(Instant::now().elapsed().as_nanos());
+    hasher.finish() | 1
 }
 
 /// A port `p` such that `p - below ..= p` were all free a moment ago (RocketMQ also binds
@@ -193,7 +225,7 @@ pub fn free_port_with_room_below(below: u16) -> io::Result<u16> {
     for _ in 0..200 {
         let port = free_port()?;
         if port <= below + 1024 {
-            continue;
+            continue; // too close to the privileged ports for the room below
         }
         let all_free =
             (port - below..port).all(|p| TcpListener::bind((Ipv4Addr::LOCALHOST, p)).is_ok());

@@ -103,7 +103,7 @@ pub async fn inject(
             servers.with_rocketmq(|mq| mq.stop_broker()).await;
             tokio::time::sleep(hold).await;
             let started = servers.with_rocketmq(|mq| mq.start_broker()).await;
-            started.expect("the broker starts again");
+            started.unwrap_or_else(|e| panic!("the broker did not start again: {e}"));
             format!("broker down for {hold:?}")
         }
         FaultKind::BrokerStall => {
@@ -123,7 +123,7 @@ pub async fn inject(
         FaultKind::PurgeWhileDown => unreachable!(),
         FaultKind::MariaDbRestart => {
             let restarted = servers.with_mariadb(|db| db.restart()).await;
-            restarted.expect("MariaDB starts again");
+            restarted.unwrap_or_else(|e| panic!("MariaDB did not start again: {e}"));
             "MariaDB restarted".into()
         }
     };
