@@ -3,15 +3,20 @@
 //!
 //! Guarantee: for every committed transaction after the start position, the reader yields
 //! `TxBegin`, the transaction's outbox rows in binlog order, then `TxEnd` with its position; other
-//! tables and non-INSERT changes are skipped but still move the position.
+//! tables and non-INSERT changes are skipped but still move the position. Rows a transaction undid
+//! (`ROLLBACK`, `ROLLBACK TO SAVEPOINT`) are never yielded; an XA transaction's rows are yielded at
+//! its prepare as [`BinlogItem::Prepared`], to be published only on its outcome's
+//! [`BinlogItem::XaOutcome`] (see `reader/transaction.rs`).
 
 pub mod decode;
 pub mod gtid;
 pub mod position;
 pub mod reader;
 pub mod row_image;
+pub mod xid;
 
 pub use decode::{DecodedRow, OutboxRow, RowProblem};
 pub use gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 pub use position::{BinlogPosition, TxEnd, TxGtid};
-pub use reader::{BinlogItem, BinlogReader, ReaderOptions, ServerFlavor};
+pub use reader::{BinlogItem, BinlogReader, PreparedTx, ReaderOptions, ServerFlavor};
+pub use xid::Xid;

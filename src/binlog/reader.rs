@@ -10,22 +10,27 @@ use super::decode::{decode_row, ColumnLayout, DecodedRow, RowLimits};
 use super::gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 use super::position::{BinlogPosition, TxEnd, TxGtid};
 use super::row_image::TableShape;
+use super::xid::Xid;
 use crate::config::TableName;
 use crate::retry::RetryPolicy;
 use futures_util::StreamExt;
 use mysql_async::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};
 use mysql_async::prelude::*;
-use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, GnoInterval, Opts, Sid};
-use std::collections::HashMap;
-use std::sync::Arc;
+use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 mod checks;
+mod request;
 mod rotate;
+mod transaction;
 
 pub use checks::{check_server, oldest_position, server_position, ServerInfo, StartupError};
+use request::{classify_stream_error, sids, StreamFailure};
+use transaction::{hold, statement_inserts_into, Ending, OpenTx, Statement};
 
 /// What the reader yields, in binlog order.
 #[derive(Debug)]
@@ -36,8 +41,23 @@ pub enum BinlogItem {
     Row(DecodedRow),
     /// The current transaction committed and ends at this position.
     TxEnd(TxEnd),
+    /// An XA transaction was prepared: a transaction of its own (no `TxBegin`/`TxEnd` around
+    /// it) whose rows wait for its outcome, which a later transaction carries.
+    Prepared(PreparedTx),
+    /// Inside the transaction of an `XA COMMIT` or `XA ROLLBACK`: the outcome of the prepared
+    /// transaction `xid`.
+    XaOutcome { xid: Xid, committed: bool },
     /// The connection was lost inside a transaction; it will be read again from its start.
     Restart,
+}
+
+/// A prepared XA transaction: its rows count only if `XA COMMIT` follows; a resumable position
+/// must not pass `end` before that.
+#[derive(Debug)]
+pub struct PreparedTx {
+    pub xid: Xid,
+    pub rows: Vec<DecodedRow>,
+    pub end: TxEnd,
 }
 
 /// Which server the relay reads.
@@ -67,16 +87,22 @@ pub struct ReaderOptions {
 pub struct BinlogReader {
     options: ReaderOptions,
     tables: Vec<Arc<TableName>>,
+    /// Kinds of event or statement inside a transaction that the reader does not understand,
+    /// already logged (each is logged once).
+    not_understood: Mutex<HashSet<String>>,
 }
 
 /// The per-connection decoding state.
 #[derive(Default)]
 struct StreamState {
     file: String,
-    in_tx: bool,
+    /// The transaction being read, from its first event to its end.
+    tx: Option<OpenTx>,
     /// After a BEGIN (or a MariaDB transactional GTID event) until the commit.
     in_body: bool,
-    gtid: Option<TxGtid>,
+    /// The end of the `TRANSACTION_PAYLOAD` event (compressed transaction) being read: the
+    /// events inside it carry no position of their own.
+    payload_end: u64,
     /// Until the stream's format description: a rotate event's name is followed by the 4
     /// checksum bytes (see [`rotate::first_has_checksum`]).
     rotate_has_checksum: bool,
@@ -111,12 +137,20 @@ pub enum ReaderError {
 
 const MARIADB_GTID_EVENT: u8 = 162;
 const MARIADB_GTID_STANDALONE: u8 = 1;
+/// MariaDB's GTID event flag of the first part of an XA transaction (up to `XA PREPARE`).
+const MARIADB_GTID_PREPARED_XA: u8 = 64;
+const MARIADB_ANNOTATE_ROWS: u8 = 160;
+const TRANSACTION_PAYLOAD: u8 = 40;
 const MARIADB_COMPRESSED_EVENTS: std::ops::RangeInclusive<u8> = 165..=171;
 
 impl BinlogReader {
     pub fn new(options: ReaderOptions) -> Self {
         let tables = options.tables.iter().cloned().map(Arc::new).collect();
-        BinlogReader { options, tables }
+        BinlogReader {
+            options,
+            tables,
+            not_understood: Mutex::default(),
+        }
     }
 
     /// Reads from `start` and sends items to `out` until `cancel` fires, `out` closes, or a
@@ -136,7 +170,10 @@ impl BinlogReader {
                 _ = cancel.cancelled() => return Ok(()),
                 r = self.stream_once(&mut position, &mut state, &out, &mut failures) => r,
             };
-            if state.in_tx && out.send(BinlogItem::Restart).await.is_err() {
+            // Only a transaction that handed rows on early needs reading again as such; the rows
+            // of any other were held here and are dropped with the state.
+            let streamed = state.tx.as_ref().is_some_and(OpenTx::streamed);
+            if streamed && out.send(BinlogItem::Restart).await.is_err() {
                 return Ok(());
             }
             match result {
@@ -198,8 +235,11 @@ impl BinlogReader {
             *failures = 0;
             record_lag(&event);
             for item in self.handle_event(&stream, state, &event)? {
-                if let BinlogItem::TxEnd(end) = &item {
-                    position.advance(end);
+                match &item {
+                    BinlogItem::TxEnd(end) => position.advance(end),
+                    // Held by the dispatcher from now on: a reconnect need not read it again.
+                    BinlogItem::Prepared(prepared) => position.advance(&prepared.end),
+                    _ => {}
                 }
                 if out.send(item).await.is_err() {
                     return Ok(());
@@ -277,7 +317,11 @@ impl BinlogReader {
     ) -> Result<Vec<BinlogItem>, StreamFailure> {
         let header = event.header();
         let raw_type = header.event_type_raw();
-        let end_pos = u64::from(header.log_pos());
+        let end_pos = match u64::from(header.log_pos()) {
+            0 => state.payload_end, // inside a compressed transaction
+            pos => pos,
+        };
+        let timestamp = header.timestamp();
         let mut items = Vec::new();
         if raw_type == MARIADB_GTID_EVENT {
             let body = event.data();
@@ -289,15 +333,16 @@ impl BinlogReader {
             let seq = u64::from_le_bytes(body[0..8].try_into().expect("8 bytes"));
             let domain = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
             let flags = body[12];
-            items.extend(self.begin(
-                state,
-                Some(TxGtid::MariaDb(MariaDbGtid {
-                    domain,
-                    server: header.server_id(),
-                    seq,
-                })),
-            ));
+            let gtid = TxGtid::MariaDb(MariaDbGtid {
+                domain,
+                server: header.server_id(),
+                seq,
+            });
+            items.extend(self.begin(state, Some(gtid)));
             state.in_body = flags & MARIADB_GTID_STANDALONE == 0;
+            if let Some(tx) = &mut state.tx {
+                tx.xa = flags & MARIADB_GTID_PREPARED_XA != 0;
+            }
             return Ok(items);
         }
         if MARIADB_COMPRESSED_EVENTS.contains(&raw_type) {
@@ -308,7 +353,13 @@ impl BinlogReader {
         }
         let data = match event.read_data() {
             Ok(Some(data)) => data,
-            Ok(None) => return Ok(items), // other MariaDB-specific events: nothing to do
+            Ok(None) => {
+                // Other MariaDB-specific events: none changes a transaction.
+                if raw_type != MARIADB_ANNOTATE_ROWS {
+                    self.not_understood(state, || format!("binlog event type {raw_type}"));
+                }
+                return Ok(items);
+            }
             Err(e) => {
                 return Err(StreamFailure::Transient(format!(
                     "undecodable binlog event: {e}"
@@ -331,28 +382,31 @@ impl BinlogReader {
                 let sql = query.query();
                 let sql = sql.trim();
                 if let Some(table) = statement_inserts_into(sql, &query.schema(), &self.tables) {
-                    tracing::warn!(%table, gtid = ?state.gtid,
+                    let gtid = state.tx.as_ref().and_then(|tx| tx.gtid.clone());
+                    tracing::warn!(%table, ?gtid,
                         "an outbox row was written in binlog_format=STATEMENT: the stream cannot \
                          decode it; the sweeper publishes it after sweeper.min_age (set \
                          binlog_format=ROW for every session that writes the outbox)");
                 }
-                if sql.eq_ignore_ascii_case("BEGIN") {
-                    if !state.in_tx {
-                        items.extend(self.begin(state, None));
-                    }
-                    state.in_body = true;
-                } else if sql.eq_ignore_ascii_case("COMMIT") || sql.eq_ignore_ascii_case("ROLLBACK")
-                {
-                    items.extend(self.end(state, end_pos, header.timestamp()));
-                } else if !state.in_body {
-                    // A statement on its own (DDL, or a non-transactional change).
-                    if !state.in_tx {
-                        items.extend(self.begin(state, None));
-                    }
-                    items.extend(self.end(state, end_pos, header.timestamp()));
-                }
+                let ending = |outcome| (end_pos, timestamp, outcome);
+                items.extend(self.statement(state, Statement::of(sql), ending));
             }
-            EventData::XidEvent(_) => items.extend(self.end(state, end_pos, header.timestamp())),
+            EventData::XidEvent(_) => {
+                items.extend(self.finish(state, end_pos, timestamp, Ending::Commit))
+            }
+            EventData::XaPrepareLogEvent(body) => {
+                let (one_phase, xid) = Xid::from_prepare_event(&body).map_err(|e| {
+                    StreamFailure::Permanent(ReaderError::Unsupported(format!(
+                        "unreadable XA_PREPARE event at {}:{end_pos}: {e}",
+                        state.file
+                    )))
+                })?;
+                let ending = match one_phase {
+                    true => Ending::Commit, // XA COMMIT … ONE PHASE
+                    false => Ending::Prepared(xid),
+                };
+                items.extend(self.finish(state, end_pos, timestamp, ending));
+            }
             EventData::TableMapEvent(tme) => {
                 let body = event.data();
                 let known = state.tables.get(&tme.table_id());
@@ -366,33 +420,17 @@ impl BinlogReader {
                 }
             }
             EventData::RowsEvent(rows) => self.rows(stream, state, &rows, &mut items),
-            _ => {}
+            _ if raw_type == TRANSACTION_PAYLOAD => state.payload_end = end_pos,
+            EventData::RowsQueryEvent(_)
+            | EventData::IntvarEvent(_)
+            | EventData::RandEvent(_)
+            | EventData::UserVarEvent(_)
+            | EventData::HeartbeatEvent
+            | EventData::PreviousGtidsEvent(_)
+            | EventData::AnonymousGtidEvent(_) => {}
+            _ => self.not_understood(state, || format!("binlog event {:?}", header.event_type())),
         }
         Ok(items)
-    }
-
-    fn begin(&self, state: &mut StreamState, gtid: Option<TxGtid>) -> Option<BinlogItem> {
-        state.gtid = gtid;
-        state.in_body = false;
-        if state.in_tx {
-            return None;
-        }
-        state.in_tx = true;
-        Some(BinlogItem::TxBegin)
-    }
-
-    fn end(&self, state: &mut StreamState, end_pos: u64, timestamp: u32) -> Option<BinlogItem> {
-        if !state.in_tx {
-            return None;
-        }
-        state.in_tx = false;
-        state.in_body = false;
-        Some(BinlogItem::TxEnd(TxEnd {
-            gtid: state.gtid.take(),
-            file: state.file.clone(),
-            end_pos,
-            timestamp,
-        }))
     }
 
     /// The outbox table `tme` maps, if any, with how to read its rows.
@@ -417,7 +455,7 @@ impl BinlogReader {
     fn rows(
         &self,
         stream: &BinlogStream,
-        state: &StreamState,
+        state: &mut StreamState,
         rows: &RowsEventData<'_>,
         items: &mut Vec<BinlogItem>,
     ) {
@@ -443,19 +481,21 @@ impl BinlogReader {
                     .get_tme(table_id)
                     .map_or(1, |tme| rows.rows(tme).count());
                 let reason = format!("{table}: {reason}");
-                for _ in 0..count.max(1) {
-                    items.push(BinlogItem::Row(DecodedRow::Unidentifiable(reason.clone())));
-                }
+                let decoded = (0..count.max(1)).map(|_| DecodedRow::Unidentifiable(reason.clone()));
+                let decoded: Vec<DecodedRow> = decoded.collect();
+                hold(state, decoded, items);
                 return;
             }
         };
-        for row in shape.after_images(rows) {
-            let decoded = match row {
+        let decoded: Vec<DecodedRow> = shape
+            .after_images(rows)
+            .into_iter()
+            .map(|row| match row {
                 Ok(values) => decode_row(table, layout, values, self.options.limits),
                 Err(e) => DecodedRow::Unidentifiable(format!("undecodable row of {table}: {e}")),
-            };
-            items.push(BinlogItem::Row(decoded));
-        }
+            })
+            .collect();
+        hold(state, decoded, items);
     }
 }
 
@@ -480,119 +520,5 @@ fn record_lag(event: &Event) {
             }
         }
         _ => {}
-    }
-}
-
-/// Why one streaming attempt ended.
-enum StreamFailure {
-    Transient(String),
-    Permanent(ReaderError),
-}
-
-impl From<ReaderError> for StreamFailure {
-    fn from(e: ReaderError) -> Self {
-        StreamFailure::Permanent(e)
-    }
-}
-
-fn classify_stream_error(error: mysql_async::Error, position: &BinlogPosition) -> StreamFailure {
-    if let mysql_async::Error::Server(server) = &error {
-        match server.code {
-            // ER_MASTER_FATAL_ERROR_READING_BINLOG: purged file or GTID not in any binlog.
-            1236 => {
-                return StreamFailure::Permanent(ReaderError::PositionGone {
-                    position: position.to_string(),
-                    message: server.message.clone(),
-                })
-            }
-            // ER_SPECIFIC_ACCESS_DENIED_ERROR, ER_ACCESS_DENIED_ERROR
-            1227 | 1045 => {
-                return StreamFailure::Permanent(ReaderError::NotAllowed(server.message.clone()))
-            }
-            _ => {}
-        }
-    }
-    StreamFailure::Transient(error.to_string())
-}
-
-/// The outbox table a statement-format `INSERT`/`REPLACE` writes, if any (`schema` is the
-/// session's default database, for an unqualified name). Such rows never reach the decoder.
-fn statement_inserts_into(
-    sql: &str,
-    schema: &str,
-    tables: &[Arc<TableName>],
-) -> Option<Arc<TableName>> {
-    let mut words = sql.split_whitespace();
-    let verb = words.next()?;
-    if !verb.eq_ignore_ascii_case("INSERT") && !verb.eq_ignore_ascii_case("REPLACE") {
-        return None;
-    }
-    let modifiers = ["LOW_PRIORITY", "DELAYED", "HIGH_PRIORITY", "IGNORE", "INTO"];
-    let target = words.find(|w| !modifiers.iter().any(|m| w.eq_ignore_ascii_case(m)))?;
-    let target = target
-        .split('(')
-        .next()
-        .unwrap_or_default()
-        .replace('`', "");
-    let (db, table) = target.rsplit_once('.').unwrap_or((schema, &target));
-    tables
-        .iter()
-        .find(|t| t.table == table && t.schema.as_deref() == Some(db))
-        .cloned()
-}
-
-fn sids(set: &MySqlGtidSet) -> Result<Vec<Sid<'static>>, StreamFailure> {
-    let mut by_source: Vec<(MySqlSource, Vec<GnoInterval>)> = Vec::new();
-    for (source, start, end) in set.intervals() {
-        match by_source.last_mut() {
-            Some((s, ivs)) if s == source => ivs.push(GnoInterval::new(start, end)),
-            _ => by_source.push((source.clone(), vec![GnoInterval::new(start, end)])),
-        }
-    }
-    by_source
-        .into_iter()
-        .map(|(source, intervals)| {
-            let uuid = uuid::Uuid::parse_str(&source.uuid).expect("validated UUID");
-            let mut sid = Sid::new(*uuid.as_bytes()).with_intervals(intervals);
-            if let Some(tag) = source.tag {
-                let tag = mysql_common::packets::Tag::new(tag).map_err(|e| {
-                    StreamFailure::Permanent(ReaderError::Unsupported(format!("bad GTID tag: {e}")))
-                })?;
-                sid = sid.with_tag(tag);
-            }
-            Ok(sid)
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::statement_inserts_into;
-    use crate::config::TableName;
-    use std::sync::Arc;
-
-    #[test]
-    fn statement_format_inserts_into_the_outbox_are_recognised() {
-        let tables = [Arc::new(TableName::parse("app.outbox_event").unwrap())];
-        let hit = |sql: &str, schema: &str| statement_inserts_into(sql, schema, &tables).is_some();
-        assert!(hit(
-            "INSERT INTO outbox_event (event_id) VALUES ('a')",
-            "app"
-        ));
-        assert!(hit(
-            "insert ignore into `app`.`outbox_event`(event_id) values ('a')",
-            "other"
-        ));
-        assert!(hit("REPLACE outbox_event SET event_id = 'a'", "app"));
-        assert!(!hit(
-            "INSERT INTO outbox_event (event_id) VALUES ('a')",
-            "other"
-        ));
-        assert!(!hit(
-            "INSERT INTO outbox_event_archive SELECT * FROM outbox_event",
-            "app"
-        ));
-        assert!(!hit("UPDATE outbox_event SET status = 2", "app"));
-        assert!(!hit("BEGIN", "app"));
     }
 }
