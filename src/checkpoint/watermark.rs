@@ -28,6 +28,8 @@ pub struct Watermark {
     position: BinlogPosition,
     /// Transactions passed since the start (for metrics and batching decisions).
     advanced: u64,
+    /// Events completed since the start.
+    completed: u64,
 }
 
 impl Watermark {
@@ -38,6 +40,7 @@ impl Watermark {
             entries: VecDeque::new(),
             position,
             advanced: 0,
+            completed: 0,
         }
     }
 
@@ -87,6 +90,7 @@ impl Watermark {
             .remaining
             .checked_sub(1)
             .expect("more completions than events");
+        self.completed += 1;
         self.advance();
     }
 
@@ -117,6 +121,13 @@ impl Watermark {
     /// Transactions passed since the start.
     pub fn advanced(&self) -> u64 {
         self.advanced
+    }
+
+    /// Moves whenever the stream makes progress: an event completes or a transaction is passed.
+    /// It keeps moving while the position is held (by a prepared XA transaction, say) as long as
+    /// later events complete; it stops when nothing completes (the broker is down).
+    pub fn progress(&self) -> u64 {
+        self.advanced + self.completed
     }
 }
 

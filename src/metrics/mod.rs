@@ -67,6 +67,8 @@ pub struct RelayMetrics {
     pub binlog_behind_bytes: Gauge,
     /// Seconds since the checkpoint last moved while events were in flight (0 when idle).
     pub checkpoint_age_seconds: Gauge<f64, AtomicU64>,
+    /// Prepared XA transactions whose outcome the stream waits for (each holds the checkpoint).
+    pub xa_prepared_transactions: Gauge,
     /// Events waiting in each shard's input.
     pub shard_queue_depth: Family<ShardLabel, Gauge>,
     /// Age of the oldest PENDING row per table (0 when none): the key metric.
@@ -92,6 +94,7 @@ impl RelayMetrics {
             commit_to_sent: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             binlog_lag_seconds: Gauge::default(),
             checkpoint_age_seconds: Gauge::default(),
+            xa_prepared_transactions: Gauge::default(),
             binlog_behind_transactions: Gauge::default(),
             binlog_behind_bytes: Gauge::default(),
             shard_queue_depth: Family::default(),
@@ -165,6 +168,11 @@ impl RelayMetrics {
             "checkpoint_age_seconds",
             "Seconds since the checkpoint last moved while events were in flight (0 when idle)",
             metrics.checkpoint_age_seconds.clone(),
+        );
+        registry.register(
+            "xa_prepared_transactions",
+            "Prepared XA transactions the stream holds until XA COMMIT or XA ROLLBACK (the checkpoint stays below the oldest)",
+            metrics.xa_prepared_transactions.clone(),
         );
         registry.register(
             "shard_queue_depth",

@@ -24,7 +24,7 @@
 //! first).
 
 use crate::binlog::reader::{check_server, BinlogReader};
-use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, TxEnd, TxGtid};
+use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, TxEnd, TxGtid, Xid};
 use crate::config::Config;
 use crate::relay::Shards;
 use crate::retry::RetryPolicy;
@@ -32,6 +32,7 @@ use crate::route::Router;
 use crate::send::{Completion, Outcome, ShardEvent, Sink};
 use mysql_async::prelude::*;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -293,6 +294,8 @@ impl Replay {
         let mut progress = Progress::default();
         let mut buffered: Vec<OutboxRow> = Vec::new();
         let mut unpublishable = 0;
+        // Prepared XA transactions: their events and unpublishable rows, until their outcome.
+        let mut prepared: HashMap<Xid, (Vec<OutboxRow>, u64)> = HashMap::new();
         summary.stopped = Stop::Interrupted;
         while let Some(item) = tokio::select! {
             _ = cancel.cancelled() => None,
@@ -314,6 +317,31 @@ impl Replay {
                 }
                 BinlogItem::Row(DecodedRow::NotPending | DecodedRow::Unidentifiable(_)) => continue,
                 BinlogItem::TxEnd(end) => end,
+                BinlogItem::Prepared(tx) => {
+                    let (mut events, mut problems) = (Vec::new(), 0);
+                    for row in tx.rows {
+                        match row {
+                            DecodedRow::Event(row) => events.push(row),
+                            DecodedRow::Problem(_) => problems += 1,
+                            _ => {}
+                        }
+                    }
+                    prepared.insert(tx.xid, (events, problems));
+                    tx.end // a transaction of its own, with nothing to publish yet
+                }
+                BinlogItem::XaOutcome { xid, committed } => {
+                    match prepared.remove(&xid) {
+                        Some((events, problems)) if committed => {
+                            buffered.extend(events);
+                            unpublishable += problems;
+                        }
+                        None if committed => tracing::warn!(%xid,
+                            "XA COMMIT of a transaction prepared before the start of the range: \
+                             its events are not replayed"),
+                        _ => {}
+                    }
+                    continue;
+                }
             };
             if self.to_time.is_some_and(|t| end.timestamp > t) {
                 summary.stopped = Stop::PassedTime;

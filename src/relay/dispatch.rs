@@ -8,16 +8,22 @@
 //!
 //! When the reader loses its connection inside a transaction it reads that transaction again
 //! from its start; the rows already handed on are not handed on twice ([`HandedOn`]).
+//!
+//! A prepared XA transaction is held here ([`Held`]) until the reader brings its outcome: its
+//! rows are handed on at `XA COMMIT` and dropped at `XA ROLLBACK`. Its watermark entry stays open
+//! meanwhile, so the checkpoint stays below its prepare (a restart reads the prepare again),
+//! while every later transaction flows and completes as usual.
 
-use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow};
+use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, TxEnd, Xid};
 use crate::checkpoint::{TxSeq, Watermark};
 use crate::config::TableName;
 use crate::route::Router;
 use crate::send::{Completion, ShardEvent};
 use mysql_async::prelude::*;
 use mysql_async::Pool;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// Most items taken from the reader at once (one status query per table per batch).
@@ -32,7 +38,23 @@ pub struct Dispatched {
     /// Rows of a transaction read again after a lost connection that had been handed on the
     /// first time (not sent twice).
     pub read_again: u64,
+    /// Prepared XA transactions whose `XA COMMIT` handed their rows on, and those rolled back.
+    pub xa_committed: u64,
+    pub xa_rolled_back: u64,
 }
+
+/// A prepared XA transaction waiting for its outcome.
+struct Held {
+    /// Its watermark entry, open until the outcome's rows complete.
+    seq: TxSeq,
+    rows: Vec<DecodedRow>,
+    /// Where its prepare ends: the position passed once its rows complete.
+    end: TxEnd,
+    since: Instant,
+}
+
+/// A prepared XA transaction held longer than this is logged (then every such period).
+const LONG_PREPARED: Duration = Duration::from_secs(60);
 
 /// Skipping of already-recorded events while the stream is behind `until`.
 pub struct CatchUp {
@@ -102,8 +124,13 @@ impl CatchUp {
     /// error nothing is skipped (the events are sent again: at least once).
     async fn recorded(&self, batch: &[BinlogItem]) -> HashSet<(Arc<TableName>, u64)> {
         let mut by_table: BTreeMap<Arc<TableName>, Vec<u64>> = BTreeMap::new();
-        for item in batch {
-            if let BinlogItem::Row(DecodedRow::Event(row)) = item {
+        let rows = batch.iter().flat_map(|item| match item {
+            BinlogItem::Row(row) => std::slice::from_ref(row),
+            BinlogItem::Prepared(prepared) => &prepared.rows[..],
+            _ => &[],
+        });
+        for row in rows {
+            if let DecodedRow::Event(row) = row {
                 by_table
                     .entry(Arc::clone(&row.table))
                     .or_default()
@@ -142,11 +169,26 @@ pub async fn run(
     watermark: Arc<Mutex<Watermark>>,
     mut catch_up: Option<CatchUp>,
 ) -> Dispatched {
-    let mut stats = Dispatched::default();
+    let mut d = Dispatcher {
+        router,
+        shards,
+        problems,
+        watermark,
+        stats: Dispatched::default(),
+        handed_on: HandedOn::default(),
+        held: HashMap::new(),
+        last_long_warning: Instant::now(),
+    };
     let mut current: Option<TxSeq> = None;
-    let mut handed_on = HandedOn::default();
-    let begin = |watermark: &Mutex<Watermark>| watermark.lock().expect("not poisoned").begin();
-    while let Some(first) = items.recv().await {
+    loop {
+        let first = match tokio::time::timeout(LONG_PREPARED, items.recv()).await {
+            Ok(Some(item)) => item,
+            Ok(None) => break,
+            Err(_) => {
+                d.warn_long_prepared();
+                continue;
+            }
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match items.try_recv() {
@@ -159,71 +201,199 @@ pub async fn run(
             None => HashSet::new(),
         };
         for item in batch {
-            match item {
-                BinlogItem::TxBegin => current = Some(begin(&watermark)),
+            let handed = match item {
+                BinlogItem::TxBegin => {
+                    current = Some(d.begin());
+                    true
+                }
                 BinlogItem::Row(row) => {
-                    let seq = *current.get_or_insert_with(|| begin(&watermark));
-                    match row {
-                        DecodedRow::Event(row)
-                            if recorded.contains(&(Arc::clone(&row.table), row.id)) =>
-                        {
-                            stats.already_recorded += 1;
-                        }
-                        DecodedRow::Event(row) if handed_on.already(&row.table, row.id) => {
-                            stats.read_again += 1;
-                        }
-                        DecodedRow::Problem(problem)
-                            if handed_on.already(&problem.table, problem.id) =>
-                        {
-                            stats.read_again += 1;
-                        }
-                        DecodedRow::Event(row) => {
-                            watermark.lock().expect("not poisoned").add_event(seq);
-                            let event = ShardEvent::new(seq, row);
-                            let shard = router.shard(event.key_hash);
-                            if shards[shard].send(event).await.is_err() {
-                                return stats; // shutting down
-                            }
-                        }
-                        DecodedRow::Problem(problem) => {
-                            watermark.lock().expect("not poisoned").add_event(seq);
-                            let completion = Completion::bad_row(Some(seq), problem);
-                            if problems.send(completion).await.is_err() {
-                                return stats;
-                            }
-                        }
-                        DecodedRow::NotPending => {}
-                        DecodedRow::Unidentifiable(reason) => {
-                            stats.unidentifiable += 1;
-                            tracing::error!(%reason, "outbox row skipped: it cannot be identified or marked");
-                        }
-                    }
+                    let seq = *current.get_or_insert_with(|| d.begin());
+                    d.hand_on(seq, row, &recorded, true).await
                 }
                 BinlogItem::TxEnd(end) => {
-                    handed_on.end();
+                    d.handed_on.end();
                     if let Some(catch_up) = &mut catch_up {
                         catch_up.read.advance(&end);
                     }
-                    let seq = current.take().unwrap_or_else(|| begin(&watermark));
-                    watermark.lock().expect("not poisoned").end(seq, end);
+                    let seq = current.take().unwrap_or_else(|| d.begin());
+                    d.watermark().end(seq, end);
+                    true
                 }
-                BinlogItem::Restart => {
-                    handed_on.restart();
-                    if let Some(seq) = current.take() {
-                        watermark.lock().expect("not poisoned").abandon(seq);
+                BinlogItem::Prepared(prepared) => {
+                    if let Some(catch_up) = &mut catch_up {
+                        catch_up.read.advance(&prepared.end);
                     }
+                    d.hold(prepared, &recorded);
+                    true
                 }
+                BinlogItem::XaOutcome { xid, committed } => d.resolve(&xid, committed).await,
+                BinlogItem::Restart => {
+                    d.handed_on.restart();
+                    if let Some(seq) = current.take() {
+                        d.watermark().abandon(seq);
+                    }
+                    true
+                }
+            };
+            if !handed {
+                return d.stats; // shutting down
             }
         }
+        d.warn_long_prepared();
         if catch_up.as_ref().is_some_and(CatchUp::done) {
             tracing::info!(
-                skipped = stats.already_recorded,
+                skipped = d.stats.already_recorded,
                 "caught up with the binlog: events already recorded SENT or FAILED were not sent again"
             );
             catch_up = None;
         }
     }
-    stats
+    d.stats
+}
+
+/// The dispatcher's state between items.
+struct Dispatcher {
+    router: Router,
+    shards: Vec<mpsc::Sender<ShardEvent>>,
+    problems: mpsc::Sender<Completion>,
+    watermark: Arc<Mutex<Watermark>>,
+    stats: Dispatched,
+    handed_on: HandedOn,
+    held: HashMap<Xid, Held>,
+    last_long_warning: Instant,
+}
+
+impl Dispatcher {
+    fn watermark(&self) -> std::sync::MutexGuard<'_, Watermark> {
+        self.watermark.lock().expect("not poisoned")
+    }
+
+    fn begin(&self) -> TxSeq {
+        self.watermark().begin()
+    }
+
+    /// Hands `row` of transaction `seq` on (to its shard, or as a problem); false once the
+    /// receivers are gone. `read_again` applies the [`HandedOn`] check of re-read transactions.
+    async fn hand_on(
+        &mut self,
+        seq: TxSeq,
+        row: DecodedRow,
+        recorded: &HashSet<(Arc<TableName>, u64)>,
+        read_again: bool,
+    ) -> bool {
+        match row {
+            DecodedRow::Event(row) if recorded.contains(&(Arc::clone(&row.table), row.id)) => {
+                self.stats.already_recorded += 1;
+            }
+            DecodedRow::Event(row) if read_again && self.handed_on.already(&row.table, row.id) => {
+                self.stats.read_again += 1;
+            }
+            DecodedRow::Problem(problem)
+                if read_again && self.handed_on.already(&problem.table, problem.id) =>
+            {
+                self.stats.read_again += 1;
+            }
+            DecodedRow::Event(row) => {
+                self.watermark().add_event(seq);
+                let event = ShardEvent::new(seq, row);
+                let shard = self.router.shard(event.key_hash);
+                return self.shards[shard].send(event).await.is_ok();
+            }
+            DecodedRow::Problem(problem) => {
+                self.watermark().add_event(seq);
+                let completion = Completion::bad_row(Some(seq), problem);
+                return self.problems.send(completion).await.is_ok();
+            }
+            DecodedRow::NotPending => {}
+            DecodedRow::Unidentifiable(reason) => {
+                self.stats.unidentifiable += 1;
+                tracing::error!(%reason, "outbox row skipped: it cannot be identified or marked");
+            }
+        }
+        true
+    }
+
+    /// A prepared XA transaction: its entry opens (and stays open) in binlog order; its rows
+    /// wait. Rows already recorded (a previous run saw its outcome) are dropped now.
+    fn hold(
+        &mut self,
+        prepared: crate::binlog::PreparedTx,
+        recorded: &HashSet<(Arc<TableName>, u64)>,
+    ) {
+        let seq = self.begin();
+        let rows: Vec<DecodedRow> = prepared
+            .rows
+            .into_iter()
+            .filter(|row| match row {
+                DecodedRow::Event(row) => !recorded.contains(&(Arc::clone(&row.table), row.id)),
+                _ => true,
+            })
+            .collect();
+        tracing::info!(xid = %prepared.xid, rows = rows.len(), prepare = ?prepared.end.gtid,
+            "XA transaction prepared: its events wait for XA COMMIT (the checkpoint holds here)");
+        let held = Held {
+            seq,
+            rows,
+            end: prepared.end,
+            since: Instant::now(),
+        };
+        if let Some(old) = self.held.insert(prepared.xid.clone(), held) {
+            // The same xid prepared again before an outcome: the server cannot do that; keep the
+            // newer and let the older pass without publishing.
+            tracing::error!(xid = %prepared.xid, "XA transaction prepared twice; the first prepare is dropped");
+            self.watermark().end(old.seq, old.end);
+        }
+        self.publish_held_count();
+    }
+
+    /// The outcome of prepared `xid`: its rows are handed on (commit) or dropped (rollback), and
+    /// its entry closes at its prepare's end. False once the receivers are gone.
+    async fn resolve(&mut self, xid: &Xid, committed: bool) -> bool {
+        let Some(held) = self.held.remove(xid) else {
+            if committed {
+                tracing::warn!(%xid,
+                    "XA COMMIT of a transaction prepared before the relay's start position: its \
+                     events are left to the sweeper");
+            }
+            return true;
+        };
+        self.publish_held_count();
+        if committed {
+            self.stats.xa_committed += 1;
+            for row in held.rows {
+                if !self.hand_on(held.seq, row, &HashSet::new(), false).await {
+                    return false;
+                }
+            }
+        } else {
+            self.stats.xa_rolled_back += 1;
+            tracing::info!(%xid, rows = held.rows.len(), "XA transaction rolled back: its events are not published");
+        }
+        self.watermark().end(held.seq, held.end);
+        true
+    }
+
+    fn publish_held_count(&self) {
+        crate::metrics::relay()
+            .xa_prepared_transactions
+            .set(self.held.len() as i64);
+    }
+
+    /// Logs the prepared XA transactions held for long, at most once per [`LONG_PREPARED`].
+    fn warn_long_prepared(&mut self) {
+        if self.last_long_warning.elapsed() < LONG_PREPARED {
+            return;
+        }
+        for (xid, held) in &self.held {
+            let age = held.since.elapsed();
+            if age >= LONG_PREPARED {
+                tracing::warn!(%xid, held_for = ?age, prepare = ?held.end.gtid,
+                    "an XA transaction is still prepared: the checkpoint cannot pass it until \
+                     XA COMMIT or XA ROLLBACK (XA RECOVER lists it); other events flow meanwhile");
+            }
+        }
+        self.last_long_warning = Instant::now();
+    }
 }
 
 #[cfg(test)]
@@ -309,5 +479,92 @@ mod tests {
         watermark.lock().unwrap().complete(seq(0));
         watermark.lock().unwrap().complete(seq(1));
         assert_eq!(position(&watermark), 200);
+    }
+
+    #[tokio::test]
+    async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
+        use crate::binlog::PreparedTx;
+        let (items_tx, items) = mpsc::channel(100);
+        let (shard, mut handed) = mpsc::channel(100);
+        let (problems, _) = mpsc::channel(100);
+        let watermark = Arc::new(Mutex::new(Watermark::new(BinlogPosition::default())));
+        let xid = |name: &str| Xid::parse_statement_id(&format!("X'{name}',X'',1")).unwrap();
+        let end_at = |pos| match end(pos) {
+            BinlogItem::TxEnd(end) => end,
+            _ => unreachable!(),
+        };
+        let script = [
+            BinlogItem::Prepared(PreparedTx {
+                xid: xid("61"),
+                rows: vec![match row(1) {
+                    BinlogItem::Row(r) => r,
+                    _ => unreachable!(),
+                }],
+                end: end_at(100),
+            }),
+            BinlogItem::Prepared(PreparedTx {
+                xid: xid("62"),
+                rows: vec![match row(2) {
+                    BinlogItem::Row(r) => r,
+                    _ => unreachable!(),
+                }],
+                end: end_at(150),
+            }),
+            BinlogItem::TxBegin,
+            row(3),
+            end(200),
+            BinlogItem::TxBegin,
+            BinlogItem::XaOutcome {
+                xid: xid("62"),
+                committed: false,
+            },
+            end(250),
+        ];
+        for item in script {
+            items_tx.send(item).await.unwrap();
+        }
+        let dispatcher = tokio::spawn(run(
+            items,
+            Router::new(1),
+            vec![shard],
+            problems,
+            Arc::clone(&watermark),
+            None,
+        ));
+        let position = |w: &Mutex<Watermark>| w.lock().unwrap().position().pos;
+        let later = handed.recv().await.unwrap();
+        assert_eq!(
+            later.row.id, 3,
+            "the later transaction flows while 61 is prepared"
+        );
+        watermark.lock().unwrap().complete(later.seq.unwrap());
+        assert_eq!(
+            position(&watermark),
+            0,
+            "the checkpoint stays below the prepare"
+        );
+
+        for item in [
+            BinlogItem::TxBegin,
+            BinlogItem::XaOutcome {
+                xid: xid("61"),
+                committed: true,
+            },
+            end(300),
+        ] {
+            items_tx.send(item).await.unwrap();
+        }
+        let committed = handed.recv().await.unwrap();
+        assert_eq!(committed.row.id, 1, "published at XA COMMIT");
+        assert_eq!(position(&watermark), 0, "until its event completes");
+        watermark.lock().unwrap().complete(committed.seq.unwrap());
+        assert_eq!(position(&watermark), 300);
+        drop(items_tx);
+        let stats = dispatcher.await.unwrap();
+        assert_eq!((stats.xa_committed, stats.xa_rolled_back), (1, 1));
+        assert!(
+            handed.try_recv().is_err(),
+            "the rolled-back row 2 is never handed on"
+        );
     }
 }

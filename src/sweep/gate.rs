@@ -4,7 +4,7 @@
 //!
 //! - Poll mode: always, rows of any age.
 //! - Beside this process's stream (the leader): rows older than `sweeper.min_age`, but only while
-//!   the stream is idle or its watermark moved within the last half `min_age`. A stream stalled
+//!   the stream is idle or made progress (an event completed) within the last half `min_age`. A stream stalled
 //!   on the broker holds its rows in memory and sends them when the broker returns; sweeping them
 //!   meanwhile would send them twice (and fail the same way while the broker is down).
 //! - A standby: rows older than `min_age` *before the leader's last mirrored checkpoint*
@@ -26,7 +26,7 @@ pub enum SweepGate {
     /// Beside this process's stream.
     BesideStream {
         watermark: Arc<Mutex<Watermark>>,
-        /// The watermark's `advanced()` count, and when it was last seen to change.
+        /// The watermark's `progress()` count, and when it was last seen to change.
         seen: Option<(u64, Instant)>,
     },
     /// A standby of deployment `relay_name`.
@@ -47,11 +47,11 @@ impl SweepGate {
         match self {
             SweepGate::Always => Some(base),
             SweepGate::BesideStream { watermark, seen } => {
-                let (in_flight, advanced) = {
+                let (in_flight, progress) = {
                     let w = watermark.lock().expect("not poisoned");
-                    (w.in_flight(), w.advanced())
+                    (w.in_flight(), w.progress())
                 };
-                stream_allows(in_flight, advanced, seen, base).then_some(base)
+                stream_allows(in_flight, progress, seen, base).then_some(base)
             }
             SweepGate::BehindMirror { relay_name } => {
                 let behind: Option<Option<i64>> = match pool.get_conn().await {
@@ -72,21 +72,21 @@ impl SweepGate {
     }
 }
 
-/// True when the stream is idle (nothing in flight) or its watermark moved within `base / 2`;
-/// `seen` remembers the last `advanced` count and when it changed.
+/// True when the stream is idle (nothing in flight) or made progress within `base / 2`;
+/// `seen` remembers the last `progress` count and when it changed.
 fn stream_allows(
     in_flight: usize,
-    advanced: u64,
+    progress: u64,
     seen: &mut Option<(u64, Instant)>,
     base: Duration,
 ) -> bool {
     let now = Instant::now();
     match seen {
-        Some((count, at)) if *count == advanced => {
+        Some((count, at)) if *count == progress => {
             in_flight == 0 || now.duration_since(*at) < base / 2
         }
         _ => {
-            *seen = Some((advanced, now));
+            *seen = Some((progress, now));
             true
         }
     }
