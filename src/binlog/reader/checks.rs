@@ -182,7 +182,13 @@ async fn read_position(
     is_mariadb: bool,
 ) -> Result<(ServerFlavor, BinlogPosition), StartupError> {
     // REPLICATION CLIENT (BINLOG MONITOR on MariaDB 10.5+): needed to ask for the position.
-    let status: Result<Option<Row>, _> = conn.query_first("SHOW MASTER STATUS").await;
+    let status: Result<Option<Row>, _> = match conn.query_first("SHOW MASTER STATUS").await {
+        // MySQL 8.4 renamed it.
+        Err(mysql_async::Error::Server(e)) if e.code == 1064 => {
+            conn.query_first("SHOW BINARY LOG STATUS").await
+        }
+        other => other,
+    };
     let status = match status {
         Ok(status) => status,
         Err(mysql_async::Error::Server(e)) if e.code == 1227 || e.code == 1142 => {
@@ -190,10 +196,6 @@ async fn read_position(
                 "{}; grant REPLICATION CLIENT (BINLOG MONITOR on MariaDB) to the relay's user",
                 e.message
             )))
-        }
-        Err(mysql_async::Error::Server(e)) if e.code == 1064 => {
-            // MySQL 8.4 renamed it.
-            conn.query_first("SHOW BINARY LOG STATUS").await?
         }
         Err(e) => return Err(e.into()),
     };
