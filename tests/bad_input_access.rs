@@ -83,9 +83,9 @@ async fn start_up_names_each_missing_privilege_and_the_documented_grants_suffice
     // Each step adds one grant of deploy/mysql-init/01-users.sql (or holds one back) and the
     // start-up names the next missing one.
     let steps: [(&str, &[&str]); 5] = [
-        ("", &["BINLOG MONITOR"]),
+        ("", &["REPLICATION CLIENT"]),
         (
-            "GRANT BINLOG MONITOR ON *.* TO {user}",
+            "GRANT REPLICATION CLIENT ON *.* TO {user}",
             &["REPLICATION SLAVE", "GRANT REPLICATION SLAVE ON *.*"],
         ),
         (
@@ -212,7 +212,7 @@ async fn the_mysql_password_never_appears_in_output_or_debug_logs() {
     let wrong = format!("Wr0ngSecret-{}-pw", std::process::id());
     for statement in [
         format!("CREATE USER {user} IDENTIFIED BY '{password}'"),
-        format!("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO {user}"),
+        format!("GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {user}"),
         format!("GRANT SELECT, UPDATE ON `{d}`.outbox_event TO {user}"),
         format!("GRANT SELECT, INSERT, UPDATE ON `{d}`.outbox_relay_state TO {user}"),
         // `migrate --status` reads the schema history.
