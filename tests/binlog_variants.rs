@@ -94,7 +94,7 @@ async fn json_payloads_of_every_shape_arrive_as_written() {
     for (id, payload) in expected {
         assert_eq!(
             stored[&id],
-            [payload.clone()],
+            std::slice::from_ref(&payload),
             "{id}: the payload as written"
         );
     }

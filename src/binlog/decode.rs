@@ -20,6 +20,25 @@ pub struct OutboxRow {
     pub message: OutboundMessage,
 }
 
+#[cfg(test)]
+impl OutboxRow {
+    /// A small event row `id` of table `outbox_event` (key `k`, topic `t`) for unit tests.
+    pub fn sample(id: u64) -> OutboxRow {
+        OutboxRow {
+            table: Arc::new(TableName::parse("outbox_event").expect("a valid name")),
+            id,
+            message: OutboundMessage {
+                event_id: format!("e{id}"),
+                biz_key: "k".into(),
+                topic: "t".into(),
+                tags: None,
+                headers: vec![],
+                payload: "{}".into(),
+            },
+        }
+    }
+}
+
 /// A row that cannot become a message; the relay marks it FAILED with `reason`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowProblem {

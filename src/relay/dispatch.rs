@@ -399,22 +399,28 @@ impl Dispatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::binlog::{OutboxRow, TxEnd};
-    use crate::event::OutboundMessage;
+    use crate::binlog::OutboxRow;
 
     fn row(id: u64) -> BinlogItem {
-        BinlogItem::Row(DecodedRow::Event(OutboxRow {
-            table: Arc::new(TableName::parse("outbox_event").unwrap()),
-            id,
-            message: OutboundMessage {
-                event_id: format!("e{id}"),
-                biz_key: "k".into(),
-                topic: "t".into(),
-                tags: None,
-                headers: vec![],
-                payload: "{}".into(),
-            },
-        }))
+        BinlogItem::Row(DecodedRow::Event(OutboxRow::sample(id)))
+    }
+
+    /// The dispatcher's channels and watermark: (items in, items out, handed-on events in,
+    /// handed-on events out, problems, watermark). The problems' receiver is dropped.
+    #[allow(clippy::type_complexity)]
+    fn wiring() -> (
+        mpsc::Sender<BinlogItem>,
+        mpsc::Receiver<BinlogItem>,
+        mpsc::Sender<ShardEvent>,
+        mpsc::Receiver<ShardEvent>,
+        mpsc::Sender<Completion>,
+        Arc<Mutex<Watermark>>,
+    ) {
+        let (items_tx, items) = mpsc::channel(100);
+        let (shard, handed) = mpsc::channel(100);
+        let (problems, _) = mpsc::channel(100);
+        let watermark = Arc::new(Mutex::new(Watermark::new(BinlogPosition::default())));
+        (items_tx, items, shard, handed, problems, watermark)
     }
 
     fn end(pos: u64) -> BinlogItem {
@@ -428,10 +434,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
-        let (items_tx, items) = mpsc::channel(100);
-        let (shard, mut handed) = mpsc::channel(100);
-        let (problems, _) = mpsc::channel(100);
-        let watermark = Arc::new(Mutex::new(Watermark::new(BinlogPosition::default())));
+        let (items_tx, items, shard, mut handed, problems, watermark) = wiring();
         // The connection is lost after two rows of the first transaction, which is read again
         // whole; then a second transaction.
         let script = [
@@ -484,10 +487,7 @@ mod tests {
     #[tokio::test]
     async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
         use crate::binlog::PreparedTx;
-        let (items_tx, items) = mpsc::channel(100);
-        let (shard, mut handed) = mpsc::channel(100);
-        let (problems, _) = mpsc::channel(100);
-        let watermark = Arc::new(Mutex::new(Watermark::new(BinlogPosition::default())));
+        let (items_tx, items, shard, mut handed, problems, watermark) = wiring();
         let xid = |name: &str| Xid::parse_statement_id(&format!("X'{name}',X'',1")).unwrap();
         let end_at = |pos| match end(pos) {
             BinlogItem::TxEnd(end) => end,
@@ -496,18 +496,12 @@ mod tests {
         let script = [
             BinlogItem::Prepared(PreparedTx {
                 xid: xid("61"),
-                rows: vec![match row(1) {
-                    BinlogItem::Row(r) => r,
-                    _ => unreachable!(),
-                }],
+                rows: vec![DecodedRow::Event(OutboxRow::sample(1))],
                 end: end_at(100),
             }),
             BinlogItem::Prepared(PreparedTx {
                 xid: xid("62"),
-                rows: vec![match row(2) {
-                    BinlogItem::Row(r) => r,
-                    _ => unreachable!(),
-                }],
+                rows: vec![DecodedRow::Event(OutboxRow::sample(2))],
                 end: end_at(150),
             }),
             BinlogItem::TxBegin,

@@ -366,7 +366,6 @@ pub fn statement_inserts_into(
 mod tests {
     use super::*;
     use crate::binlog::OutboxRow;
-    use crate::event::OutboundMessage;
 
     #[test]
     fn statements_are_classified_as_both_servers_write_them() {
@@ -398,18 +397,7 @@ mod tests {
     }
 
     fn row(id: u64) -> DecodedRow {
-        DecodedRow::Event(OutboxRow {
-            table: Arc::new(TableName::parse("outbox_event").unwrap()),
-            id,
-            message: OutboundMessage {
-                event_id: format!("e{id}"),
-                biz_key: "k".into(),
-                topic: "t".into(),
-                tags: None,
-                headers: vec![],
-                payload: "{}".into(),
-            },
-        })
+        DecodedRow::Event(OutboxRow::sample(id))
     }
 
     fn ids(rows: Vec<DecodedRow>) -> Vec<u64> {
