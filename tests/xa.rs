@@ -127,7 +127,19 @@ async fn prepared_then_committed_is_published_once_and_rolled_back_never() {
         .query_drop("XA ROLLBACK 'xa-rollback'")
         .await
         .unwrap();
+    let resolved = current_position(&db).await; // past both outcomes
     wait_until_sent(&db, 3, Duration::from_secs(60)).await;
+    // No watermark entry is left open by an outcome: the checkpoint passes both.
+    wait_for(
+        "the checkpoint to pass both outcomes",
+        Duration::from_secs(30),
+        || async {
+            mirrored_checkpoint(&db, &config)
+                .await
+                .is_some_and(|c| c.covers(&resolved))
+        },
+    )
+    .await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
 
