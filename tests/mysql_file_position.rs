@@ -2,8 +2,10 @@
 //! resumes by binlog file and offset. Proven live: the relay detects the mode, relays events,
 //! checkpoints a file and offset (never a GTID set), and after a graceful stop and after a
 //! `kill -9` it resumes from that checkpoint without losing an event across
-//! `FLUSH BINARY LOGS` rotations (while running and while down). The sweeper is off: only the
-//! stream can deliver, so a wrong offset would show as a missing event.
+//! `FLUSH BINARY LOGS` rotations (while running and while down). The sweeper is off for that:
+//! only the stream can deliver, so a wrong offset would show as a missing event. Last, the
+//! checkpoint's file is purged while the relay is down: it restarts at the oldest file, counts
+//! the lost position, and the sweeper publishes the gap.
 //!
 //! This binary starts its own MySQL (in the chroot of `scripts/setup.sh --mysql`) whatever
 //! `OUTBOX_TEST_DB` says, since no shared server runs without GTIDs. Without the chroot, or when
@@ -12,11 +14,11 @@
 mod common;
 
 use common::relay::{
-    assert_every_event_arrived_in_key_order, count_status, current_position, relay_config,
-    seed_checkpoint, wait_for, wait_until_sent, write_config_file, write_events, RelayProcess,
-    RunningRelay,
+    assert_every_event_arrived_in_key_order, count_status, current_position, deliveries,
+    relay_config, seed_checkpoint, wait_for, wait_until_sent, write_config_file, write_events,
+    RelayProcess, RunningRelay,
 };
-use common::rocketmq::new_topic;
+use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use outbox_relay::binlog::reader::server_position;
@@ -187,5 +189,45 @@ async fn file_position_checkpoints_resume_after_a_stop_and_a_kill_across_rotatio
     assert_file_position(&saved_checkpoint(&config), "at the end");
     assert_eq!(count_status(&db, 1).await, 0, "no row is left SENDING");
     assert_every_event_arrived_in_key_order(&db, &topic, TOTAL as usize).await;
+
+    // 4. Written while down, then every file but the newest purged: the checkpoint's file is
+    // gone. The relay restarts at the oldest file left; the sweeper publishes the gap.
+    write_events(&db, &topic, 2, 50, 20).await;
+    flush_binary_logs(&db).await;
+    purge_all_but_the_newest_binlog(&db).await;
+    config.sweeper.enabled = true;
+    config.sweeper.interval = Duration::from_millis(300);
+    config.sweeper.min_age = Duration::from_secs(1);
+    let relay = RunningRelay::start(&config).await;
+    write_events(&db, &topic, 2, 25, 20).await;
+    const WITH_GAP: u64 = TOTAL + 150;
+    wait_until_sent(&db, WITH_GAP, Duration::from_secs(90)).await;
+    relay.stop().await;
+    assert!(
+        outbox_relay::metrics::relay().binlog_position_lost.get() > lost_before,
+        "the lost position is counted for alerting"
+    );
+    assert_file_position(&saved_checkpoint(&config), "after the purge");
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, WITH_GAP as usize).await;
+    assert_eq!(per_event.len(), WITH_GAP as usize, "every event arrived");
     drop(server);
+}
+
+/// `PURGE BINARY LOGS TO` the newest file until only it is left (the server keeps a file that a
+/// dump thread still reads, until that thread notices its client is gone).
+async fn purge_all_but_the_newest_binlog(db: &TestDb) {
+    wait_for("older binlogs purged", Duration::from_secs(30), || {
+        let pool = db.pool.clone();
+        async move {
+            let mut conn = pool.get_conn().await.unwrap();
+            let logs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
+            let newest: String = logs.last().and_then(|row| row.get(0)).unwrap();
+            conn.query_drop(format!("PURGE BINARY LOGS TO '{newest}'"))
+                .await
+                .unwrap();
+            let left: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
+            left.len() == 1
+        }
+    })
+    .await;
 }
