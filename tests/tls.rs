@@ -3,7 +3,7 @@
 //! requires TLS can migrate, pass the start-up checks and stream the binlog only over a verified
 //! connection. On MySQL, accounts use `caching_sha2_password`, whose full authentication differs
 //! over TLS (the password in the clear) and without (RSA-encrypted with the server's key): a
-//! second test proves the relay over a plain connection too.
+//! second test proves the relay over a plain connection too, on the binary's shared server.
 
 mod common;
 
@@ -204,54 +204,42 @@ async fn assert_auth_plugin(root: &mut mysql_async::Conn, kind: DatabaseKind, us
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_user_relays_over_plain_tcp() {
-    common::init_logging();
-    let kind = DatabaseKind::from_env().unwrap();
-    // A server of its own: the first login of an account after a restart takes the full
-    // authentication path (nothing cached yet), the case a plain connection must pass.
-    let dir = scratch_dir(&format!("plain-{}", kind.name())).unwrap();
-    let mut server = Database::start(kind, &dir).expect("a server");
-    let url = server.create_database("plain").unwrap();
-    let database = url.rsplit('/').next().unwrap().to_string();
-    let mut root = mysql_async::Conn::from_url(&url).await.unwrap();
+    // The binary's server (no TLS asked for). A new account's first login, and every login
+    // after `FLUSH PRIVILEGES` (which empties MySQL's caching_sha2_password cache), takes the
+    // full authentication path: the case a plain connection must pass.
+    let db = common::TestDb::empty("plain").await;
+    let kind = common::database().kind();
+    let user = format!("plain_{}", std::process::id());
+    let mut root = db.conn().await;
     for sql in [
-        "CREATE USER 'plain'@'%' IDENTIFIED BY 'plain-pw'".to_string(),
-        format!("GRANT ALL ON `{database}`.* TO 'plain'@'%'"),
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'plain-pw'"),
+        format!("GRANT ALL ON `{}`.* TO '{user}'@'%'", db.name()),
         format!(
-            "GRANT {} ON *.* TO 'plain'@'%'",
+            "GRANT {} ON *.* TO '{user}'@'%'",
             replication_privileges(kind)
         ),
     ] {
         root.query_drop(sql).await.unwrap();
     }
-    assert_auth_plugin(&mut root, kind, "plain").await;
-    drop(root);
-    let plain_url = url.replacen("root@", "plain:plain-pw@", 1);
+    assert_auth_plugin(&mut root, kind, &user).await;
+    let plain_url = db.url.replacen("root@", &format!("{user}:plain-pw@"), 1);
     let mut config = outbox_relay::Config::default();
     config.mysql.url = Some(plain_url.clone());
     assert_eq!(config.mysql.tls, TlsMode::Disabled);
-    let check_plain = |pool: mysql_async::Pool| async move {
-        let mut conn = pool.get_conn().await.unwrap();
-        let cipher: Option<(String, String)> = conn
-            .query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
-            .await
-            .unwrap();
-        assert_eq!(cipher.unwrap().1, "", "the session is not encrypted");
-        conn
-    };
     let pool = outbox_relay::db::pool(&config).unwrap();
-    let mut conn = check_plain(pool.clone()).await;
+    let mut conn = pool.get_conn().await.unwrap();
+    let cipher: Option<(String, String)> = conn
+        .query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        .await
+        .unwrap();
+    assert_eq!(cipher.unwrap().1, "", "the session is not encrypted");
     outbox_relay::schema::migrate(&mut conn, &config.outbox_tables())
         .await
         .unwrap();
     drop(conn);
-    // After a restart nothing is cached: the relay's first logins take the full path.
     pool.disconnect().await.unwrap();
-    let server = tokio::task::spawn_blocking(move || {
-        server.restart().expect("restart");
-        server
-    })
-    .await
-    .unwrap();
+    // Nothing cached: the relay's first logins take the full path again.
+    root.query_drop("FLUSH PRIVILEGES").await.unwrap();
     let db = common::TestDb {
         url: plain_url,
         pool: outbox_relay::db::pool(&config).unwrap(),
@@ -263,6 +251,4 @@ async fn a_password_user_relays_over_plain_tcp() {
     write_events(&db, &topic, 1, 20, 5).await;
     wait_until_sent(&db, 20, Duration::from_secs(60)).await;
     relay.stop().await;
-    check_plain(db.pool.clone()).await;
-    drop(server);
 }
