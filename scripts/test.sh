@@ -77,12 +77,19 @@ stop_servers
 
 if [ "$WITH_MYSQL" = 1 ]; then
   # The relay's live tests on Oracle MySQL: end to end, kill -9, broker outage, cut
-  # connections, resume; poll mode, bad input, the sweeper, the producer API, migrations.
+  # connections, resume, failover, purged binlogs (gtid_purged), row images, operations,
+  # status/replay, TLS and caching_sha2_password, XA, the short chaos soak, and a MySQL without
+  # GTIDs (file/position; that binary starts its own server); poll mode, bad input, the sweeper,
+  # the producer API, migrations. One binary at a time, each timed.
   echo "== relay tests against Apache RocketMQ (Java) and Oracle MySQL"
   started=$SECONDS
   start_servers apache mysql
-  cargo test "${FEATURES[@]}" --test relay --test relay_faults --test relay_resume \
-    --test poll --test bad_input --test sweeper --test producer --test migrate
+  for test in relay relay_faults relay_resume failover purged_binlog row_image poll bad_input \
+    sweeper producer migrate operate operate_status_replay tls xa soak mysql_file_position; do
+    test_started=$SECONDS
+    cargo test "${FEATURES[@]}" --test "$test"
+    say "MySQL phase: $test: $((SECONDS - test_started)) s"
+  done
   stop_servers
   say "MySQL phase: $((SECONDS - started)) s"
 fi

@@ -1,5 +1,6 @@
-//! Operations commands against a real MariaDB: cleanup, audited compensation, reconcile, and
-//! the binary's `retry` / `mark-failed` / `cleanup` / `reconcile` end to end.
+//! Operations commands against a real MariaDB or MySQL (`OUTBOX_TEST_DB`): cleanup, audited
+//! compensation, reconcile, and the binary's `retry` / `mark-failed` / `cleanup` / `reconcile`
+//! end to end.
 
 mod common;
 #[path = "operate/rows.rs"]

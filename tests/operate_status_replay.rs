@@ -1,4 +1,5 @@
-//! `outbox-relay status` and `outbox-relay replay`, as the binary, on a real MariaDB and broker:
+//! `outbox-relay status` and `outbox-relay replay`, as the binary, on a real MariaDB or MySQL
+//! and broker:
 //! the status of an outbox with rows in every status (counts, oldest PENDING, FAILED reasons,
 //! verdicts and exit codes, no password in any output), and the replay of a GTID range that
 //! re-sends exactly the events in it without touching outbox rows.
@@ -10,14 +11,33 @@ use common::relay::{
     write_config_file, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
-use common::TestDb;
+use common::{database, TestDb};
 use mysql_async::prelude::*;
-use outbox_relay::devenv::TopicReader;
+use outbox_relay::binlog::BinlogPosition;
+use outbox_relay::devenv::{DatabaseKind, TopicReader};
 use outbox_relay::producer::NewEvent;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::Output;
 use std::time::Duration;
+
+/// A position's GTID part as `--from-gtid` takes it: MariaDB's `D-S-N,…` or MySQL's GTID set.
+fn gtid(position: BinlogPosition) -> String {
+    match (position.mariadb_gtid, position.mysql_gtid_set) {
+        (Some(mariadb), _) => mariadb.to_string(),
+        (None, Some(mysql)) => mysql.to_string(),
+        (None, None) => panic!("the server has GTIDs"),
+    }
+}
+
+/// How a position's GTID part starts when printed: `gtid 0-1-` (MariaDB, server id 1) or
+/// `gtid set ` (MySQL).
+fn printed_gtid() -> &'static str {
+    match database().kind() {
+        DatabaseKind::MariaDb => "gtid 0-1-",
+        DatabaseKind::MySql => "gtid set ",
+    }
+}
 
 async fn outbox_relay(args: &[&str]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
@@ -53,7 +73,13 @@ async fn user_with_password(db: &TestDb, password: &str) -> String {
     for sql in [
         format!("CREATE USER IF NOT EXISTS '{user}'@'%' IDENTIFIED BY '{password}'"),
         format!("GRANT SELECT, UPDATE ON `{database}`.* TO '{user}'@'%'"),
-        format!("GRANT BINLOG MONITOR ON *.* TO '{user}'@'%'"),
+        format!(
+            "GRANT {} ON *.* TO '{user}'@'%'",
+            match common::database().kind() {
+                DatabaseKind::MariaDb => "BINLOG MONITOR",
+                DatabaseKind::MySql => "REPLICATION CLIENT",
+            }
+        ),
     ] {
         conn.query_drop(sql).await.unwrap();
     }
@@ -126,7 +152,7 @@ async fn status_counts_rows_names_reasons_and_judges() {
         binlog["server_position"]
             .as_str()
             .unwrap()
-            .contains("gtid 0-1-"),
+            .contains(printed_gtid()),
         "{report:#}"
     );
     assert!(
@@ -263,7 +289,6 @@ async fn replay_of_a_gtid_range_resends_exactly_its_events() {
     let files = tempfile::tempdir().unwrap();
     let config_file = write_config_file(&config, files.path());
     let config_file = config_file.to_str().unwrap();
-    let gtid = |p: outbox_relay::binlog::BinlogPosition| p.mariadb_gtid.unwrap().to_string();
 
     let a = write(&db, &topic, "a", 4).await;
     let after_a = gtid(current_position(&db).await);
@@ -361,7 +386,7 @@ async fn replay_of_a_gtid_range_resends_exactly_its_events() {
         stdout
             .lines()
             .nth(1)
-            .is_some_and(|l| l.contains("gtid 0-1-")),
+            .is_some_and(|l| l.contains(printed_gtid())),
         "{stdout}"
     );
 }
@@ -369,7 +394,6 @@ async fn replay_of_a_gtid_range_resends_exactly_its_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_to_time_bound_stops_at_the_first_later_transaction() {
     let db = TestDb::migrated("replay_time").await;
-    let gtid = |p: outbox_relay::binlog::BinlogPosition| p.mariadb_gtid.unwrap().to_string();
     let start = gtid(current_position(&db).await);
     let early = write(&db, "t", "early", 2).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;

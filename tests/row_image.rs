@@ -1,5 +1,5 @@
 //! The relay's own UPDATEs (SENT marks) are logged with `binlog_row_image = MINIMAL` on a real
-//! MariaDB whose global setting is FULL (the setting the stream needs for producers' INSERTs):
+//! MariaDB or MySQL whose global setting is FULL (the setting the stream needs for producers' INSERTs):
 //! each mark carries the key and the changed columns, not the 1 KiB row twice. With
 //! `relay.minimal_row_image = false` the server's FULL images are kept.
 
@@ -10,34 +10,44 @@ use common::relay::{
     write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
-use common::TestDb;
+use common::{database, TestDb};
 use futures_util::StreamExt;
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::prelude::*;
 use mysql_async::BinlogStreamRequest;
+use outbox_relay::binlog::reader::server_position;
 use outbox_relay::binlog::BinlogPosition;
+use outbox_relay::devenv::DatabaseKind;
 use outbox_relay::producer::NewEvent;
 use serde_json::json;
 use std::time::Duration;
 
-/// Per UPDATE row of `outbox_event` in this test's database written after `from`: how many
-/// columns its before image and its after image carry.
+/// Per UPDATE row of `outbox_event` in this test's database written after `from` (a file and
+/// offset; on MariaDB its GTID position): how many columns its before image and its after
+/// image carry.
 async fn update_images(db: &TestDb, from: &BinlogPosition, server_id: u32) -> Vec<(usize, usize)> {
     let schema = db.name();
     let mut conn = mysql_async::Conn::new(mysql_async::Opts::from_url(&db.url).unwrap())
         .await
         .unwrap();
-    conn.query_drop("SET @mariadb_slave_capability = 4")
-        .await
-        .unwrap();
-    let gtid = from.mariadb_gtid.as_ref().unwrap().to_string();
-    conn.exec_drop("SET @slave_connect_state = ?", (gtid,))
-        .await
-        .unwrap();
-    let mut stream = conn
-        .get_binlog_stream(BinlogStreamRequest::new(server_id).with_non_blocking())
-        .await
-        .unwrap();
+    let file = from.file.clone().unwrap_or_default();
+    let mut request = BinlogStreamRequest::new(server_id).with_non_blocking();
+    match database().kind() {
+        DatabaseKind::MariaDb => {
+            conn.query_drop("SET @mariadb_slave_capability = 4")
+                .await
+                .unwrap();
+            let gtid = from.mariadb_gtid.as_ref().unwrap().to_string();
+            conn.exec_drop("SET @slave_connect_state = ?", (gtid,))
+                .await
+                .unwrap();
+        }
+        DatabaseKind::MySql => {
+            assert!(!file.is_empty(), "the server's binlog file");
+            request = request.with_filename(file.as_bytes()).with_pos(from.pos);
+        }
+    }
+    let mut stream = conn.get_binlog_stream(request).await.unwrap();
     let mut images = Vec::new();
     while let Some(event) = stream.next().await {
         let event = event.unwrap();
@@ -75,8 +85,9 @@ async fn marks_logged_with(minimal: bool) -> (Vec<(usize, usize)>, usize) {
     let (mut config, _dir) = relay_config(&db);
     config.relay.minimal_row_image = minimal;
     config.sweeper.enabled = false;
-    let start = current_position(&db).await;
-    seed_checkpoint(&config, &start);
+    let opts = outbox_relay::db::opts(&db.config).unwrap();
+    let start = server_position(&opts).await.unwrap().current;
+    seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
     write_events(&db, &topic, 2, 10, 5).await;
     wait_until_sent(&db, 20, Duration::from_secs(60)).await;
@@ -129,8 +140,15 @@ async fn the_writer_pool_keeps_its_session_settings_across_reuse() {
     let pool = outbox_relay::db::writer_pool(&db.config).await.unwrap();
     for _ in 0..3 {
         let mut conn = pool.get_conn().await.unwrap();
+        // MariaDB 10.11 has no `transaction_isolation`, MySQL 8+ no `tx_isolation`.
+        let isolation = match database().kind() {
+            DatabaseKind::MariaDb => "tx_isolation",
+            DatabaseKind::MySql => "transaction_isolation",
+        };
         let (isolation, image): (String, String) = conn
-            .query_first("SELECT @@SESSION.tx_isolation, @@SESSION.binlog_row_image")
+            .query_first(format!(
+                "SELECT @@SESSION.{isolation}, @@SESSION.binlog_row_image"
+            ))
             .await
             .unwrap()
             .unwrap();
@@ -174,7 +192,11 @@ async fn an_account_that_may_not_set_the_row_image_keeps_the_servers() {
     let mut config = db.config.clone();
     config.mysql.url = Some(db.url.replacen("root@", &format!("{user}:img-pw@"), 1));
     assert_eq!(writer_row_image(&config).await, "FULL");
-    root.query_drop(format!("GRANT BINLOG ADMIN ON *.* TO {account}"))
+    let privilege = match database().kind() {
+        DatabaseKind::MariaDb => "BINLOG ADMIN",
+        DatabaseKind::MySql => "SESSION_VARIABLES_ADMIN",
+    };
+    root.query_drop(format!("GRANT {privilege} ON *.* TO {account}"))
         .await
         .unwrap();
     assert_eq!(writer_row_image(&config).await, "MINIMAL");

@@ -1,12 +1,14 @@
 //! Chaos soak: a workload of business transactions with outbox events (some rolled back on
-//! purpose) against a real MariaDB and a real RocketMQ, relays under a supervisor, a consumer on
-//! the idempotency library, and faults on a seeded schedule: relay SIGKILL (the leader), broker
-//! stop/start, a stalled (frozen) broker, `KILL` of the relay's MySQL connections,
-//! `FLUSH BINARY LOGS`, `PURGE BINARY LOGS` while the relays are down, MariaDB restart. Then an
+//! purpose) against a real MariaDB or Oracle MySQL (`OUTBOX_TEST_DB=mysql`) and a real RocketMQ,
+//! relays under a supervisor, a consumer on the idempotency library, and faults on a seeded
+//! schedule: relay SIGKILL (the leader), broker stop/start, a stalled (frozen) broker, `KILL` of
+//! the relay's MySQL connections, `FLUSH BINARY LOGS`, `PURGE BINARY LOGS` while the relays are
+//! down, a database restart. The soak always starts its own servers (it restarts them). Then an
 //! audit: nothing lost, nothing rolled back published, per-key order of first deliveries, every
 //! duplicate absorbed by the dedup table, and recovery times per fault kind.
 //!
-//! Short form (CI, part of `cargo test`): every fault kind once, ~6,000 events.
+//! Short form (CI, part of `cargo test`): every fault kind once, ~9,000 events (45 s of writes,
+//! so that even the last fault, the slow broker stop, lands while writes flow).
 //! Long form, by command (see README "Chaos soak"):
 //!
 //! ```sh

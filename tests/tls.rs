@@ -1,6 +1,9 @@
-//! TLS to MySQL (`mysql.tls`, `mysql.tls_ca`) against a MariaDB of this binary serving a
-//! certificate from a CA made here with the `openssl` CLI: a user that requires TLS can migrate,
-//! pass the start-up checks and stream the binlog only over a verified connection.
+//! TLS to MySQL (`mysql.tls`, `mysql.tls_ca`) against a MariaDB or MySQL (`OUTBOX_TEST_DB`) of
+//! this binary serving a certificate from a CA made here with the `openssl` CLI: a user that
+//! requires TLS can migrate, pass the start-up checks and stream the binlog only over a verified
+//! connection. On MySQL, accounts use `caching_sha2_password`, whose full authentication differs
+//! over TLS (the password in the clear) and without (RSA-encrypted with the server's key): a
+//! second test proves the relay over a plain connection too, on the binary's shared server.
 
 mod common;
 
@@ -8,7 +11,7 @@ use common::relay::{relay_config, wait_until_sent, write_events, RunningRelay};
 use common::rocketmq::new_topic;
 use mysql_async::prelude::*;
 use outbox_relay::config::TlsMode;
-use outbox_relay::devenv::{scratch_dir, MariaDb, MariaDbOptions};
+use outbox_relay::devenv::{scratch_dir, Database, DatabaseKind, DatabaseOptions, ServerTls};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -105,24 +108,31 @@ async fn a_user_that_requires_tls_relays_over_a_verified_connection() {
     common::init_logging();
     let certs = tempfile::tempdir().unwrap();
     make_certificates(certs.path());
-    let file = |name: &str| certs.path().join(name).display().to_string();
-    let mut options = MariaDbOptions::new(scratch_dir("tls-mariadb").unwrap());
-    options.extra_args = vec![
-        format!("--ssl-ca={}", file("ca.pem")),
-        format!("--ssl-cert={}", file("server.pem")),
-        format!("--ssl-key={}", file("server.key")),
-    ];
-    let server = MariaDb::start(options).expect("MariaDB with TLS");
+    let kind = DatabaseKind::from_env().unwrap();
+    let options = DatabaseOptions {
+        tls: Some(ServerTls {
+            ca: certs.path().join("ca.pem"),
+            cert: certs.path().join("server.pem"),
+            key: certs.path().join("server.key"),
+        }),
+        ..DatabaseOptions::default()
+    };
+    let dir = scratch_dir(&format!("tls-{}", kind.name())).unwrap();
+    let server = Database::start_with(kind, &dir, options).expect("a server with TLS");
     let url = server.create_database("tls").unwrap();
     let database = url.rsplit('/').next().unwrap().to_string();
     let mut root = mysql_async::Conn::from_url(&url).await.unwrap();
     for sql in [
         "CREATE USER 'secure'@'%' IDENTIFIED BY 'pw' REQUIRE SSL".to_string(),
         format!("GRANT ALL ON `{database}`.* TO 'secure'@'%'"),
-        "GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO 'secure'@'%'".to_string(),
+        format!(
+            "GRANT {} ON *.* TO 'secure'@'%'",
+            replication_privileges(kind)
+        ),
     ] {
         root.query_drop(sql).await.unwrap();
     }
+    assert_auth_plugin(&mut root, kind, "secure").await;
     let secure_url = url.replacen("root@", "secure:pw@", 1);
     assert_ne!(secure_url, url, "the URL names root: {url}");
 
@@ -166,6 +176,77 @@ async fn a_user_that_requires_tls_relays_over_a_verified_connection() {
     };
     let (config, _dir) = relay_config(&db);
     let topic = new_topic("tls");
+    let relay = RunningRelay::start(&config).await;
+    write_events(&db, &topic, 1, 20, 5).await;
+    wait_until_sent(&db, 20, Duration::from_secs(60)).await;
+    relay.stop().await;
+}
+
+/// What the relay's account needs globally: the dump and the binlog position.
+fn replication_privileges(kind: DatabaseKind) -> &'static str {
+    match kind {
+        DatabaseKind::MariaDb => "REPLICATION SLAVE, BINLOG MONITOR",
+        DatabaseKind::MySql => "REPLICATION SLAVE, REPLICATION CLIENT",
+    }
+}
+
+/// On MySQL, `user`'s account authenticates with `caching_sha2_password` (the 9.x default and
+/// the only password plugin left).
+async fn assert_auth_plugin(root: &mut mysql_async::Conn, kind: DatabaseKind, user: &str) {
+    if kind == DatabaseKind::MySql {
+        let plugin: Option<String> = root
+            .exec_first("SELECT plugin FROM mysql.user WHERE user = ?", (user,))
+            .await
+            .unwrap();
+        assert_eq!(plugin.as_deref(), Some("caching_sha2_password"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_user_relays_over_plain_tcp() {
+    // The binary's server (no TLS asked for). A new account's first login, and every login
+    // after `FLUSH PRIVILEGES` (which empties MySQL's caching_sha2_password cache), takes the
+    // full authentication path: the case a plain connection must pass.
+    let db = common::TestDb::empty("plain").await;
+    let kind = common::database().kind();
+    let user = format!("plain_{}", std::process::id());
+    let mut root = db.conn().await;
+    for sql in [
+        format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'plain-pw'"),
+        format!("GRANT ALL ON `{}`.* TO '{user}'@'%'", db.name()),
+        format!(
+            "GRANT {} ON *.* TO '{user}'@'%'",
+            replication_privileges(kind)
+        ),
+    ] {
+        root.query_drop(sql).await.unwrap();
+    }
+    assert_auth_plugin(&mut root, kind, &user).await;
+    let plain_url = db.url.replacen("root@", &format!("{user}:plain-pw@"), 1);
+    let mut config = outbox_relay::Config::default();
+    config.mysql.url = Some(plain_url.clone());
+    assert_eq!(config.mysql.tls, TlsMode::Disabled);
+    let pool = outbox_relay::db::pool(&config).unwrap();
+    let mut conn = pool.get_conn().await.unwrap();
+    let cipher: Option<(String, String)> = conn
+        .query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        .await
+        .unwrap();
+    assert_eq!(cipher.unwrap().1, "", "the session is not encrypted");
+    outbox_relay::schema::migrate(&mut conn, &config.outbox_tables())
+        .await
+        .unwrap();
+    drop(conn);
+    pool.disconnect().await.unwrap();
+    // Nothing cached: the relay's first logins take the full path again.
+    root.query_drop("FLUSH PRIVILEGES").await.unwrap();
+    let db = common::TestDb {
+        url: plain_url,
+        pool: outbox_relay::db::pool(&config).unwrap(),
+        config,
+    };
+    let (config, _dir) = relay_config(&db);
+    let topic = new_topic("plain");
     let relay = RunningRelay::start(&config).await;
     write_events(&db, &topic, 1, 20, 5).await;
     wait_until_sent(&db, 20, Duration::from_secs(60)).await;

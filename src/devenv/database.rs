@@ -45,6 +45,35 @@ impl DatabaseKind {
     }
 }
 
+/// What [`Database::start_with`] may change for either server.
+#[derive(Debug, Clone, Default)]
+pub struct DatabaseOptions {
+    /// Extra server flags both servers understand, e.g. `--max-binlog-size=4194304`.
+    pub extra_args: Vec<String>,
+    /// Serve TLS with these files.
+    pub tls: Option<ServerTls>,
+}
+
+/// A server's TLS files (PEM), as this process sees them.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The CA that signed `cert` (and client certificates, if any).
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl ServerTls {
+    /// `--ssl-ca`, `--ssl-cert`, `--ssl-key` with the paths as the server sees them.
+    pub(super) fn server_args(&self, ca: &str, cert: &str, key: &str) -> [String; 3] {
+        [
+            format!("--ssl-ca={ca}"),
+            format!("--ssl-cert={cert}"),
+            format!("--ssl-key={key}"),
+        ]
+    }
+}
+
 /// A running (or attached) MariaDB or MySQL: `root` without a password on `127.0.0.1:<port>`,
 /// with the binlog the relay reads (ROW, FULL image, FULL metadata, GTIDs).
 #[derive(Debug)]
@@ -57,9 +86,36 @@ impl Database {
     /// Starts a server of `kind` with its files under `dir` (MySQL's data directory is in its
     /// chroot; `dir` gets its log).
     pub fn start(kind: DatabaseKind, dir: &Path) -> io::Result<Self> {
+        Self::start_with(kind, dir, DatabaseOptions::default())
+    }
+
+    /// [`Database::start`] with `options` (extra flags both servers understand, TLS).
+    pub fn start_with(
+        kind: DatabaseKind,
+        dir: &Path,
+        options: DatabaseOptions,
+    ) -> io::Result<Self> {
+        let DatabaseOptions { extra_args, tls } = options;
         Ok(match kind {
-            DatabaseKind::MariaDb => Self::MariaDb(MariaDb::start(MariaDbOptions::new(dir))?),
-            DatabaseKind::MySql => Self::MySql(MySql::start(MySqlOptions::new(dir))?),
+            DatabaseKind::MariaDb => {
+                let mut mariadb = MariaDbOptions {
+                    extra_args,
+                    ..MariaDbOptions::new(dir)
+                };
+                if let Some(tls) = tls {
+                    mariadb.extra_args.extend(tls.server_args(
+                        &tls.ca.display().to_string(),
+                        &tls.cert.display().to_string(),
+                        &tls.key.display().to_string(),
+                    ));
+                }
+                Self::MariaDb(MariaDb::start(mariadb)?)
+            }
+            DatabaseKind::MySql => Self::MySql(MySql::start(MySqlOptions {
+                extra_args,
+                tls,
+                ..MySqlOptions::new(dir)
+            })?),
         })
     }
 
@@ -108,6 +164,39 @@ impl Database {
         match self {
             Self::MariaDb(server) => server.run_sql_as_root(sql),
             Self::MySql(server) => server.run_sql_as_root(sql),
+        }
+    }
+
+    /// Graceful shutdown (`SIGTERM`) of a server this handle started; the data is kept for
+    /// [`Database::restart`]. Does nothing to an attached server.
+    pub fn stop(&mut self) {
+        match self {
+            Self::MariaDb(server) => server.stop(),
+            Self::MySql(server) => server.stop(),
+        }
+    }
+
+    /// Crash (`SIGKILL`) of a server this handle started; InnoDB recovers on the next start.
+    pub fn kill(&mut self) {
+        match self {
+            Self::MariaDb(server) => server.kill(),
+            Self::MySql(server) => server.kill(),
+        }
+    }
+
+    /// Stops the server (if running) and starts it again on the same port and data.
+    pub fn restart(&mut self) -> io::Result<()> {
+        match self {
+            Self::MariaDb(server) => server.restart(),
+            Self::MySql(server) => server.restart(),
+        }
+    }
+
+    /// True while a server process this handle started runs.
+    pub fn is_running(&mut self) -> bool {
+        match self {
+            Self::MariaDb(server) => server.is_running(),
+            Self::MySql(server) => server.is_running(),
         }
     }
 }

@@ -16,7 +16,7 @@ pub mod rocketmq;
 mod sql_server;
 pub mod topic_reader;
 
-pub use database::{Database, DatabaseKind};
+pub use database::{Database, DatabaseKind, DatabaseOptions, ServerTls};
 pub use mariadb::{MariaDb, MariaDbOptions};
 pub use mysql::{MySql, MySqlOptions};
 pub use rocketmq::{AclAccount, BrokerKind, BrokerRole, ClientHost, RocketMq, RocketMqOptions};

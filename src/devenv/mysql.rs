@@ -1,12 +1,14 @@
 //! A real Oracle MySQL server (`mysqld` of Debian sid's `mysql-server-core`, 9.x) run in the
 //! chroot `scripts/setup.sh --mysql` builds, with the binlog settings the relay needs: ROW
-//! format, FULL row image, FULL row metadata, GTID mode on.
+//! format, FULL row image, FULL row metadata, GTID mode on (or off: file/position only, see
+//! [`MySqlOptions::gtid_mode`]).
 //!
 //! The chroot shares the loopback network, so clients connect to `127.0.0.1:<port>` as to any
 //! server; the server's files (data, socket, pid file, tmp) must be inside the chroot. They live
 //! in a [`scratch_dir_in`] directory under `<chroot>/var/lib/outbox-relay`, named after this
 //! process, so the next start removes those of processes that have died.
 
+use super::database::ServerTls;
 use super::process::free_port;
 use super::sql_server::{ProcessSlot, SqlEndpoint};
 use super::{cache_dir, scratch_dir_in};
@@ -27,13 +29,20 @@ pub struct MySqlOptions {
     pub port: Option<u16>,
     /// Extra `mysqld` flags, e.g. `--max-binlog-size=65536` to force rotations.
     pub extra_args: Vec<String>,
+    /// `--gtid-mode=ON` (the default) or, when false, `OFF` with GTID consistency not enforced:
+    /// the binlog has anonymous transactions only and replicas resume by file and offset.
+    pub gtid_mode: bool,
+    /// Serve TLS with these files (copied into the server's directory in the chroot, where
+    /// `mysqld` can read them).
+    pub tls: Option<ServerTls>,
     /// The chroot with `/usr/sbin/mysqld`: `$OUTBOX_DEVENV_MYSQL_CHROOT`, else
     /// `<cache_dir>/mysql-chroot` (where `scripts/setup.sh --mysql` builds it).
     pub chroot: PathBuf,
 }
 
 impl MySqlOptions {
-    /// Defaults: a free port, no extra flags, the default chroot.
+    /// Defaults: a free port, no extra flags, GTIDs on, no TLS files (MySQL then serves the
+    /// self-signed certificate it generates), the default chroot.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         let chroot = std::env::var_os("OUTBOX_DEVENV_MYSQL_CHROOT")
             .map(PathBuf::from)
@@ -42,6 +51,8 @@ impl MySqlOptions {
             dir: dir.into(),
             port: None,
             extra_args: Vec::new(),
+            gtid_mode: true,
+            tls: None,
             chroot,
         }
     }
@@ -185,13 +196,30 @@ impl MySql {
                 "--binlog-format=ROW",
                 "--binlog-row-image=FULL",
                 "--binlog-row-metadata=FULL",
-                "--gtid-mode=ON",
-                "--enforce-gtid-consistency=ON",
                 "--skip-name-resolve",
                 "--max-connections=1000",
             ]
             .map(String::from),
         );
+        if self.options.gtid_mode {
+            args.extend(["--gtid-mode=ON", "--enforce-gtid-consistency=ON"].map(String::from));
+        } else {
+            args.extend(["--gtid-mode=OFF", "--enforce-gtid-consistency=OFF"].map(String::from));
+        }
+        if let Some(tls) = &self.options.tls {
+            let tls_dir = dir.join("tls");
+            std::fs::create_dir_all(&tls_dir)?;
+            let mut inside = Vec::new();
+            for (file, name) in [
+                (&tls.ca, "ca.pem"),
+                (&tls.cert, "cert.pem"),
+                (&tls.key, "key.pem"),
+            ] {
+                std::fs::copy(file, tls_dir.join(name))?;
+                inside.push(self.inside(&tls_dir.join(name)));
+            }
+            args.extend(tls.server_args(&inside[0], &inside[1], &inside[2]));
+        }
         args.extend(self.options.extra_args.iter().cloned());
         let command = self.mysqld(&args);
         let log = self.options.dir.join("mysqld.log");

@@ -36,10 +36,10 @@ const RECOVERY_BOUND: Duration = Duration::from_secs(120);
 const SAMPLE: Duration = Duration::from_millis(100);
 
 impl SoakSpec {
-    /// The CI form: every fault kind once, about a minute.
+    /// The CI form: every fault kind once, about a minute and a half.
     pub fn short() -> Self {
         SoakSpec {
-            events: 6_000,
+            events: 9_000,
             writers: 4,
             keys: 200,
             rate: 200.0,

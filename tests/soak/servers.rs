@@ -1,11 +1,14 @@
-//! The soak's own servers: a MariaDB it may restart and a RocketMQ whose broker it may stop,
-//! freeze or restart (the shared per-binary fixtures of `tests/common` must never be stopped).
-//! Also the soak database (outbox schema, the business table, a dedicated `relay` account so the
-//! harness can tell the relay's connections apart) and resilient helper queries.
+//! The soak's own servers: a MariaDB or MySQL (`OUTBOX_TEST_DB`) it may restart and a RocketMQ
+//! whose broker it may stop, freeze or restart (the shared per-binary fixtures of `tests/common`
+//! must never be stopped). Also the soak database (outbox schema, the business table, a
+//! dedicated `relay` account so the harness can tell the relay's connections apart) and
+//! resilient helper queries.
 
 use mysql_async::prelude::*;
 use mysql_async::{Opts, Pool};
-use outbox_relay::devenv::{scratch_dir, MariaDb, MariaDbOptions, RocketMq, RocketMqOptions};
+use outbox_relay::devenv::{
+    scratch_dir, Database, DatabaseKind, DatabaseOptions, RocketMq, RocketMqOptions,
+};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,7 +35,8 @@ pub const TOPIC: &str = "soak_events";
 pub const QUEUES: u32 = 8;
 
 pub struct Servers {
-    pub mariadb: Mutex<MariaDb>,
+    pub database_server: Mutex<Database>,
+    pub kind: DatabaseKind,
     pub rocketmq: Mutex<RocketMq>,
     pub database: String,
     port: u16,
@@ -42,15 +46,20 @@ pub struct Servers {
 }
 
 impl Servers {
-    /// Starts MariaDB and RocketMQ (blocking: call from `spawn_blocking` or before the runtime
-    /// gets busy), creates the database, the relay account and the topic.
+    /// Starts the SQL server of `$OUTBOX_TEST_DB`'s kind and RocketMQ, creates the database,
+    /// the relay account and the topic.
     pub async fn start() -> Self {
-        let mariadb = tokio::task::spawn_blocking(|| {
-            let dir = scratch_dir("soak-mariadb").expect("scratch dir");
+        let kind = DatabaseKind::from_env().expect("OUTBOX_TEST_DB");
+        let database_server = tokio::task::spawn_blocking(move || {
+            let dir = scratch_dir(&format!("soak-{}", kind.name())).expect("scratch dir");
             // Small binlog files: FLUSH/PURGE faults have several files to work with.
-            let mut options = MariaDbOptions::new(dir);
-            options.extra_args.push("--max-binlog-size=4194304".into());
-            MariaDb::start(options).expect("MariaDB must start (run scripts/setup.sh)")
+            let options = DatabaseOptions {
+                extra_args: vec!["--max-binlog-size=4194304".into()],
+                ..DatabaseOptions::default()
+            };
+            Database::start_with(kind, &dir, options).unwrap_or_else(|e| {
+                panic!("{} must start (run scripts/setup.sh): {e}", kind.name())
+            })
         });
         let rocketmq = tokio::task::spawn_blocking(|| {
             let dir = scratch_dir("soak-rocketmq").expect("scratch dir");
@@ -65,17 +74,20 @@ impl Servers {
             mq.create_topic(TOPIC, QUEUES).expect("create topic");
             mq
         });
-        let mariadb = mariadb.await.unwrap();
+        let database_server = database_server.await.unwrap();
         let rocketmq = rocketmq.await.unwrap();
         let database = "soak".to_string();
-        mariadb
+        // ALL PRIVILEGES on *.* covers what the relay needs on either server (REPLICATION
+        // SLAVE/CLIENT, MySQL's SESSION_VARIABLES_ADMIN, MariaDB's BINLOG ADMIN). On MySQL the
+        // account uses caching_sha2_password, which the relay must pass over plain TCP.
+        database_server
             .run_sql_as_root(&format!(
                 "CREATE DATABASE {database}; \
                  CREATE USER '{RELAY_USER}'@'127.0.0.1' IDENTIFIED BY '{RELAY_PASSWORD}'; \
                  GRANT ALL PRIVILEGES ON *.* TO '{RELAY_USER}'@'127.0.0.1';"
             ))
             .expect("database and relay account");
-        let url = mariadb.url(&database);
+        let url = database_server.url(&database);
         let opts = Opts::from_url(&format!("{url}?pool_min=1&pool_max=40")).unwrap();
         let pool = Pool::new(opts);
         let mut conn = pool.get_conn().await.unwrap();
@@ -85,9 +97,10 @@ impl Servers {
             .expect("migrate");
         conn.query_drop(ACCOUNT_DDL).await.unwrap();
         conn.query_drop(EFFECT_DDL).await.unwrap();
-        let (port, namesrv) = (mariadb.port(), rocketmq.namesrv_addr());
+        let (port, namesrv) = (database_server.port(), rocketmq.namesrv_addr());
         Servers {
-            mariadb: Mutex::new(mariadb),
+            database_server: Mutex::new(database_server),
+            kind,
             rocketmq: Mutex::new(rocketmq),
             database,
             port,
@@ -119,13 +132,13 @@ impl Servers {
             .unwrap()
     }
 
-    /// Runs `f` on the MariaDB handle on a blocking thread.
-    pub async fn with_mariadb<T: Send + 'static>(
+    /// Runs `f` on the SQL server's handle on a blocking thread.
+    pub async fn with_database<T: Send + 'static>(
         self: &Arc<Self>,
-        f: impl FnOnce(&mut MariaDb) -> T + Send + 'static,
+        f: impl FnOnce(&mut Database) -> T + Send + 'static,
     ) -> T {
         let this = Arc::clone(self);
-        tokio::task::spawn_blocking(move || f(&mut this.mariadb.lock().unwrap()))
+        tokio::task::spawn_blocking(move || f(&mut this.database_server.lock().unwrap()))
             .await
             .unwrap()
     }
