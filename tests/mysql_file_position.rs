@@ -5,7 +5,9 @@
 //! `FLUSH BINARY LOGS` rotations (while running and while down). The sweeper is off for that:
 //! only the stream can deliver, so a wrong offset would show as a missing event. Last, the
 //! checkpoint's file is purged while the relay is down: it restarts at the oldest file, counts
-//! the lost position, and the sweeper publishes the gap.
+//! the lost position, and the sweeper publishes the gap. All of it twice: the second time with
+//! `binlog_transaction_compression=ON`, where each transaction is one `TRANSACTION_PAYLOAD`
+//! event whose inner events carry no offsets (the checkpoint takes the payload's end).
 //!
 //! This binary starts its own MySQL (in the chroot of `scripts/setup.sh --mysql`) whatever
 //! `OUTBOX_TEST_DB` says, since no shared server runs without GTIDs. Without the chroot, or when
@@ -28,8 +30,9 @@ use outbox_relay::config::Config;
 use outbox_relay::devenv::{scratch_dir, MySql, MySqlOptions};
 use std::time::Duration;
 
-/// A MySQL without GTIDs, or `None` (with the reason printed) where none can run.
-async fn mysql_without_gtids() -> Option<MySql> {
+/// A MySQL without GTIDs (with `binlog_transaction_compression` if `compressed`), or `None`
+/// (with the reason printed) where none can run.
+async fn mysql_without_gtids(compressed: bool) -> Option<MySql> {
     let mut options = MySqlOptions::new(scratch_dir("filepos-mysql").unwrap());
     if !options.chroot.join("usr/sbin/mysqld").is_file() {
         eprintln!(
@@ -46,6 +49,13 @@ async fn mysql_without_gtids() -> Option<MySql> {
     options.gtid_mode = false;
     // Small files: the workload rotates on its own too.
     options.extra_args.push("--max-binlog-size=1048576".into());
+    if compressed {
+        // Every transaction in one TRANSACTION_PAYLOAD event whose inner events carry no
+        // offsets of their own: the checkpoint's offset must be the payload's end.
+        options
+            .extra_args
+            .push("--binlog-transaction-compression=ON".into());
+    }
     let server = tokio::task::spawn_blocking(move || MySql::start(options))
         .await
         .unwrap()
@@ -90,11 +100,20 @@ async fn flush_binary_logs(db: &TestDb) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_position_checkpoints_resume_after_a_stop_and_a_kill_across_rotations() {
-    let Some(server) = mysql_without_gtids().await else {
+    // One after the other: the lost-position counter is the process's.
+    file_positions_resume(false).await;
+    // Again with compressed transactions: each is one TRANSACTION_PAYLOAD event.
+    file_positions_resume(true).await;
+}
+
+async fn file_positions_resume(compressed: bool) {
+    let Some(server) = mysql_without_gtids(compressed).await else {
         return;
     };
     common::init_logging();
-    let url = server.create_database("filepos").unwrap();
+    let url = server
+        .create_database(if compressed { "filepos_z" } else { "filepos" })
+        .unwrap();
     let mut config = Config::default();
     config.mysql.url = Some(url.clone());
     let db = TestDb {
@@ -112,6 +131,12 @@ async fn file_position_checkpoints_resume_after_a_stop_and_a_kill_across_rotatio
         .unwrap()
         .unwrap();
     assert_eq!(mode, "OFF");
+    let compression: String = conn
+        .query_first("SELECT @@GLOBAL.binlog_transaction_compression")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(compression == "1" || compression == "ON", compressed);
     drop(conn);
 
     // The relay's own start-up check sees file/position mode.
