@@ -31,6 +31,7 @@ mod workload;
 
 use ceiling::Sample;
 use outbox_relay::config::{Config, RelayMode};
+use outbox_relay::devenv::SqlServer;
 use outbox_relay::devenv::{scratch_dir, MariaDb, MariaDbOptions, RocketMq, TopicReader};
 use procs::Watched;
 use report::{DrainResult, LatencyResult, MarkCeiling, Report};

@@ -15,6 +15,7 @@ use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;
 use outbox_relay::config::Config;
+use outbox_relay::devenv::SqlServer;
 use outbox_relay::relay::{RelayHandle, RunOptions};
 use serde_json::json;
 use std::process::{Command, Output, Stdio};

@@ -14,6 +14,7 @@ use common::rocketmq::new_topic;
 use common::{database, TestDb};
 use mysql_async::prelude::*;
 use mysql_async::{TxOpts, Value};
+use outbox_relay::devenv::SqlServer;
 use outbox_relay::producer::{NewEvent, Outbox};
 use serde_json::json;
 use std::time::Duration;

@@ -2,6 +2,7 @@
 
 mod common;
 
+use outbox_relay::devenv::SqlServer;
 use std::io::Write;
 use std::process::{Command, Output};
 

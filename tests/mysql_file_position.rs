@@ -27,6 +27,7 @@ use outbox_relay::binlog::reader::server_position;
 use outbox_relay::binlog::{BinlogPosition, ServerFlavor};
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
+use outbox_relay::devenv::SqlServer;
 use outbox_relay::devenv::{scratch_dir, MySql, MySqlOptions};
 use std::time::Duration;
 

@@ -11,6 +11,7 @@ use common::relay::{relay_config, wait_until_sent, write_events, RunningRelay};
 use common::rocketmq::new_topic;
 use mysql_async::prelude::*;
 use outbox_relay::config::TlsMode;
+use outbox_relay::devenv::SqlServer;
 use outbox_relay::devenv::{scratch_dir, Database, DatabaseKind, DatabaseOptions, ServerTls};
 use std::path::Path;
 use std::process::Command;

@@ -9,6 +9,7 @@ use mysql_async::prelude::*;
 use outbox_relay::binlog::reader::check_server;
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
+use outbox_relay::devenv::SqlServer;
 use outbox_relay::devenv::{
     scratch_dir, shared, BrokerKind, Database, DatabaseKind, MariaDb, MariaDbOptions, RocketMq,
     RocketMqOptions, TopicReader,

@@ -1,6 +1,7 @@
 //! Either local SQL server, picked by one setting: `OUTBOX_TEST_DB=mariadb` (the default) or
 //! `mysql`. Tests and `outbox-relay dev servers` hold a [`Database`] and do not care which.
 
+use super::sql_server::{ProcessSlot, SqlEndpoint, SqlServer};
 use super::{MariaDb, MariaDbOptions, MySql, MySqlOptions};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -127,77 +128,37 @@ impl Database {
         }
     }
 
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
+    /// The server, whichever it is.
+    fn server(&self) -> &dyn SqlServer {
         match self {
-            Self::MariaDb(server) => server.port(),
-            Self::MySql(server) => server.port(),
+            Self::MariaDb(server) => server,
+            Self::MySql(server) => server,
         }
     }
 
-    /// The data directory as this process sees it (binlogs are `binlog.NNNNNN` in it).
-    pub fn data_dir(&self) -> PathBuf {
+    fn server_mut(&mut self) -> &mut dyn SqlServer {
         match self {
-            Self::MariaDb(server) => server.data_dir(),
-            Self::MySql(server) => server.data_dir(),
+            Self::MariaDb(server) => server,
+            Self::MySql(server) => server,
         }
     }
+}
 
-    /// A `mysql://` URL for `root` and `database` (empty for none).
-    pub fn url(&self, database: &str) -> String {
-        match self {
-            Self::MariaDb(server) => server.url(database),
-            Self::MySql(server) => server.url(database),
-        }
+impl SqlServer for Database {
+    fn endpoint(&self) -> SqlEndpoint {
+        self.server().endpoint()
     }
 
-    /// Creates a new, empty database named `<prefix>_<pid>_<n>` and returns its URL.
-    pub fn create_database(&self, prefix: &str) -> io::Result<String> {
-        match self {
-            Self::MariaDb(server) => server.create_database(prefix),
-            Self::MySql(server) => server.create_database(prefix),
-        }
+    fn process_slot(&mut self) -> &mut ProcessSlot {
+        self.server_mut().process_slot()
     }
 
-    /// Runs SQL as `root` over the server's Unix socket.
-    pub fn run_sql_as_root(&self, sql: &str) -> io::Result<()> {
-        match self {
-            Self::MariaDb(server) => server.run_sql_as_root(sql),
-            Self::MySql(server) => server.run_sql_as_root(sql),
-        }
+    fn start_process(&mut self) -> io::Result<()> {
+        self.server_mut().start_process()
     }
 
-    /// Graceful shutdown (`SIGTERM`) of a server this handle started; the data is kept for
-    /// [`Database::restart`]. Does nothing to an attached server.
-    pub fn stop(&mut self) {
-        match self {
-            Self::MariaDb(server) => server.stop(),
-            Self::MySql(server) => server.stop(),
-        }
-    }
-
-    /// Crash (`SIGKILL`) of a server this handle started; InnoDB recovers on the next start.
-    pub fn kill(&mut self) {
-        match self {
-            Self::MariaDb(server) => server.kill(),
-            Self::MySql(server) => server.kill(),
-        }
-    }
-
-    /// Stops the server (if running) and starts it again on the same port and data.
-    pub fn restart(&mut self) -> io::Result<()> {
-        match self {
-            Self::MariaDb(server) => server.restart(),
-            Self::MySql(server) => server.restart(),
-        }
-    }
-
-    /// True while a server process this handle started runs.
-    pub fn is_running(&mut self) -> bool {
-        match self {
-            Self::MariaDb(server) => server.is_running(),
-            Self::MySql(server) => server.is_running(),
-        }
+    fn data_dir(&self) -> PathBuf {
+        self.server().data_dir()
     }
 }
 

@@ -2,7 +2,9 @@
 //! the relay needs: ROW format, FULL row image, FULL row metadata, GTID strict mode.
 
 use super::process::free_port;
-use super::sql_server::{mariadb_tool as tool, running_as_root, ProcessSlot, SqlEndpoint};
+use super::sql_server::{
+    mariadb_tool as tool, running_as_root, ProcessSlot, SqlEndpoint, SqlServer,
+};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -84,6 +86,25 @@ impl MariaDb {
         self.options.dir.join("mariadbd.sock")
     }
 
+    /// `mariadb-install-db` creates `root@localhost` (socket only, since we skip name
+    /// resolution); add `root@127.0.0.1` so TCP clients can connect.
+    fn allow_root_over_tcp(&self) -> io::Result<()> {
+        self.endpoint().allow_root_over_tcp()
+    }
+}
+
+impl SqlServer for MariaDb {
+    fn endpoint(&self) -> SqlEndpoint {
+        SqlEndpoint {
+            socket: self.socket_path(),
+            port: self.port,
+        }
+    }
+
+    fn process_slot(&mut self) -> &mut ProcessSlot {
+        &mut self.process
+    }
+
     fn start_process(&mut self) -> io::Result<()> {
         let dir = &self.options.dir;
         let mut command = Command::new(tool("mariadbd")?);
@@ -122,63 +143,8 @@ impl MariaDb {
         Ok(())
     }
 
-    fn endpoint(&self) -> SqlEndpoint {
-        SqlEndpoint {
-            socket: self.socket_path(),
-            port: self.port,
-        }
-    }
-
-    /// `mariadb-install-db` creates `root@localhost` (socket only, since we skip name
-    /// resolution); add `root@127.0.0.1` so TCP clients can connect.
-    fn allow_root_over_tcp(&self) -> io::Result<()> {
-        self.endpoint().allow_root_over_tcp()
-    }
-
-    /// Runs SQL with the `mariadb` command-line client over the Unix socket.
-    pub fn run_sql_as_root(&self, sql: &str) -> io::Result<()> {
-        self.endpoint().run_sql_as_root(sql)
-    }
-
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The data directory (binlogs are `binlog.NNNNNN` in it).
-    pub fn data_dir(&self) -> PathBuf {
+    fn data_dir(&self) -> PathBuf {
         self.options.dir.join("data")
-    }
-
-    /// A `mysql://` URL for `root` and `database` (empty for none).
-    pub fn url(&self, database: &str) -> String {
-        self.endpoint().url(database)
-    }
-
-    /// Creates a new, empty database named `<prefix>_<pid>_<n>` and returns its URL.
-    pub fn create_database(&self, prefix: &str) -> io::Result<String> {
-        self.endpoint().create_database(prefix)
-    }
-
-    /// Graceful shutdown (`SIGTERM`); the data directory is kept for [`MariaDb::restart`].
-    pub fn stop(&mut self) {
-        self.process.stop();
-    }
-
-    /// Crash (`SIGKILL`); InnoDB recovers on the next start.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Starts the server again on the same port and data directory.
-    pub fn restart(&mut self) -> io::Result<()> {
-        self.stop();
-        self.start_process()
-    }
-
-    /// True while the server process runs.
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
     }
 }
 

@@ -20,13 +20,14 @@ pub use database::{Database, DatabaseKind, DatabaseOptions, ServerTls};
 pub use mariadb::{MariaDb, MariaDbOptions};
 pub use mysql::{MySql, MySqlOptions};
 pub use rocketmq::{AclAccount, BrokerKind, BrokerRole, ClientHost, RocketMq, RocketMqOptions};
+pub use sql_server::SqlServer;
 pub use topic_reader::{ReceivedMessage, TopicReader};
 
 /// Servers one process starts for a whole test run (`outbox-relay dev servers`, run by
 /// `scripts/test.sh`) and hands to every test binary through these variables. A test binary
 /// run alone finds none of them and starts its own.
 pub mod shared {
-    use super::{BrokerKind, Database, DatabaseKind, MariaDb, MySql, RocketMq};
+    use super::{BrokerKind, Database, DatabaseKind, MariaDb, MySql, RocketMq, SqlServer};
 
     /// The shared MariaDB's directory (socket `mariadbd.sock` inside).
     pub const MARIADB_DIR: &str = "OUTBOX_TEST_MARIADB_DIR";

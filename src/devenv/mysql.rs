@@ -10,7 +10,7 @@
 
 use super::database::ServerTls;
 use super::process::free_port;
-use super::sql_server::{ProcessSlot, SqlEndpoint};
+use super::sql_server::{ProcessSlot, SqlEndpoint, SqlServer};
 use super::{cache_dir, scratch_dir_in};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -141,13 +141,6 @@ impl MySql {
         Path::new("/").join(relative).display().to_string()
     }
 
-    fn endpoint(&self) -> SqlEndpoint {
-        SqlEndpoint {
-            socket: self.server_dir.join("mysqld.sock"),
-            port: self.port,
-        }
-    }
-
     /// `chroot <root> /usr/sbin/mysqld --user=root --datadir=<data>` and `args`.
     fn mysqld(&self, args: &[String]) -> Command {
         let mut command = Command::new("chroot");
@@ -176,6 +169,19 @@ impl MySql {
             )));
         }
         Ok(())
+    }
+}
+
+impl SqlServer for MySql {
+    fn endpoint(&self) -> SqlEndpoint {
+        SqlEndpoint {
+            socket: self.server_dir.join("mysqld.sock"),
+            port: self.port,
+        }
+    }
+
+    fn process_slot(&mut self) -> &mut ProcessSlot {
+        &mut self.process
     }
 
     fn start_process(&mut self) -> io::Result<()> {
@@ -228,49 +234,7 @@ impl MySql {
         Ok(())
     }
 
-    /// Runs SQL as `root` (the host's `mariadb` client over the server's Unix socket).
-    pub fn run_sql_as_root(&self, sql: &str) -> io::Result<()> {
-        self.endpoint().run_sql_as_root(sql)
-    }
-
-    /// The TCP port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// The data directory as this process sees it (binlogs are `binlog.NNNNNN` in it).
-    pub fn data_dir(&self) -> PathBuf {
+    fn data_dir(&self) -> PathBuf {
         self.server_dir.join("data")
-    }
-
-    /// A `mysql://` URL for `root` and `database` (empty for none).
-    pub fn url(&self, database: &str) -> String {
-        self.endpoint().url(database)
-    }
-
-    /// Creates a new, empty database named `<prefix>_<pid>_<n>` and returns its URL.
-    pub fn create_database(&self, prefix: &str) -> io::Result<String> {
-        self.endpoint().create_database(prefix)
-    }
-
-    /// Graceful shutdown (`SIGTERM`); the data directory is kept for [`MySql::restart`].
-    pub fn stop(&mut self) {
-        self.process.stop();
-    }
-
-    /// Crash (`SIGKILL`); InnoDB recovers on the next start.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Starts the server again on the same port and data directory.
-    pub fn restart(&mut self) -> io::Result<()> {
-        self.stop();
-        self.start_process()
-    }
-
-    /// True while the server process runs.
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
     }
 }

@@ -1,5 +1,6 @@
 //! What the local MariaDB and MySQL servers share: starting the server process and waiting for
-//! it, the root account over TCP, running SQL as root, URLs and fresh databases.
+//! it, the root account over TCP, running SQL as root, URLs and fresh databases, and the
+//! [`SqlServer`] lifecycle (stop, kill, restart) every server type and [`super::Database`] offer.
 //!
 //! Guarantee: [`SqlEndpoint::start_process`] returns only once the server takes connections on
 //! its Unix socket and on `127.0.0.1:<port>`, or fails with the tail of its log.
@@ -26,10 +27,68 @@ pub(super) fn running_as_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// A local SQL server this process started (or attached to): where it listens and its process.
+/// The provided methods are the whole lifecycle; a server type says only how it starts.
+pub trait SqlServer {
+    /// Where it listens.
+    #[doc(hidden)]
+    fn endpoint(&self) -> SqlEndpoint;
+    /// Its process, if this handle started one.
+    #[doc(hidden)]
+    fn process_slot(&mut self) -> &mut ProcessSlot;
+    /// Starts the server process on its port and data directory, returning once it is ready.
+    #[doc(hidden)]
+    fn start_process(&mut self) -> io::Result<()>;
+    /// The data directory as this process sees it (binlogs are `binlog.NNNNNN` in it).
+    fn data_dir(&self) -> PathBuf;
+
+    /// The TCP port on 127.0.0.1.
+    fn port(&self) -> u16 {
+        self.endpoint().port
+    }
+
+    /// A `mysql://` URL for `root` and `database` (empty for none).
+    fn url(&self, database: &str) -> String {
+        self.endpoint().url(database)
+    }
+
+    /// Creates a new, empty database named `<prefix>_<pid>_<n>` and returns its URL.
+    fn create_database(&self, prefix: &str) -> io::Result<String> {
+        self.endpoint().create_database(prefix)
+    }
+
+    /// Runs SQL as `root` (the host's `mariadb` client over the server's Unix socket).
+    fn run_sql_as_root(&self, sql: &str) -> io::Result<()> {
+        self.endpoint().run_sql_as_root(sql)
+    }
+
+    /// Graceful shutdown (`SIGTERM`) of a server this handle started; the data is kept for
+    /// [`SqlServer::restart`]. Does nothing to an attached server.
+    fn stop(&mut self) {
+        self.process_slot().stop();
+    }
+
+    /// Crash (`SIGKILL`) of a server this handle started; InnoDB recovers on the next start.
+    fn kill(&mut self) {
+        self.process_slot().kill();
+    }
+
+    /// Stops the server (if running) and starts it again on the same port and data.
+    fn restart(&mut self) -> io::Result<()> {
+        self.stop();
+        self.start_process()
+    }
+
+    /// True while a server process this handle started runs.
+    fn is_running(&mut self) -> bool {
+        self.process_slot().is_running()
+    }
+}
+
 /// Where a server listens: its Unix socket (as this process sees it) and its TCP port on
 /// 127.0.0.1, where `root` has no password.
 #[derive(Debug, Clone)]
-pub(super) struct SqlEndpoint {
+pub struct SqlEndpoint {
     pub socket: PathBuf,
     pub port: u16,
 }
@@ -99,10 +158,10 @@ impl SqlEndpoint {
 /// A server's process, if this handle runs one: empty once stopped or killed, and for a handle
 /// attached to a server started elsewhere.
 #[derive(Debug, Default)]
-pub(super) struct ProcessSlot(Option<ServerProcess>);
+pub struct ProcessSlot(Option<ServerProcess>);
 
 impl ProcessSlot {
-    pub fn set(&mut self, process: ServerProcess) {
+    pub(super) fn set(&mut self, process: ServerProcess) {
         self.0 = Some(process);
     }
 

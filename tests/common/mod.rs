@@ -13,6 +13,7 @@ pub mod rocketmq;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
 use outbox_relay::config::{Config, TableName};
+use outbox_relay::devenv::SqlServer;
 use outbox_relay::devenv::{scratch_dir, Database, DatabaseKind};
 use std::sync::OnceLock;
 

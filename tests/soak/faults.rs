@@ -10,6 +10,7 @@ use super::relays::Relays;
 use super::rng::Rng;
 use super::servers::{Servers, RELAY_USER};
 use mysql_async::prelude::*;
+use outbox_relay::devenv::SqlServer;
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -6,6 +6,7 @@
 
 use mysql_async::prelude::*;
 use mysql_async::{Opts, Pool};
+use outbox_relay::devenv::SqlServer;
 use outbox_relay::devenv::{
     scratch_dir, Database, DatabaseKind, DatabaseOptions, RocketMq, RocketMqOptions,
 };
