@@ -17,8 +17,8 @@ mod common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, count_status, current_position, deliveries,
-    relay_config, seed_checkpoint, wait_for, wait_until_sent, write_config_file, write_events,
-    RelayProcess, RunningRelay,
+    purge_all_but_the_newest_binlog, relay_config, seed_checkpoint, wait_for, wait_until_sent,
+    write_config_file, write_events, RelayProcess, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -237,23 +237,4 @@ async fn file_positions_resume(compressed: bool) {
     let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, WITH_GAP as usize).await;
     assert_eq!(per_event.len(), WITH_GAP as usize, "every event arrived");
     drop(server);
-}
-
-/// `PURGE BINARY LOGS TO` the newest file until only it is left (the server keeps a file that a
-/// dump thread still reads, until that thread notices its client is gone).
-async fn purge_all_but_the_newest_binlog(db: &TestDb) {
-    wait_for("older binlogs purged", Duration::from_secs(30), || {
-        let pool = db.pool.clone();
-        async move {
-            let mut conn = pool.get_conn().await.unwrap();
-            let logs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
-            let newest: String = logs.last().and_then(|row| row.get(0)).unwrap();
-            conn.query_drop(format!("PURGE BINARY LOGS TO '{newest}'"))
-                .await
-                .unwrap();
-            let left: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
-            left.len() == 1
-        }
-    })
-    .await;
 }

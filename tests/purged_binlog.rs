@@ -7,8 +7,8 @@
 mod common;
 
 use common::relay::{
-    current_position, deliveries, seed_checkpoint, sweeping_config, wait_for, wait_until_sent,
-    write_events, RunningRelay,
+    current_position, deliveries, purge_all_but_the_newest_binlog, seed_checkpoint,
+    sweeping_config, wait_for, wait_until_sent, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -31,22 +31,7 @@ async fn a_purged_checkpoint_falls_back_to_the_oldest_binlog_and_the_gap_is_swep
     write_events(&db, &topic, 2, 100, 10).await;
     let mut conn = db.conn().await;
     conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
-    // The server keeps a file a dump thread still reads; the stopped relay's thread ends when
-    // it notices its closed connection, so purge until only the newest file is left.
-    wait_for("older binlogs purged", Duration::from_secs(30), || {
-        let pool = db.pool.clone();
-        async move {
-            let mut conn = pool.get_conn().await.unwrap();
-            let logs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
-            let newest: String = logs.last().and_then(|row| row.get(0)).unwrap();
-            conn.query_drop(format!("PURGE BINARY LOGS TO '{newest}'"))
-                .await
-                .unwrap();
-            let left: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
-            left.len() == 1
-        }
-    })
-    .await;
+    purge_all_but_the_newest_binlog(&db).await;
     let lost_before = outbox_relay::metrics::relay().binlog_position_lost.get();
 
     let relay = RunningRelay::start(&config).await;

@@ -517,3 +517,23 @@ impl Drop for RelayProcess {
 pub fn duplicates(per_event: &std::collections::HashMap<String, usize>) -> usize {
     per_event.values().map(|n| n - 1).sum()
 }
+
+/// `PURGE BINARY LOGS TO` the newest file until only it is left: the server keeps a file that a
+/// dump thread still reads, and a stopped relay's thread ends only when it notices its closed
+/// connection.
+pub async fn purge_all_but_the_newest_binlog(db: &TestDb) {
+    wait_for("older binlogs purged", Duration::from_secs(30), || {
+        let pool = db.pool.clone();
+        async move {
+            let mut conn = pool.get_conn().await.unwrap();
+            let logs: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
+            let newest: String = logs.last().and_then(|row| row.get(0)).unwrap();
+            conn.query_drop(format!("PURGE BINARY LOGS TO '{newest}'"))
+                .await
+                .unwrap();
+            let left: Vec<mysql_async::Row> = conn.query("SHOW BINARY LOGS").await.unwrap();
+            left.len() == 1
+        }
+    })
+    .await;
+}
