@@ -8,7 +8,7 @@ mod common;
 
 use common::relay::{
     current_position, deliveries, purge_all_but_the_newest_binlog, seed_checkpoint,
-    sweeping_config, wait_for, wait_until_sent, write_events, RunningRelay,
+    sweeping_config, wait_until_sent, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
