@@ -388,8 +388,7 @@ impl BinlogReader {
                          decode it; the sweeper publishes it after sweeper.min_age (set \
                          binlog_format=ROW for every session that writes the outbox)");
                 }
-                let ending = |outcome| (end_pos, timestamp, outcome);
-                items.extend(self.statement(state, Statement::of(sql), ending));
+                items.extend(self.statement(state, Statement::of(sql), end_pos, timestamp));
             }
             EventData::XidEvent(_) => {
                 items.extend(self.finish(state, end_pos, timestamp, Ending::Commit))

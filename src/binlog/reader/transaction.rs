@@ -147,15 +147,17 @@ pub enum Statement<'a> {
     XaEnd,
     XaCommit(Xid),
     XaRollback(Xid),
-    /// Anything else: DDL, or a statement-format change.
-    Other,
+    /// Anything else (DDL, or a statement-format change), by its first word.
+    Other(&'a str),
 }
 
 impl<'a> Statement<'a> {
-    /// Classifies the text of a binlogged statement.
+    /// Classifies the text of a binlogged statement (no allocation: it runs for every
+    /// `QUERY_EVENT`, the `BEGIN` of each MySQL transaction included).
     pub fn of(sql: &'a str) -> Statement<'a> {
-        let words: Vec<&str> = sql.split_whitespace().take(3).collect();
-        let is = |i: usize, w: &str| words.get(i).is_some_and(|x| x.eq_ignore_ascii_case(w));
+        let mut split = sql.split_whitespace();
+        let words = [(); 3].map(|()| split.next().unwrap_or(""));
+        let is = |i: usize, w: &str| words[i].eq_ignore_ascii_case(w);
         let rest_after = |n: usize| {
             let mut rest = sql.trim_start();
             for _ in 0..n {
@@ -165,10 +167,12 @@ impl<'a> Statement<'a> {
             rest.trim()
         };
         let name = |n: usize| rest_after(n).trim_matches('`');
-        match words.len() {
-            1 if is(0, "BEGIN") => Statement::Begin,
-            1 if is(0, "COMMIT") => Statement::Commit,
-            1 if is(0, "ROLLBACK") => Statement::Rollback,
+        let alone = words[1].is_empty();
+        let other = Statement::Other(words[0]);
+        match () {
+            _ if alone && is(0, "BEGIN") => Statement::Begin,
+            _ if alone && is(0, "COMMIT") => Statement::Commit,
+            _ if alone && is(0, "ROLLBACK") => Statement::Rollback,
             _ if is(0, "SAVEPOINT") => Statement::Savepoint(name(1)),
             _ if is(0, "ROLLBACK") && is(1, "TO") && is(2, "SAVEPOINT") => {
                 Statement::RollbackTo(name(3))
@@ -177,28 +181,45 @@ impl<'a> Statement<'a> {
             _ if is(0, "XA") && (is(1, "START") || is(1, "BEGIN")) => Statement::XaStart,
             _ if is(0, "XA") && is(1, "END") => Statement::XaEnd,
             _ if is(0, "XA") && is(1, "COMMIT") => {
-                Xid::parse_statement_id(rest_after(2)).map_or(Statement::Other, Statement::XaCommit)
+                Xid::parse_statement_id(rest_after(2)).map_or(other, Statement::XaCommit)
             }
-            _ if is(0, "XA") && is(1, "ROLLBACK") => Xid::parse_statement_id(rest_after(2))
-                .map_or(Statement::Other, Statement::XaRollback),
-            _ => Statement::Other,
+            _ if is(0, "XA") && is(1, "ROLLBACK") => {
+                Xid::parse_statement_id(rest_after(2)).map_or(other, Statement::XaRollback)
+            }
+            _ => other,
+        }
+    }
+
+    /// What kind of statement it is, for a log line.
+    fn kind(&self) -> &'a str {
+        match self {
+            Statement::Begin => "BEGIN",
+            Statement::Commit => "COMMIT",
+            Statement::Rollback => "ROLLBACK",
+            Statement::Savepoint(_) => "SAVEPOINT",
+            Statement::RollbackTo(_) => "ROLLBACK TO",
+            Statement::XaStart => "XA START",
+            Statement::XaEnd => "XA END",
+            Statement::XaCommit(_) => "XA COMMIT",
+            Statement::XaRollback(_) => "XA ROLLBACK",
+            Statement::Other(verb) => verb,
         }
     }
 }
 
 impl BinlogReader {
-    /// A statement: what it means for the transaction around it. `ending` dates an end.
+    /// A statement ending at `end_pos` (written at `timestamp`): what it means for the
+    /// transaction around it.
     pub(super) fn statement(
         &self,
         state: &mut StreamState,
         statement: Statement<'_>,
-        ending: impl Fn(Ending) -> (u64, u32, Ending),
+        end_pos: u64,
+        timestamp: u32,
     ) -> Vec<BinlogItem> {
         let mut items = Vec::new();
-        let finish = |state: &mut StreamState, outcome| {
-            let (end_pos, timestamp, outcome) = ending(outcome);
-            self.finish(state, end_pos, timestamp, outcome)
-        };
+        let finish =
+            |state: &mut StreamState, ending| self.finish(state, end_pos, timestamp, ending);
         match statement {
             Statement::Begin | Statement::XaStart => {
                 if state.tx.is_none() {
@@ -224,19 +245,11 @@ impl BinlogReader {
             Statement::XaRollback(xid) if !state.in_body => {
                 items.extend(finish(state, Ending::Outcome(xid, false)));
             }
-            Statement::Other if !state.in_body => {
+            Statement::Other(_) if !state.in_body => {
                 // A statement on its own (DDL, or a non-transactional change).
                 items.extend(finish(state, Ending::Commit));
             }
-            other => {
-                let verb = format!("{other:?}");
-                let kind = verb
-                    .split(['(', ' '])
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-                self.not_understood(state, || format!("statement {kind}"));
-            }
+            other => self.not_understood(state, || format!("statement {}", other.kind())),
         }
         items
     }
@@ -392,8 +405,11 @@ mod tests {
             Statement::of("XA ROLLBACK X'6232',X'71',7"),
             Statement::XaRollback(xid)
         );
-        assert_eq!(Statement::of("CREATE TABLE t (id INT)"), Statement::Other);
-        assert_eq!(Statement::of("XA COMMIT 'x'"), Statement::Other);
+        assert_eq!(
+            Statement::of("CREATE TABLE t (id INT)"),
+            Statement::Other("CREATE")
+        );
+        assert_eq!(Statement::of("XA COMMIT 'x'"), Statement::Other("XA"));
     }
 
     fn row(id: u64) -> DecodedRow {
@@ -461,10 +477,9 @@ mod tests {
     fn feed(reader: &BinlogReader, script: &[Result<&str, u64>]) -> Vec<BinlogItem> {
         let mut state = StreamState::default();
         let mut items = Vec::new();
-        let ending = |e| (100, 0, e);
         for step in script {
             match step {
-                Ok(sql) => items.extend(reader.statement(&mut state, Statement::of(sql), ending)),
+                Ok(sql) => items.extend(reader.statement(&mut state, Statement::of(sql), 100, 0)),
                 Err(id) => hold(&mut state, vec![row(*id)], &mut items),
             }
         }
@@ -515,13 +530,12 @@ mod tests {
     fn an_xa_transaction_is_yielded_at_prepare_and_resolved_by_its_outcome() {
         let reader = reader();
         let mut state = StreamState::default();
-        let ending = |e| (100, 0, e);
-        let mut items = reader.statement(&mut state, Statement::of("XA START X'61',X'',1"), ending);
+        let mut items = reader.statement(&mut state, Statement::of("XA START X'61',X'',1"), 100, 0);
         hold(&mut state, vec![row(1)], &mut items);
-        items.extend(reader.statement(&mut state, Statement::of("XA END X'61',X'',1"), ending));
+        items.extend(reader.statement(&mut state, Statement::of("XA END X'61',X'',1"), 100, 0));
         let xid = Xid::parse_statement_id("X'61',X'',1").unwrap();
         items.extend(reader.finish(&mut state, 100, 0, Ending::Prepared(xid)));
-        items.extend(reader.statement(&mut state, Statement::of("XA COMMIT X'61',X'',1"), ending));
+        items.extend(reader.statement(&mut state, Statement::of("XA COMMIT X'61',X'',1"), 100, 0));
         assert_eq!(
             shape(&items),
             [
