@@ -181,7 +181,13 @@ pub async fn run(
     };
     let mut current: Option<TxSeq> = None;
     loop {
-        let first = match tokio::time::timeout(LONG_PREPARED, items.recv()).await {
+        // A timer only while XA transactions are held (to log the long-prepared ones on a
+        // quiet stream); the common path just waits.
+        let next = match d.held.is_empty() {
+            true => Ok(items.recv().await),
+            false => tokio::time::timeout(LONG_PREPARED, items.recv()).await,
+        };
+        let first = match next {
             Ok(Some(item)) => item,
             Ok(None) => break,
             Err(_) => {
