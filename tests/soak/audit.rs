@@ -159,10 +159,19 @@ pub async fn audit(
     }
     let lost: Vec<&&str> = events.iter().filter(|e| !processed.contains(**e)).collect();
     if !lost.is_empty() {
+        // Judged by the broker's store too: stored but never delivered is the consumer's loss,
+        // not stored is the relay's (a SENT row without its message).
+        let stored = stored_event_ids(servers).await;
+        let (on_broker, missing): (Vec<&&str>, Vec<&&str>) =
+            lost.iter().partition(|e| stored.contains(***e));
         fail(format!(
-            "{} events never reached the consumer, e.g. {:?}",
+            "{} events never reached the consumer: {} of them stored on the broker (the \
+             consumer missed them), e.g. {:?}; {} not on the broker, e.g. {:?}",
             lost.len(),
-            &lost[..lost.len().min(5)]
+            on_broker.len(),
+            &on_broker[..on_broker.len().min(5)],
+            missing.len(),
+            &missing[..missing.len().min(5)]
         ));
     }
     // Per key, an event delivered before an earlier-committed one overtook it. If the overtaken
@@ -305,4 +314,24 @@ pub async fn audit(
         );
     }
     Audit { failures, report }
+}
+
+/// The event_ids of every message the broker stores in the soak's topic (read from its queues,
+/// not through the consumer group).
+async fn stored_event_ids(servers: &Servers) -> HashSet<String> {
+    let read = async {
+        let mut reader = outbox_relay::devenv::TopicReader::new(&servers.namesrv_addr(), TOPIC)
+            .await
+            .ok()?;
+        let messages = reader.read_all_for(Duration::from_secs(3)).await.ok();
+        reader.close().await;
+        messages
+    };
+    match read.await {
+        Some(messages) => messages
+            .into_iter()
+            .filter_map(|m| m.properties.get("event_id").cloned())
+            .collect(),
+        None => HashSet::new(),
+    }
 }
