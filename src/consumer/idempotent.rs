@@ -54,7 +54,9 @@ pub enum Disposition {
     Duplicate { previous: Option<DedupStatus> },
     /// The event can never be processed: quarantined (and marked REJECTED if it has a key). ACK.
     Rejected { reason: String },
-    /// Nothing was kept; the broker must deliver it again. RECONSUME_LATER.
+    /// Not acknowledged: the broker must deliver it again. RECONSUME_LATER. Nothing was kept,
+    /// except after a COMMIT whose reply was lost: then it may have committed, and the
+    /// redelivery is a [`Disposition::Duplicate`].
     Retry { reason: String },
 }
 
@@ -171,7 +173,7 @@ impl<H: Handler> IdempotentProcessor<H> {
         match &disposition {
             Disposition::Retry { reason } => tracing::warn!(
                 group = %self.group, topic = %event.topic, msg_id = %event.msg_id,
-                reconsume_times = event.reconsume_times, "delivery rolled back, will be redelivered: {reason}"
+                reconsume_times = event.reconsume_times, "delivery not acknowledged, will be redelivered: {reason}"
             ),
             Disposition::Rejected { reason } => tracing::warn!(
                 group = %self.group, topic = %event.topic, msg_id = %event.msg_id,
@@ -215,7 +217,10 @@ impl<H: Handler> IdempotentProcessor<H> {
                 }
                 // If the connection died during COMMIT the outcome is unknown; the redelivery
                 // finds out (a dedup hit if it did commit).
-                Err(e) => retry("COMMIT failed", e),
+                Err(e) => retry(
+                    "COMMIT failed, outcome unknown (if it committed, the redelivery is a dedup hit)",
+                    e,
+                ),
             },
             Outcome::Retry(reason) => {
                 let _ = tx.rollback().await;

@@ -17,7 +17,6 @@ pub const GROUP: &str = "soak_consumer";
 #[derive(Debug, Clone)]
 pub struct Delivery {
     pub event_id: String,
-    pub biz_key: String,
     /// The producer-side message id: a relay resend has a new one, a broker redelivery not.
     pub msg_id: String,
     pub disposition: Disposition,
@@ -54,7 +53,6 @@ impl SoakConsumer {
             .with_observer(Arc::new(move |event: &ConsumedEvent, d: &Disposition| {
                 log.lock().unwrap().push(Delivery {
                     event_id: event.event_id.clone().unwrap_or_default(),
-                    biz_key: event.biz_key.clone().unwrap_or_default(),
                     msg_id: event.msg_id.clone(),
                     disposition: d.clone(),
                 });
@@ -72,13 +70,16 @@ impl SoakConsumer {
         }
     }
 
-    /// How many distinct events were processed (handler committed) so far.
-    pub fn processed(&self) -> usize {
+    /// How many distinct events had a delivery ACKed so far (processed, or a dedup hit of an
+    /// earlier commit).
+    pub fn acked(&self) -> usize {
         let deliveries = self.deliveries.lock().unwrap();
         deliveries
             .iter()
-            .filter(|d| d.disposition == Disposition::Processed)
-            .count()
+            .filter(|d| d.disposition.is_ack())
+            .map(|d| d.event_id.as_str())
+            .collect::<std::collections::HashSet<_>>()
+            .len()
     }
 
     pub fn deliveries(&self) -> Vec<Delivery> {

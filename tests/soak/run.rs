@@ -227,18 +227,19 @@ async fn watch_recovery(servers: &Servers) -> (Option<Duration>, Duration) {
     (None, peak)
 }
 
-/// Waits (bounded) until no row is PENDING or SENDING and the consumer processed every SENT
-/// event; the audit says what is missing if that never happens.
+/// Waits (bounded) until no row is PENDING or SENDING and every SENT event has its business
+/// effect committed and a delivery ACKed; the audit says what is missing if that never happens.
 async fn drain(servers: &Servers, consumer: &SoakConsumer) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
-        let counts: Vec<(u64, u64)> = servers
+        let counts: Vec<(u64, u64, u64)> = servers
             .query(&format!(
-                "SELECT COALESCE(SUM(status IN (0, 1)), 0), COALESCE(SUM(status = 2 AND topic = '{TOPIC}'), 0) FROM outbox_event"
+                "SELECT COALESCE(SUM(status IN (0, 1)), 0), COALESCE(SUM(status = 2 AND topic = '{TOPIC}'), 0), \
+                 (SELECT COUNT(DISTINCT event_id) FROM soak_effect) FROM outbox_event"
             ))
             .await;
-        let (unsent, sent) = counts[0];
-        if unsent == 0 && consumer.processed() as u64 >= sent {
+        let (unsent, sent, processed) = counts[0];
+        if unsent == 0 && processed >= sent && consumer.acked() as u64 >= sent {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
