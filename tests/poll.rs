@@ -196,6 +196,7 @@ fn claimer(table: TableName) -> Claimer {
             max_payload_bytes: 1 << 20,
         },
         cursor: Default::default(),
+        held: Default::default(),
     }
 }
 
@@ -218,13 +219,14 @@ async fn a_claim_reads_pending_rows_only_however_many_are_sent() {
 #[tokio::test]
 async fn a_claim_never_takes_a_row_while_an_older_row_of_its_key_waits() {
     // Keys a, b, c take turns: ids 1, 4, 7, 10 are a's; 2, 5, 8, 11 b's; 3, 6, 9, 12 c's. Row 1
-    // is locked by another transaction (SKIP LOCKED passes over it) and row 2 is SENDING for
-    // another owner: none of a's or b's later rows may be claimed before them.
+    // is locked by another transaction (SKIP LOCKED passes over it) and row 2 is SENDING under
+    // the claimer's own owner name but not held by it (an earlier life of the same instance id
+    // left it): none of a's or b's later rows may be claimed before them.
     let (db, mut conn, claimer) = claimable_outbox("poll_claim_key_order", 12, |i| {
         ["a", "b", "c"][i % 3].into()
     })
     .await;
-    conn.query_drop("UPDATE outbox_event SET status = 1, owner = 'other' WHERE id = 2")
+    conn.query_drop("UPDATE outbox_event SET status = 1, owner = 'reader' WHERE id = 2")
         .await
         .unwrap();
     let mut holder = db.conn().await;
@@ -248,7 +250,9 @@ async fn lease_upkeep_reads_sending_rows_only() {
         .await
         .unwrap();
     conn.query_drop("FLUSH STATUS").await.unwrap();
-    let renewed = lease::renew(&mut conn, &table, "gone", Duration::ZERO).await;
+    let held = lease::HeldRows::default();
+    held.add(&table, 4951..=5000);
+    let renewed = lease::renew(&mut conn, &table, "gone", &held, Duration::ZERO).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let recovered = lease::recover_expired(&mut conn, &table).await;
     let released = lease::release(&mut conn, &table, "gone").await;
@@ -260,6 +264,49 @@ async fn lease_upkeep_reads_sending_rows_only() {
     assert!(
         read < 1000,
         "lease upkeep read {read} rows for 50 SENDING among 5,000"
+    );
+}
+
+#[tokio::test]
+async fn only_the_rows_this_process_claimed_have_their_leases_renewed() {
+    // Rows 1–3 are SENDING under the claimer's owner name from an earlier life (a restart after
+    // kill -9 under the same instance id); the claim then takes 4–6. Renewal extends 4–6 only,
+    // and forgets a held row once it is no longer SENDING under this owner.
+    use outbox_relay::sweep::lease;
+
+    let (_db, mut conn, claimer) = claimable_outbox("poll_lease_own", 6, |i| format!("k{i}")).await;
+    conn.query_drop(
+        "UPDATE outbox_event SET status = 1, owner = 'reader', lease_until = NOW(3) WHERE id <= 3",
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim_ids(&claimer, &mut conn).await, [4, 5, 6]);
+    conn.query_drop("UPDATE outbox_event SET status = 2 WHERE id = 6")
+        .await
+        .unwrap();
+    let renewed = lease::renew(
+        &mut conn,
+        &claimer.table,
+        "reader",
+        &claimer.held,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_eq!(renewed, 2, "rows 4 and 5");
+    assert_eq!(
+        claimer.held.of(&claimer.table),
+        [4, 5],
+        "row 6 is SENT: forgotten"
+    );
+    let expired: Vec<u64> = conn
+        .query("SELECT id FROM outbox_event WHERE status = 1 AND lease_until < NOW(3) ORDER BY id")
+        .await
+        .unwrap();
+    assert_eq!(
+        expired,
+        [1, 2, 3],
+        "the earlier life's rows are left to expire"
     );
 }
 
@@ -327,12 +374,5 @@ async fn claimable_outbox(
 /// The ids one claim takes.
 async fn claim_ids(claimer: &Claimer, conn: &mut mysql_async::Conn) -> Vec<u64> {
     let claimed = claimer.claim(conn).await.unwrap();
-    claimed.iter().map(claimed_id).collect()
-}
-
-fn claimed_id(claimed: &Claimed) -> u64 {
-    match claimed {
-        Claimed::Event(row) => row.id,
-        Claimed::Problem(problem) => problem.id,
-    }
+    claimed.iter().map(Claimed::id).collect()
 }

@@ -81,3 +81,64 @@ async fn two_poll_relays_on_one_table_deliver_everything() {
         duplicates(&per_event)
     );
 }
+
+/// A supervisor restarts a crashed relay under the same `relay.instance_id` (a StatefulSet, a
+/// fixed id in the config): the rows the dead process held SENDING are not the new process's. It
+/// must not renew their leases; they expire within one lease, return to PENDING and are sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_under_the_same_instance_id_delivers_the_dead_process_rows_within_one_lease() {
+    let db = TestDb::migrated("poll_same_id").await;
+    let topic = new_topic("poll_same_id");
+    let lease = Duration::from_secs(3);
+    let (config, dir) = poll_config(&db, "steady", lease);
+    let file = write_config_file(&config, dir.path());
+    const TOTAL: usize = 400;
+    write_events(&db, &topic, 4, TOTAL / 4, 400).await;
+
+    // The first life crashes right after a SEND_OK, holding its claimed batch SENDING.
+    let log = dir.path().join("first.log");
+    let mut first =
+        Relay::spawn_serving(&file, "", &log, &[("FAILPOINTS", "after_send_ok=exit@3")]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = first.exit_status() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hook never fired; the first life logged:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        status.code(),
+        Some(outbox_relay::failpoint::EXIT_CODE),
+        "crashed through the hook"
+    );
+    let held: u64 = {
+        use mysql_async::prelude::*;
+        db.conn()
+            .await
+            .query_first("SELECT COUNT(*) FROM outbox_event WHERE status = 1 AND owner = 'steady'")
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert!(held > 0, "the crashed life held SENDING rows");
+
+    let restarted = std::time::Instant::now();
+    let second = Relay::spawn(&file);
+    // One lease for the dead life's rows to expire, a lease-keeper round to recover them, a
+    // poll to claim and send them; generous for a loaded machine, far below "never".
+    wait_until_sent(&db, TOTAL as u64, lease * 2 + Duration::from_secs(10)).await;
+    let took = restarted.elapsed();
+    second.stop();
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, TOTAL).await;
+    assert_eq!(per_event.len(), TOTAL, "every event arrived");
+    println!(
+        "same instance id after a crash: {held} rows held by the dead life, all {TOTAL} SENT \
+         {took:.1?} after the restart (lease {lease:?}), {} duplicates",
+        duplicates(&per_event)
+    );
+}

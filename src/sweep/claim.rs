@@ -16,6 +16,7 @@
 //!   `UPDATE … WHERE id = ? AND status = 0`; a row is ours only if exactly one row was affected.
 
 use super::cursor::ClaimCursor;
+use super::lease::HeldRows;
 use crate::binlog::decode::{message_from_text, RowLimits, RowText};
 use crate::binlog::{OutboxRow, RowProblem};
 use crate::config::TableName;
@@ -63,6 +64,16 @@ pub enum Claimed {
     Problem(RowProblem),
 }
 
+impl Claimed {
+    /// The row's id.
+    pub fn id(&self) -> u64 {
+        match self {
+            Claimed::Event(row) => row.id,
+            Claimed::Problem(problem) => problem.id,
+        }
+    }
+}
+
 /// Claims batches of one outbox table for one owner.
 #[derive(Debug, Clone)]
 pub struct Claimer {
@@ -76,6 +87,9 @@ pub struct Claimer {
     pub limits: RowLimits,
     /// Where the next claim starts reading (shared by clones; see [`ClaimCursor`]).
     pub cursor: Arc<ClaimCursor>,
+    /// The rows this process holds (shared by every claimer of the process): each claim adds
+    /// what it returns, and the key-order check passes over these alone.
+    pub held: HeldRows,
 }
 
 /// Outbox tables found without the `idx_pending` index (migration 0008 not applied): their
@@ -175,7 +189,8 @@ impl Claimer {
     }
 
     /// `(id, biz_key)` of the rows of the keys of `rows` with a smaller id than the newest of
-    /// `rows` that are waiting (PENDING, or SENDING for another owner): non-locking, READ
+    /// `rows` that are waiting: PENDING, or SENDING but not held by this process (another
+    /// instance's, an earlier life's, or a claim whose reply was lost). Non-locking, READ
     /// COMMITTED. It walks the waiting rows below that id in `idx_pending`, never a key's SENT
     /// history: through `idx_key_order` a claim read every older row of each of its keys (a
     /// hot key's whole history, on every claim).
@@ -194,14 +209,19 @@ impl Claimer {
             return Ok(Vec::new());
         }
         let newest = rows.iter().map(|(id, _)| *id).max().unwrap_or(0);
-        let mut params = vec![Value::from(newest), Value::from(self.owner.as_str())];
+        let mut params = vec![Value::from(newest)];
         params.extend(keys.iter().map(|k| Value::from(*k)));
         let sql = |hinted| self.older_rows_sql(hinted, keys.len());
-        self.exec_on_pending_index(tx, sql, params).await
+        let waiting: Vec<(u64, String, u8)> = self.exec_on_pending_index(tx, sql, params).await?;
+        Ok(waiting
+            .into_iter()
+            .filter(|(id, _, status)| *status == 0 || !self.held.contains(&self.table, *id))
+            .map(|(id, key, _)| (id, key))
+            .collect())
     }
 
     /// The SELECT of [`Claimer::older_rows_of_keys`] for `keys` keys (binds: the newest id, the
-    /// owner, the keys).
+    /// keys).
     pub fn older_rows_sql(&self, hinted: bool, keys: usize) -> String {
         let hint = if hinted {
             " FORCE INDEX (idx_pending)"
@@ -209,8 +229,8 @@ impl Claimer {
             ""
         };
         format!(
-            "SELECT id, biz_key FROM {}{hint} WHERE status IN (0, 1) AND id < ? \
-             AND (status = 0 OR owner <> ?) AND biz_key IN ({}) ORDER BY id",
+            "SELECT id, biz_key, status FROM {}{hint} WHERE status IN (0, 1) AND id < ? \
+             AND biz_key IN ({}) ORDER BY id",
             self.table.sql(),
             vec!["?"; keys].join(", ")
         )
@@ -233,12 +253,15 @@ impl Claimer {
         u64::try_from(self.lease.as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// Claims up to `batch_size` rows, in id order.
+    /// Claims up to `batch_size` rows, in id order, and records them as held by this process.
+    /// Rows a failed claim may have left SENDING are not recorded: they expire within a lease.
     pub async fn claim(&self, conn: &mut Conn) -> Result<Vec<Claimed>, mysql_async::Error> {
-        match self.strategy {
+        let claimed = match self.strategy {
             ClaimStrategy::SkipLocked => self.claim_skip_locked(conn).await,
             ClaimStrategy::Optimistic => self.claim_optimistic(conn).await,
-        }
+        }?;
+        self.held.add(&self.table, claimed.iter().map(Claimed::id));
+        Ok(claimed)
     }
 
     async fn claim_skip_locked(&self, conn: &mut Conn) -> Result<Vec<Claimed>, mysql_async::Error> {
@@ -438,6 +461,7 @@ mod tests {
                 max_payload_bytes: 1024,
             },
             cursor: Default::default(),
+            held: HeldRows::default(),
         }
     }
 

@@ -4,7 +4,7 @@
 
 use super::claim::{ClaimStrategy, Claimed, Claimer};
 use super::gate::SweepGate;
-use super::lease;
+use super::lease::{self, HeldRows};
 use crate::binlog::decode::RowLimits;
 use crate::config::{Config, TableName};
 use crate::retry::RetryPolicy;
@@ -58,6 +58,8 @@ pub struct Sweeper {
     claimers: Vec<Claimer>,
     tables: Vec<TableName>,
     owner: String,
+    /// What this process's claims hold (the lease keeper renews exactly these).
+    held: HeldRows,
     settings: SweepSettings,
 }
 
@@ -78,6 +80,7 @@ impl Sweeper {
         };
         tracing::info!(?strategy, %owner, lease = ?settings.lease, interval = ?settings.interval,
             min_age = ?settings.min_age, "sweeper: claiming PENDING rows");
+        let held = HeldRows::default();
         let claimers = tables
             .iter()
             .map(|table| Claimer {
@@ -89,6 +92,7 @@ impl Sweeper {
                 strategy,
                 limits,
                 cursor: Default::default(),
+                held: held.clone(),
             })
             .collect();
         Ok(Sweeper {
@@ -96,6 +100,7 @@ impl Sweeper {
             claimers,
             tables,
             owner,
+            held,
             settings,
         })
     }
@@ -116,6 +121,7 @@ impl Sweeper {
             self.pool.clone(),
             self.tables.clone(),
             self.owner.clone(),
+            self.held.clone(),
             self.settings.lease,
             every,
             leases_stop.clone(),

@@ -489,6 +489,11 @@ impl RelayProcess {
         RelayProcess(child)
     }
 
+    /// How the process ended, if it has.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.try_wait().ok().flatten()
+    }
+
     /// SIGKILL: no drain, no release of claimed rows.
     pub fn kill(mut self) {
         self.0.kill().unwrap();
