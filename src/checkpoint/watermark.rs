@@ -108,6 +108,18 @@ impl Watermark {
         }
     }
 
+    /// Whether every event of `seq` completed and no more will be added: passed, or closed with
+    /// nothing left (it may still wait behind an earlier transaction).
+    pub fn is_done(&self, seq: TxSeq) -> bool {
+        match seq.checked_sub(self.front) {
+            None => true,
+            Some(index) => self
+                .entries
+                .get(index as usize)
+                .is_some_and(|e| !e.open && e.remaining == 0),
+        }
+    }
+
     /// The acknowledged position (see the module guarantee).
     pub fn position(&self) -> &BinlogPosition {
         &self.position
@@ -162,6 +174,26 @@ mod tests {
         w.complete(a);
         assert_eq!(w.position().pos, 200, "a done -> past b too");
         assert_eq!(w.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_transaction_is_done_when_closed_and_complete_even_behind_a_busy_one() {
+        let mut w = Watermark::new(BinlogPosition::default());
+        let a = w.begin();
+        w.add_event(a);
+        w.end(a, end(a));
+        let b = w.begin();
+        w.add_event(b);
+        assert!(!w.is_done(b), "open");
+        w.end(b, end(b));
+        assert!(!w.is_done(b), "an event left");
+        w.complete(b);
+        assert!(w.is_done(b), "done, though a holds the position");
+        assert!(!w.is_done(a));
+        w.complete(a);
+        assert!(w.is_done(a) && w.is_done(b), "passed");
+        let c = w.begin();
+        assert!(!w.is_done(c), "a new one is open");
     }
 
     #[test]

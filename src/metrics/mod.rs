@@ -69,6 +69,8 @@ pub struct RelayMetrics {
     pub checkpoint_age_seconds: Gauge<f64, AtomicU64>,
     /// Prepared XA transactions whose outcome the stream waits for (each holds the checkpoint).
     pub xa_prepared_transactions: Gauge,
+    /// Keys whose stream events wait for an older row of the key the stream did not read.
+    pub keys_held_for_order: Gauge,
     /// Events waiting in each shard's input.
     pub shard_queue_depth: Family<ShardLabel, Gauge>,
     /// Age of the oldest PENDING row per table (0 when none): the key metric.
@@ -95,6 +97,7 @@ impl RelayMetrics {
             binlog_lag_seconds: Gauge::default(),
             checkpoint_age_seconds: Gauge::default(),
             xa_prepared_transactions: Gauge::default(),
+            keys_held_for_order: Gauge::default(),
             binlog_behind_transactions: Gauge::default(),
             binlog_behind_bytes: Gauge::default(),
             shard_queue_depth: Family::default(),
@@ -173,6 +176,11 @@ impl RelayMetrics {
             "xa_prepared_transactions",
             "Prepared XA transactions the stream holds until XA COMMIT or XA ROLLBACK (the checkpoint stays below the oldest)",
             metrics.xa_prepared_transactions.clone(),
+        );
+        registry.register(
+            "keys_held_for_order",
+            "Keys whose streamed events wait until an older row of the key that the stream did not read (a purged binlog, a row written without binlog, a row put back) is sent",
+            metrics.keys_held_for_order.clone(),
         );
         registry.register(
             "shard_queue_depth",

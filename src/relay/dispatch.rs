@@ -9,12 +9,16 @@
 //! When the reader loses its connection inside a transaction it reads that transaction again
 //! from its start; the rows already handed on are not handed on twice ([`HandedOn`]).
 //!
+//! Streamed events go through the key-order guard ([`KeyOrder`]) when a sweeper runs beside
+//! the stream: a key whose older row waits elsewhere is held until that row is sent.
+//!
 //! A prepared XA transaction is held here ([`Held`]) until the reader brings its outcome: its
 //! rows are handed on at `XA COMMIT` and dropped at `XA ROLLBACK`. Its watermark entry stays open
 //! meanwhile, so the checkpoint stays below its prepare (a restart reads the prepare again),
 //! while every later transaction flows and completes as usual.
 
-use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, TxEnd, Xid};
+use super::key_order::{self, KeyOrder};
+use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, TxEnd, Xid};
 use crate::checkpoint::{TxSeq, Watermark};
 use crate::config::TableName;
 use crate::route::Router;
@@ -159,39 +163,57 @@ impl CatchUp {
     }
 }
 
+/// Where the dispatcher hands events on.
+pub struct Outputs {
+    pub router: Router,
+    pub shards: Vec<mpsc::Sender<ShardEvent>>,
+    pub problems: mpsc::Sender<Completion>,
+    /// Per-key order with the sweeper's rows (`None`: no sweeper, events go straight on).
+    pub key_order: Option<KeyOrder>,
+}
+
 /// Consumes reader items until the reader's channel closes. Every event is counted in the
 /// watermark before it is handed on, so it can never be passed before it completes.
 pub async fn run(
     mut items: mpsc::Receiver<BinlogItem>,
-    router: Router,
-    shards: Vec<mpsc::Sender<ShardEvent>>,
-    problems: mpsc::Sender<Completion>,
+    outputs: Outputs,
     watermark: Arc<Mutex<Watermark>>,
     mut catch_up: Option<CatchUp>,
 ) -> Dispatched {
     let mut d = Dispatcher {
-        router,
-        shards,
-        problems,
+        router: outputs.router,
+        shards: outputs.shards,
+        problems: outputs.problems,
+        key_order: outputs.key_order,
         watermark,
         stats: Dispatched::default(),
         handed_on: HandedOn::default(),
         held: HashMap::new(),
         last_long_warning: Instant::now(),
+        last_recheck: Instant::now(),
     };
     let mut current: Option<TxSeq> = None;
     loop {
-        // A timer only while XA transactions are held (to log the long-prepared ones on a
-        // quiet stream); the common path just waits.
-        let next = match d.held.is_empty() {
-            true => Ok(items.recv().await),
-            false => tokio::time::timeout(LONG_PREPARED, items.recv()).await,
+        // A timer only while something is held (XA transactions, to log the long-prepared ones
+        // on a quiet stream; keys, to hand their events on once their older rows are sent);
+        // the common path just waits.
+        let timer = match (d.held.is_empty(), d.holding_keys()) {
+            (true, false) => None,
+            (_, true) => Some(key_order::RECHECK),
+            (false, false) => Some(LONG_PREPARED),
+        };
+        let next = match timer {
+            None => Ok(items.recv().await),
+            Some(timer) => tokio::time::timeout(timer, items.recv()).await,
         };
         let first = match next {
             Ok(Some(item)) => item,
             Ok(None) => break,
             Err(_) => {
                 d.warn_long_prepared();
+                if !d.recheck_keys().await {
+                    return d.stats;
+                }
                 continue;
             }
         };
@@ -206,6 +228,10 @@ pub async fn run(
             Some(catch_up) => catch_up.recorded(&batch).await,
             None => HashSet::new(),
         };
+        if let Some(order) = &mut d.key_order {
+            order.new_batch();
+        }
+        d.check_key_order(batch_rows(&batch, &recorded)).await;
         for item in batch {
             let handed = match item {
                 BinlogItem::TxBegin => {
@@ -246,6 +272,9 @@ pub async fn run(
             }
         }
         d.warn_long_prepared();
+        if !d.recheck_keys().await {
+            return d.stats;
+        }
         if catch_up.as_ref().is_some_and(CatchUp::done) {
             tracing::info!(
                 skipped = d.stats.already_recorded,
@@ -257,11 +286,28 @@ pub async fn run(
     d.stats
 }
 
+/// The streamed rows of `batch` that will be handed on now (not already recorded).
+fn batch_rows<'a>(
+    batch: &'a [BinlogItem],
+    recorded: &'a HashSet<(Arc<TableName>, u64)>,
+) -> impl Iterator<Item = &'a OutboxRow> + 'a {
+    batch.iter().filter_map(move |item| match item {
+        BinlogItem::Row(DecodedRow::Event(row))
+            if !recorded.contains(&(Arc::clone(&row.table), row.id)) =>
+        {
+            Some(row)
+        }
+        _ => None,
+    })
+}
+
 /// The dispatcher's state between items.
 struct Dispatcher {
     router: Router,
     shards: Vec<mpsc::Sender<ShardEvent>>,
     problems: mpsc::Sender<Completion>,
+    key_order: Option<KeyOrder>,
+    last_recheck: Instant,
     watermark: Arc<Mutex<Watermark>>,
     stats: Dispatched,
     handed_on: HandedOn,
@@ -276,6 +322,30 @@ impl Dispatcher {
 
     fn begin(&self) -> TxSeq {
         self.watermark().begin()
+    }
+
+    fn holding_keys(&self) -> bool {
+        self.key_order.as_ref().is_some_and(KeyOrder::holding)
+    }
+
+    /// Asks the key-order guard about `rows` before they are handed on.
+    async fn check_key_order<'a>(&mut self, rows: impl Iterator<Item = &'a OutboxRow>) {
+        if let Some(order) = &mut self.key_order {
+            order.check(rows, &self.watermark).await;
+        }
+    }
+
+    /// Lets held keys go whose older rows are sent (at most every [`key_order::RECHECK`]);
+    /// false once the shards are gone.
+    async fn recheck_keys(&mut self) -> bool {
+        if !self.holding_keys() || self.last_recheck.elapsed() < key_order::RECHECK {
+            return true;
+        }
+        self.last_recheck = Instant::now();
+        let order = self.key_order.as_mut().expect("holding keys");
+        order
+            .recheck(&self.watermark, &self.router, &self.shards)
+            .await
     }
 
     /// Hands `row` of transaction `seq` on (to its shard, or as a problem); false once the
@@ -302,6 +372,9 @@ impl Dispatcher {
             DecodedRow::Event(row) => {
                 self.watermark().add_event(seq);
                 let event = ShardEvent::new(seq, row);
+                if let Some(order) = &mut self.key_order {
+                    return order.route(event, &self.router, &self.shards).await;
+                }
                 let shard = self.router.shard(event.key_hash);
                 return self.shards[shard].send(event).await.is_ok();
             }
@@ -366,6 +439,11 @@ impl Dispatcher {
         self.publish_held_count();
         if committed {
             self.stats.xa_committed += 1;
+            let rows = held.rows.iter().filter_map(|row| match row {
+                DecodedRow::Event(row) => Some(row),
+                _ => None,
+            });
+            self.check_key_order(rows).await;
             for row in held.rows {
                 if !self.hand_on(held.seq, row, &HashSet::new(), false).await {
                     return false;
@@ -403,168 +481,4 @@ impl Dispatcher {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::binlog::OutboxRow;
-
-    fn row(id: u64) -> BinlogItem {
-        BinlogItem::Row(DecodedRow::Event(OutboxRow::sample(id)))
-    }
-
-    /// The dispatcher's channels and watermark: (items in, items out, handed-on events in,
-    /// handed-on events out, problems, watermark). The problems' receiver is dropped.
-    #[allow(clippy::type_complexity)]
-    fn wiring() -> (
-        mpsc::Sender<BinlogItem>,
-        mpsc::Receiver<BinlogItem>,
-        mpsc::Sender<ShardEvent>,
-        mpsc::Receiver<ShardEvent>,
-        mpsc::Sender<Completion>,
-        Arc<Mutex<Watermark>>,
-    ) {
-        let (items_tx, items) = mpsc::channel(100);
-        let (shard, handed) = mpsc::channel(100);
-        let (problems, _) = mpsc::channel(100);
-        let watermark = Arc::new(Mutex::new(Watermark::new(BinlogPosition::default())));
-        (items_tx, items, shard, handed, problems, watermark)
-    }
-
-    fn end(pos: u64) -> BinlogItem {
-        BinlogItem::TxEnd(TxEnd {
-            gtid: None,
-            file: "binlog.000001".into(),
-            end_pos: pos,
-            timestamp: 0,
-        })
-    }
-
-    #[tokio::test]
-    async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
-        let (items_tx, items, shard, mut handed, problems, watermark) = wiring();
-        // The connection is lost after two rows of the first transaction, which is read again
-        // whole; then a second transaction.
-        let script = [
-            BinlogItem::TxBegin,
-            row(1),
-            row(2),
-            BinlogItem::Restart,
-            BinlogItem::TxBegin,
-            row(1),
-            row(2),
-            row(3),
-            end(100),
-            BinlogItem::TxBegin,
-            row(4),
-            end(200),
-        ];
-        for item in script {
-            items_tx.send(item).await.unwrap();
-        }
-        drop(items_tx);
-        let stats = run(
-            items,
-            Router::new(1),
-            vec![shard],
-            problems,
-            Arc::clone(&watermark),
-            None,
-        )
-        .await;
-        assert_eq!(stats.read_again, 2);
-        let mut events = Vec::new();
-        while let Ok(event) = handed.try_recv() {
-            events.push(event);
-        }
-        let ids: Vec<u64> = events.iter().map(|e| e.row.id).collect();
-        assert_eq!(ids, [1, 2, 3, 4], "each row once, in order");
-
-        // The checkpoint passes the first transaction only when the rows handed on before the
-        // lost connection are done too.
-        let position = |w: &Mutex<Watermark>| w.lock().unwrap().position().pos;
-        let seq = |i: usize| events[i].seq.expect("a binlog transaction");
-        watermark.lock().unwrap().complete(seq(2));
-        watermark.lock().unwrap().complete(seq(3));
-        assert_eq!(position(&watermark), 0, "rows 1 and 2 are still in flight");
-        watermark.lock().unwrap().complete(seq(0));
-        watermark.lock().unwrap().complete(seq(1));
-        assert_eq!(position(&watermark), 200);
-    }
-
-    #[tokio::test]
-    async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
-        use crate::binlog::PreparedTx;
-        let (items_tx, items, shard, mut handed, problems, watermark) = wiring();
-        let xid = |name: &str| Xid::parse_statement_id(&format!("X'{name}',X'',1")).unwrap();
-        let end_at = |pos| match end(pos) {
-            BinlogItem::TxEnd(end) => end,
-            _ => unreachable!(),
-        };
-        let script = [
-            BinlogItem::Prepared(PreparedTx {
-                xid: xid("61"),
-                rows: vec![DecodedRow::Event(OutboxRow::sample(1))],
-                end: end_at(100),
-            }),
-            BinlogItem::Prepared(PreparedTx {
-                xid: xid("62"),
-                rows: vec![DecodedRow::Event(OutboxRow::sample(2))],
-                end: end_at(150),
-            }),
-            BinlogItem::TxBegin,
-            row(3),
-            end(200),
-            BinlogItem::TxBegin,
-            BinlogItem::XaOutcome {
-                xid: xid("62"),
-                committed: false,
-            },
-            end(250),
-        ];
-        for item in script {
-            items_tx.send(item).await.unwrap();
-        }
-        let dispatcher = tokio::spawn(run(
-            items,
-            Router::new(1),
-            vec![shard],
-            problems,
-            Arc::clone(&watermark),
-            None,
-        ));
-        let position = |w: &Mutex<Watermark>| w.lock().unwrap().position().pos;
-        let later = handed.recv().await.unwrap();
-        assert_eq!(
-            later.row.id, 3,
-            "the later transaction flows while 61 is prepared"
-        );
-        watermark.lock().unwrap().complete(later.seq.unwrap());
-        assert_eq!(
-            position(&watermark),
-            0,
-            "the checkpoint stays below the prepare"
-        );
-
-        for item in [
-            BinlogItem::TxBegin,
-            BinlogItem::XaOutcome {
-                xid: xid("61"),
-                committed: true,
-            },
-            end(300),
-        ] {
-            items_tx.send(item).await.unwrap();
-        }
-        let committed = handed.recv().await.unwrap();
-        assert_eq!(committed.row.id, 1, "published at XA COMMIT");
-        assert_eq!(position(&watermark), 0, "until its event completes");
-        watermark.lock().unwrap().complete(committed.seq.unwrap());
-        assert_eq!(position(&watermark), 300);
-        drop(items_tx);
-        let stats = dispatcher.await.unwrap();
-        assert_eq!((stats.xa_committed, stats.xa_rolled_back), (1, 1));
-        assert!(
-            handed.try_recv().is_err(),
-            "the rolled-back row 2 is never handed on"
-        );
-    }
-}
+mod tests;

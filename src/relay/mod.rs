@@ -4,12 +4,14 @@
 //!
 //! Guarantees (the product's contract): every committed outbox INSERT after the start position
 //! is published with `SEND_OK` and marked SENT, or marked FAILED with a reason; events of one
-//! `biz_key` are sent in commit order; the persisted checkpoint never passes an event that is not
+//! `biz_key` are sent in commit order, and never before an older row of the key that the stream
+//! did not read (see `key_order`); the persisted checkpoint never passes an event that is not
 //! recorded as SENT or FAILED, so a crash at any moment loses nothing (it may resend).
 
 mod checkpointer;
 mod dispatch;
 mod instance;
+mod key_order;
 mod shards;
 
 pub use crate::sweep::run_poll;
@@ -27,6 +29,7 @@ use crate::retry::RetryPolicy;
 use crate::route::Router;
 use crate::send::Sink;
 use crate::sweep::{SweepSettings, Sweeper};
+use key_order::KeyOrder;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -39,6 +42,9 @@ const CHANNEL_CAPACITY: usize = 2048;
 /// payloads in memory (a drain once kept 8 × 4,096 in flight, and the relay's CPU went to
 /// faulting in fresh pages for them).
 const SHARD_CAPACITY: usize = 256;
+/// Requests from the key-order guard to the sweeper not yet taken up (when full, the guard asks
+/// again at its next recheck).
+const NUDGE_CAPACITY: usize = 64;
 
 /// What a finished run did.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -216,13 +222,19 @@ pub async fn run_cdc<S: Sink>(
             owner: config.instance_id(),
         },
     ));
-    // The sweeper feeds the same shards: a key's swept rows queue behind its streamed ones.
+    // The sweeper feeds the same shards: a key's swept rows queue behind its streamed ones, and
+    // the stream's key-order guard asks it for the older rows a key waits for.
+    let (nudge_tx, nudge_rx) = mpsc::channel(NUDGE_CAPACITY);
+    let key_order = sweeper
+        .is_some()
+        .then(|| KeyOrder::new(pool.clone(), nudge_tx, config.sweeper.min_age));
     let mut sweeper = sweeper.map(|sweeper| {
         sweeper.spawn(
             Router::new(config.relay.shards),
             shard_inputs.clone(),
             done_tx.clone(),
             crate::sweep::SweepGate::beside_stream(Arc::clone(&watermark)),
+            Some(nudge_rx),
         )
     });
     let checkpoint_stop = CancellationToken::new();
@@ -235,15 +247,13 @@ pub async fn run_cdc<S: Sink>(
         checkpoint_stop.clone(),
     ));
 
-    let dispatched = dispatch::run(
-        items_rx,
-        Router::new(config.relay.shards),
-        shard_inputs,
-        done_tx,
-        Arc::clone(&watermark),
-        catch_up,
-    )
-    .await;
+    let outputs = dispatch::Outputs {
+        router: Router::new(config.relay.shards),
+        shards: shard_inputs,
+        problems: done_tx,
+        key_order,
+    };
+    let dispatched = dispatch::run(items_rx, outputs, Arc::clone(&watermark), catch_up).await;
 
     // The reader stopped (cancelled or failed). Let the shards drain, within the timeout.
     let reader_result = reader_task.await?;

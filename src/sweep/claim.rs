@@ -17,6 +17,7 @@
 
 use super::cursor::ClaimCursor;
 use super::lease::HeldRows;
+use super::waiting::{on_pending_index, waiting_rows_of_keys};
 use crate::binlog::decode::{message_from_text, RowLimits, RowText};
 use crate::binlog::{OutboxRow, RowProblem};
 use crate::config::TableName;
@@ -92,13 +93,14 @@ pub struct Claimer {
     pub held: HeldRows,
 }
 
-/// Outbox tables found without the `idx_pending` index (migration 0008 not applied): their
-/// claims run unhinted.
-static WITHOUT_PENDING_INDEX: std::sync::Mutex<std::collections::BTreeSet<String>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
-
-/// MySQL's ER_KEY_DOES_NOT_EXITS: an index hint names a missing index.
-const NO_SUCH_INDEX: u16 = 1176;
+/// Which PENDING rows a claim reads.
+#[derive(Debug, Clone, Copy)]
+enum Scope<'a> {
+    /// The next batch in id order, from the cursor, older than `min_age`.
+    Next,
+    /// These rows, any age.
+    These(&'a [u64]),
+}
 
 impl Claimer {
     /// The claim SELECT (hinted at `idx_pending` unless the table lacks it): PENDING rows in id
@@ -109,12 +111,21 @@ impl Claimer {
     async fn select_claimable<Q: Queryable>(
         &self,
         q: &mut Q,
-        after: u64,
+        scope: Scope<'_>,
     ) -> Result<Vec<(u64, RowText)>, mysql_async::Error> {
-        let params = self.select_params(after);
-        let rows: Vec<Row> = self
-            .exec_on_pending_index(q, |hinted| self.select_sql(hinted), params)
-            .await?;
+        let rows: Vec<Row> = match scope {
+            Scope::Next => {
+                let after = self.cursor.start();
+                let params = self.select_params(after);
+                let rows =
+                    on_pending_index(q, &self.table, |hinted| self.select_sql(hinted), params)
+                        .await?;
+                let rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
+                self.moved_past(after, &rows);
+                return Ok(rows);
+            }
+            Scope::These(ids) => q.query(self.select_these_sql(ids)).await?,
+        };
         Ok(rows.into_iter().map(read_row).collect())
     }
 
@@ -123,33 +134,6 @@ impl Claimer {
         let highest = rows.iter().map(|(id, _)| *id).max().unwrap_or(0);
         self.cursor
             .record(after, rows.len(), highest, self.batch_size as usize);
-    }
-
-    /// Runs `sql(hinted)` hinted at `idx_pending` unless the table is known to lack it; when the
-    /// hint names a missing index, warns once, remembers the table and runs it unhinted.
-    async fn exec_on_pending_index<Q: Queryable, T: FromRow + Send + 'static>(
-        &self,
-        q: &mut Q,
-        sql: impl Fn(bool) -> String,
-        params: Vec<Value>,
-    ) -> Result<Vec<T>, mysql_async::Error> {
-        let key = self.table.to_string();
-        let hinted = !WITHOUT_PENDING_INDEX
-            .lock()
-            .expect("not poisoned")
-            .contains(&key);
-        match q.exec(sql(hinted), params.clone()).await {
-            Err(mysql_async::Error::Server(e)) if hinted && e.code == NO_SUCH_INDEX => {
-                tracing::warn!(table = %self.table, "the outbox table has no `idx_pending` index \
-                    (run `outbox-relay migrate`): claims may read every SENT row before the PENDING ones");
-                WITHOUT_PENDING_INDEX
-                    .lock()
-                    .expect("not poisoned")
-                    .insert(key);
-                q.exec(sql(false), params).await
-            }
-            other => other,
-        }
     }
 
     /// The SELECT of the claimable rows (binds [`Claimer::select_params`]).
@@ -175,6 +159,20 @@ impl Claimer {
         )
     }
 
+    /// The SELECT of the rows among `ids` that are claimable now (any age), by primary key.
+    pub fn select_these_sql(&self, ids: &[u64]) -> String {
+        let lock = match self.strategy {
+            ClaimStrategy::SkipLocked => " FOR UPDATE SKIP LOCKED",
+            ClaimStrategy::Optimistic => "",
+        };
+        format!(
+            "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {} \
+             WHERE id IN ({}) AND status = 0 AND next_retry_at <= NOW(3) ORDER BY id{lock}",
+            self.table.sql(),
+            crate::db::id_list(ids.iter().copied())
+        )
+    }
+
     /// The values for [`Claimer::select_sql`]: the id to read past, the minimum age (if any),
     /// the batch size.
     fn select_params(&self, after: u64) -> Vec<Value> {
@@ -189,11 +187,8 @@ impl Claimer {
     }
 
     /// `(id, biz_key)` of the rows of the keys of `rows` with a smaller id than the newest of
-    /// `rows` that are waiting: PENDING, or SENDING but not held by this process (another
-    /// instance's, an earlier life's, or a claim whose reply was lost). Non-locking, READ
-    /// COMMITTED. It walks the waiting rows below that id in `idx_pending`, never a key's SENT
-    /// history: through `idx_key_order` a claim read every older row of each of its keys (a
-    /// hot key's whole history, on every claim).
+    /// `rows` that are waiting ([`waiting_rows_of_keys`]): PENDING, or SENDING but not held by
+    /// this process (another instance's, an earlier life's, or a claim whose reply was lost).
     async fn older_rows_of_keys(
         &self,
         tx: &mut mysql_async::Transaction<'_>,
@@ -209,31 +204,12 @@ impl Claimer {
             return Ok(Vec::new());
         }
         let newest = rows.iter().map(|(id, _)| *id).max().unwrap_or(0);
-        let mut params = vec![Value::from(newest)];
-        params.extend(keys.iter().map(|k| Value::from(*k)));
-        let sql = |hinted| self.older_rows_sql(hinted, keys.len());
-        let waiting: Vec<(u64, String, u8)> = self.exec_on_pending_index(tx, sql, params).await?;
+        let waiting = waiting_rows_of_keys(tx, &self.table, newest, &keys).await?;
         Ok(waiting
             .into_iter()
-            .filter(|(id, _, status)| *status == 0 || !self.held.contains(&self.table, *id))
-            .map(|(id, key, _)| (id, key))
+            .filter(|row| !row.sending || !self.held.contains(&self.table, row.id))
+            .map(|row| (row.id, row.key))
             .collect())
-    }
-
-    /// The SELECT of [`Claimer::older_rows_of_keys`] for `keys` keys (binds: the newest id, the
-    /// keys).
-    pub fn older_rows_sql(&self, hinted: bool, keys: usize) -> String {
-        let hint = if hinted {
-            " FORCE INDEX (idx_pending)"
-        } else {
-            ""
-        };
-        format!(
-            "SELECT id, biz_key, status FROM {}{hint} WHERE status IN (0, 1) AND id < ? \
-             AND biz_key IN ({}) ORDER BY id",
-            self.table.sql(),
-            vec!["?"; keys].join(", ")
-        )
     }
 
     /// The UPDATE that claims `rows` selected rows (binds: owner, lease µs, then the ids).
@@ -256,23 +232,46 @@ impl Claimer {
     /// Claims up to `batch_size` rows, in id order, and records them as held by this process.
     /// Rows a failed claim may have left SENDING are not recorded: they expire within a lease.
     pub async fn claim(&self, conn: &mut Conn) -> Result<Vec<Claimed>, mysql_async::Error> {
+        self.claim_scope(conn, Scope::Next).await
+    }
+
+    /// Claims those of `ids` that are PENDING now, whatever their age (rows a stream waits for),
+    /// with the same key-order rule and bookkeeping as [`Claimer::claim`].
+    pub async fn claim_these(
+        &self,
+        conn: &mut Conn,
+        ids: &[u64],
+    ) -> Result<Vec<Claimed>, mysql_async::Error> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.claim_scope(conn, Scope::These(ids)).await
+    }
+
+    async fn claim_scope(
+        &self,
+        conn: &mut Conn,
+        scope: Scope<'_>,
+    ) -> Result<Vec<Claimed>, mysql_async::Error> {
         let claimed = match self.strategy {
-            ClaimStrategy::SkipLocked => self.claim_skip_locked(conn).await,
-            ClaimStrategy::Optimistic => self.claim_optimistic(conn).await,
+            ClaimStrategy::SkipLocked => self.claim_skip_locked(conn, scope).await,
+            ClaimStrategy::Optimistic => self.claim_optimistic(conn, scope).await,
         }?;
         self.held.add(&self.table, claimed.iter().map(Claimed::id));
         Ok(claimed)
     }
 
-    async fn claim_skip_locked(&self, conn: &mut Conn) -> Result<Vec<Claimed>, mysql_async::Error> {
+    async fn claim_skip_locked(
+        &self,
+        conn: &mut Conn,
+        scope: Scope<'_>,
+    ) -> Result<Vec<Claimed>, mysql_async::Error> {
         // READ COMMITTED: no gap locks, so the claim never blocks (or deadlocks with) the
         // business transactions inserting new rows behind the claimed range.
         let mut opts = TxOpts::default();
         opts.with_isolation_level(IsolationLevel::ReadCommitted);
         let mut tx = conn.start_transaction(opts).await?;
-        let after = self.cursor.start();
-        let rows = self.select_claimable(&mut tx, after).await?;
-        self.moved_past(after, &rows);
+        let rows = self.select_claimable(&mut tx, scope).await?;
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(Vec::new());
@@ -303,10 +302,12 @@ impl Claimer {
         Ok(rows.into_iter().map(|row| self.build(row)).collect())
     }
 
-    async fn claim_optimistic(&self, conn: &mut Conn) -> Result<Vec<Claimed>, mysql_async::Error> {
-        let after = self.cursor.start();
-        let rows = self.select_claimable(conn, after).await?;
-        self.moved_past(after, &rows);
+    async fn claim_optimistic(
+        &self,
+        conn: &mut Conn,
+        scope: Scope<'_>,
+    ) -> Result<Vec<Claimed>, mysql_async::Error> {
+        let rows = self.select_claimable(conn, scope).await?;
         let sql = self.update_sql(1);
         let mut claimed = Vec::with_capacity(rows.len());
         // A key whose row someone else took: its later rows wait, so they cannot overtake it.

@@ -36,11 +36,12 @@ pub mod gate;
 pub mod lease;
 mod poll;
 mod sweeper;
+pub mod waiting;
 
 pub use claim::{ClaimStrategy, Claimed, Claimer};
 pub use gate::SweepGate;
 pub use poll::{run_poll, run_sweeper_alone};
-pub use sweeper::{RunningSweeper, SweepSettings, Sweeper};
+pub use sweeper::{Nudge, RunningSweeper, SweepSettings, Sweeper};
 
 /// Capacity of each shard's input: claimed rows waiting to be sent (their leases are renewed).
 const CHANNEL_CAPACITY: usize = 1024;

@@ -79,7 +79,7 @@ pub async fn run_sweeper_alone<S: Sink>(
             owner,
         },
     ));
-    let mut running = sweeper.spawn(router, shard_inputs, done_tx, gate);
+    let mut running = sweeper.spawn(router, shard_inputs, done_tx, gate, None);
     cancel.cancelled().await;
 
     // Stopped claiming: let the shards finish what they hold, within the drain timeout.

@@ -52,6 +52,15 @@ impl SweepSettings {
     }
 }
 
+/// Rows a stream holds a key back for (older rows of the key it did not read in the binlog):
+/// the sweeper claims them at once, whatever their age, so the key's order is kept and its
+/// stream events wait only as long as it takes to send them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Nudge {
+    pub table: TableName,
+    pub ids: Vec<u64>,
+}
+
 /// A sweeper ready to run: one [`Claimer`] per outbox table.
 pub struct Sweeper {
     pool: Pool,
@@ -106,13 +115,14 @@ impl Sweeper {
     }
 
     /// Starts claiming into `shards` (bad rows go to `problems`, the marker's input), and keeping
-    /// this owner's leases.
+    /// this process's leases; `nudges` (beside a stream) asks for rows to claim at once.
     pub fn spawn(
         self,
         router: Router,
         shards: Vec<mpsc::Sender<ShardEvent>>,
         problems: mpsc::Sender<Completion>,
         mut gate: SweepGate,
+        mut nudges: Option<mpsc::Receiver<Nudge>>,
     ) -> RunningSweeper {
         let claim_stop = CancellationToken::new();
         let leases_stop = CancellationToken::new();
@@ -135,7 +145,12 @@ impl Sweeper {
                     shards: &shards,
                     problems: &problems,
                 };
-                claim_loop(&pool, &claimers, targets, &mut gate, interval, &stop).await
+                let rounds = Rounds {
+                    gate: &mut gate,
+                    interval,
+                    nudges: &mut nudges,
+                };
+                claim_loop(&pool, &claimers, targets, rounds, &stop).await
             })
         };
         RunningSweeper {
@@ -213,16 +228,27 @@ struct Targets<'a> {
     problems: &'a mpsc::Sender<Completion>,
 }
 
+/// When the claim loop claims: rounds every `interval` as `gate` allows, and at once for the
+/// rows a stream asks for.
+struct Rounds<'a> {
+    gate: &'a mut SweepGate,
+    interval: Duration,
+    nudges: &'a mut Option<mpsc::Receiver<Nudge>>,
+}
+
 /// Claims and dispatches until `stop` fires; `gate` decides before each round.
 async fn claim_loop(
     pool: &Pool,
     claimers: &[Claimer],
     to: Targets<'_>,
-    gate: &mut SweepGate,
-    interval: Duration,
+    rounds: Rounds<'_>,
     stop: &CancellationToken,
 ) {
-    let (router, shards, problems) = (to.router, to.shards, to.problems);
+    let Rounds {
+        gate,
+        interval,
+        nudges,
+    } = rounds;
     let reconnect = RetryPolicy::reconnect();
     let mut failures = 0;
     let base = claimers.first().map_or(Duration::ZERO, |c| c.min_age);
@@ -231,10 +257,10 @@ async fn claim_loop(
         let mut pause = interval;
         let Some(min_age) = gate.min_age(base, pool).await else {
             tracing::debug!("the stream is stalled: not sweeping beside it this round");
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(interval) => continue,
+            if pause_or_nudged(pool, claimers, &to, nudges, interval, stop).await {
+                return;
             }
+            continue;
         };
         for claimer in claimers {
             let claimer = &Claimer {
@@ -255,10 +281,7 @@ async fn claim_loop(
                         tracing::info!(table = %claimer.table, rows = rows.len(),
                             "sweeper claimed PENDING rows the stream has not sent");
                     }
-                    if dispatch(rows, router, shards, problems, stop)
-                        .await
-                        .is_err()
-                    {
+                    if dispatch(rows, &to, stop).await.is_err() {
                         return;
                     }
                 }
@@ -270,12 +293,68 @@ async fn claim_loop(
                 }
             }
         }
-        if !full || failures > 0 {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(pause) => {}
-            }
+        if (!full || failures > 0)
+            && pause_or_nudged(pool, claimers, &to, nudges, pause, stop).await
+        {
+            return;
         }
+    }
+}
+
+/// Waits `pause`, claiming what nudges ask for meanwhile; true once `stop` fired (or the shards
+/// are gone).
+async fn pause_or_nudged(
+    pool: &Pool,
+    claimers: &[Claimer],
+    to: &Targets<'_>,
+    nudges: &mut Option<mpsc::Receiver<Nudge>>,
+    pause: Duration,
+    stop: &CancellationToken,
+) -> bool {
+    let until = tokio::time::Instant::now() + pause;
+    loop {
+        let nudge = tokio::select! {
+            _ = stop.cancelled() => return true,
+            _ = tokio::time::sleep_until(until) => return false,
+            Some(nudge) = next_nudge(nudges) => nudge,
+        };
+        let Some(claimer) = claimers.iter().find(|c| *c.table == nudge.table) else {
+            continue;
+        };
+        let claimed = crate::db::bounded(async {
+            let mut conn = pool.get_conn().await?;
+            claimer.claim_these(&mut conn, &nudge.ids).await
+        })
+        .await;
+        match claimed {
+            Ok(rows) => {
+                if !rows.is_empty() {
+                    crate::metrics::relay().rows_swept.inc_by(rows.len() as u64);
+                    tracing::debug!(table = %claimer.table, rows = rows.len(),
+                        "sweeper claimed rows the stream holds a key back for");
+                }
+                if dispatch(rows, to, stop).await.is_err() {
+                    return true;
+                }
+            }
+            // The stream asks again while it still waits.
+            Err(e) => tracing::warn!(table = %claimer.table, error = %e,
+                "cannot claim the rows a stream waits for; it will ask again"),
+        }
+    }
+}
+
+/// The next nudge; never, without a nudge channel (or once it closed).
+async fn next_nudge(nudges: &mut Option<mpsc::Receiver<Nudge>>) -> Option<Nudge> {
+    match nudges {
+        Some(receiver) => match receiver.recv().await {
+            Some(nudge) => Some(nudge),
+            None => {
+                *nudges = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
     }
 }
 
@@ -283,22 +362,21 @@ async fn claim_loop(
 /// A row not handed on before `stop` stays claimed and is released at the end.
 async fn dispatch(
     rows: Vec<Claimed>,
-    router: &Router,
-    shards: &[mpsc::Sender<ShardEvent>],
-    problems: &mpsc::Sender<Completion>,
+    to: &Targets<'_>,
     stop: &CancellationToken,
 ) -> Result<(), ()> {
     for row in rows {
         let sent = match row {
             Claimed::Event(row) => {
                 let event = ShardEvent::claimed(row);
-                let shard = &shards[router.shard(event.key_hash)];
+                let shard = &to.shards[to.router.shard(event.key_hash)];
                 tokio::select! {
                     _ = stop.cancelled() => return Err(()),
                     sent = shard.send(event) => sent.map_err(|_| ()),
                 }
             }
-            Claimed::Problem(problem) => problems
+            Claimed::Problem(problem) => to
+                .problems
                 .send(Completion::bad_row(None, problem))
                 .await
                 .map_err(|_| ()),

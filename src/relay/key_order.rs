@@ -1,0 +1,309 @@
+//! The stream's key-order guard: per-`biz_key` order across the stream and the sweeper.
+//!
+//! The stream publishes what it reads in the binlog. Some rows of a key it never reads, or not
+//! in their place: rows committed before its start position (a purged binlog, a first start
+//! without a checkpoint), rows written with `sql_log_bin = 0` or in STATEMENT format, rows put
+//! back to PENDING by `retry`/`resend`, rows another instance holds under a lease. Those are
+//! published by a sweeper, later; a newer event of the same key streamed meanwhile would
+//! overtake them.
+//!
+//! Guarantee: the stream hands a key's event to its ordered sender only when no older row of
+//! that key (smaller id) is waiting (PENDING or SENDING, [`crate::sweep::waiting`]) other than
+//! the rows this stream itself carries (handed on earlier, in order, ahead of it). Otherwise the
+//! key is *held*: its events wait here, in order, while the sweeper is asked ([`Nudge`]) to
+//! claim the older PENDING rows at once; they go to the same ordered sender, and the held events
+//! follow, in id order, as soon as no older row waits for them (each event only for the rows
+//! older than itself, so a held event never blocks the claim of a row it must follow). Only that key
+//! waits; other keys flow. A held event counts in the watermark, so the checkpoint never passes
+//! it.
+//!
+//! The one question costs a query per table per dispatcher batch (at most 1,000 binlog items),
+//! through `idx_pending`: it reads the rows still PENDING or SENDING below the batch's newest
+//! id, normally just the events in flight.
+
+use crate::binlog::OutboxRow;
+use crate::checkpoint::{TxSeq, Watermark};
+use crate::config::TableName;
+use crate::route::Router;
+use crate::send::ShardEvent;
+use crate::sweep::waiting::waiting_rows_of_keys;
+use crate::sweep::Nudge;
+use mysql_async::Pool;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// How often held keys are looked at again.
+pub const RECHECK: Duration = Duration::from_millis(100);
+
+/// A key is per table: ids, and so order, are.
+type Key = (Arc<TableName>, String);
+
+/// The rows of one table in a checked batch: the newest id, every id, the keys.
+type BatchOfTable<'a> = (u64, HashSet<u64>, Vec<&'a str>);
+
+/// Events of one held key, in the order the stream read them.
+struct HeldKey {
+    events: VecDeque<ShardEvent>,
+    since: Instant,
+    warned: bool,
+}
+
+/// See the module docs.
+pub struct KeyOrder {
+    pool: Pool,
+    nudges: mpsc::Sender<Nudge>,
+    /// Rows this stream handed on or holds, by transaction, until the transaction is done
+    /// (its events recorded: then the rows no longer wait).
+    carried: BTreeMap<TxSeq, Vec<(Arc<TableName>, u64)>>,
+    carried_ids: HashSet<(Arc<TableName>, u64)>,
+    held: HashMap<Key, HeldKey>,
+    /// The oldest waiting row of each key of the batch being handed on (from its check).
+    blockers: HashMap<Key, u64>,
+    /// How long a key may be held before it is logged (the sweeper should have sent the older
+    /// rows by then).
+    warn_after: Duration,
+}
+
+impl KeyOrder {
+    /// A guard querying through `pool` and asking the sweeper through `nudges`; a key held longer
+    /// than `warn_after` is logged.
+    pub fn new(pool: Pool, nudges: mpsc::Sender<Nudge>, warn_after: Duration) -> Self {
+        KeyOrder {
+            pool,
+            nudges,
+            carried: BTreeMap::new(),
+            carried_ids: HashSet::new(),
+            held: HashMap::new(),
+            blockers: HashMap::new(),
+            warn_after,
+        }
+    }
+
+    /// Whether some key is held (the dispatcher then calls [`KeyOrder::recheck`] every
+    /// [`RECHECK`]).
+    pub fn holding(&self) -> bool {
+        !self.held.is_empty()
+    }
+
+    /// Forgets what earlier checks learnt (a new dispatcher batch starts).
+    pub fn new_batch(&mut self) {
+        self.blockers.clear();
+    }
+
+    /// Before the events of `rows` are handed on: learns, for each of their keys, the oldest
+    /// row that waits (not carried by this stream), and asks the sweeper for the PENDING ones.
+    /// On a database error every key of `rows` waits until a recheck succeeds (order before
+    /// latency).
+    pub async fn check<'a>(
+        &mut self,
+        rows: impl Iterator<Item = &'a OutboxRow>,
+        watermark: &Mutex<Watermark>,
+    ) {
+        self.forget_done(watermark);
+        let mut by_table: BTreeMap<Arc<TableName>, BatchOfTable> = BTreeMap::new();
+        for row in rows {
+            let entry = by_table.entry(Arc::clone(&row.table)).or_default();
+            entry.0 = entry.0.max(row.id);
+            entry.1.insert(row.id);
+            entry.2.push(row.message.biz_key.as_str());
+        }
+        for (table, (newest, batch, mut keys)) in by_table {
+            keys.sort_unstable();
+            keys.dedup();
+            let exclude = |id: u64| batch.contains(&id);
+            match self.oldest_waiting(&table, newest, &keys, exclude).await {
+                Ok(oldest) => {
+                    for (key, id) in oldest {
+                        let bound = self.blockers.entry((Arc::clone(&table), key)).or_insert(id);
+                        *bound = (*bound).min(id);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%table, error = %e,
+                        "cannot check for older rows of the streamed keys; holding them until the check succeeds");
+                    for key in keys {
+                        self.blockers
+                            .insert((Arc::clone(&table), key.to_string()), 0);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands `event` (of the stream) to its shard, or queues it behind its held key; false once
+    /// the shards are gone.
+    pub async fn route(
+        &mut self,
+        event: ShardEvent,
+        router: &Router,
+        shards: &[mpsc::Sender<ShardEvent>],
+    ) -> bool {
+        let row = (Arc::clone(&event.row.table), event.row.id);
+        if let Some(seq) = event.seq {
+            self.carried.entry(seq).or_default().push(row.clone());
+            self.carried_ids.insert(row);
+        }
+        let key = (
+            Arc::clone(&event.row.table),
+            event.row.message.biz_key.clone(),
+        );
+        let blocked = self.blockers.get(&key).is_some_and(|&id| id < event.row.id);
+        if blocked || self.held.contains_key(&key) {
+            let held = self.held.entry(key).or_insert_with(|| HeldKey {
+                events: VecDeque::new(),
+                since: Instant::now(),
+                warned: false,
+            });
+            held.events.push_back(event);
+            self.publish();
+            return true;
+        }
+        shards[router.shard(event.key_hash)]
+            .send(event)
+            .await
+            .is_ok()
+    }
+
+    /// Looks at the held keys again: hands on, in order, each key's events that no older row
+    /// waits for any more, and asks again for the rest. False once the shards are gone.
+    pub async fn recheck(
+        &mut self,
+        watermark: &Mutex<Watermark>,
+        router: &Router,
+        shards: &[mpsc::Sender<ShardEvent>],
+    ) -> bool {
+        if self.held.is_empty() {
+            return true;
+        }
+        self.forget_done(watermark);
+        let mut by_table: BTreeMap<Arc<TableName>, (u64, Vec<String>)> = BTreeMap::new();
+        for ((table, key), held) in &self.held {
+            let newest = held.events.iter().map(|e| e.row.id).max().unwrap_or(0);
+            let entry = by_table.entry(Arc::clone(table)).or_default();
+            entry.0 = entry.0.max(newest);
+            entry.1.push(key.clone());
+        }
+        let mut bounds: Vec<(Key, u64)> = Vec::new();
+        for (table, (newest, keys)) in by_table {
+            let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let Ok(oldest) = self
+                .oldest_waiting(&table, newest, &key_refs, |_| false)
+                .await
+            else {
+                continue; // warned when they were held; asked again next time
+            };
+            bounds.extend(keys.into_iter().map(|key| {
+                let bound = oldest.get(&key).copied().unwrap_or(u64::MAX);
+                ((Arc::clone(&table), key), bound)
+            }));
+        }
+        for (key, bound) in bounds {
+            let Some(held) = self.held.get_mut(&key) else {
+                continue;
+            };
+            // Every held event older than the oldest waiting row goes, in id order, wherever it
+            // stands in the queue: one the stream read late (a smaller id committed later) must
+            // not wait behind a newer one, or the claim of the waiting row (which waits for it)
+            // and it would wait for each other.
+            let (mut go, stay): (Vec<ShardEvent>, Vec<ShardEvent>) =
+                held.events.drain(..).partition(|e| e.row.id < bound);
+            held.events = stay.into();
+            go.sort_by_key(|e| e.row.id);
+            for event in go {
+                if shards[router.shard(event.key_hash)]
+                    .send(event)
+                    .await
+                    .is_err()
+                {
+                    return false;
+                }
+            }
+            if held.events.is_empty() {
+                tracing::debug!(table = %key.0, key = %key.1, waited = ?held.since.elapsed(),
+                    "the older rows of a held key are sent: its streamed events followed");
+                self.held.remove(&key);
+            }
+        }
+        self.warn_long_held();
+        self.publish();
+        true
+    }
+
+    /// For each of `keys` (of `table`) that an older row below `newest` waits for, other than
+    /// the rows this stream carries and those `exclude` names: the oldest such row's id. Asks
+    /// the sweeper for the PENDING ones.
+    async fn oldest_waiting(
+        &self,
+        table: &Arc<TableName>,
+        newest: u64,
+        keys: &[&str],
+        exclude: impl Fn(u64) -> bool,
+    ) -> Result<HashMap<String, u64>, mysql_async::Error> {
+        let waiting = crate::db::bounded(async {
+            let mut conn = self.pool.get_conn().await?;
+            waiting_rows_of_keys(&mut conn, table, newest, keys).await
+        })
+        .await?;
+        let foreign: Vec<_> = waiting
+            .into_iter()
+            .filter(|row| !exclude(row.id))
+            .filter(|row| !self.carried_ids.contains(&(Arc::clone(table), row.id)))
+            .collect();
+        let pending: Vec<u64> = foreign
+            .iter()
+            .filter(|r| !r.sending)
+            .map(|r| r.id)
+            .collect();
+        if !pending.is_empty() {
+            // Full: the sweeper is busy with earlier requests; the next recheck asks again.
+            let _ = self.nudges.try_send(Nudge {
+                table: (**table).clone(),
+                ids: pending,
+            });
+        }
+        let mut oldest: HashMap<String, u64> = HashMap::new();
+        for row in foreign {
+            let id = oldest.entry(row.key).or_insert(row.id);
+            *id = (*id).min(row.id);
+        }
+        Ok(oldest)
+    }
+
+    /// Forgets the carried rows of transactions whose events are all recorded. Called before a
+    /// query only, so a row the query saw waiting was still carried when the answer is read.
+    fn forget_done(&mut self, watermark: &Mutex<Watermark>) {
+        let watermark = watermark.lock().expect("not poisoned");
+        let done: Vec<TxSeq> = self
+            .carried
+            .keys()
+            .copied()
+            .filter(|seq| watermark.is_done(*seq))
+            .collect();
+        drop(watermark);
+        for seq in done {
+            for row in self.carried.remove(&seq).unwrap_or_default() {
+                self.carried_ids.remove(&row);
+            }
+        }
+    }
+
+    fn warn_long_held(&mut self) {
+        for ((table, key), held) in self.held.iter_mut() {
+            if !held.warned && held.since.elapsed() >= self.warn_after {
+                held.warned = true;
+                tracing::warn!(%table, %key, held_for = ?held.since.elapsed(), events = held.events.len(),
+                    "a key's streamed events still wait for an older row of the key (SENDING under \
+                     another instance's lease, or not claimable yet): per-key order holds them; \
+                     other keys flow");
+            }
+        }
+    }
+
+    fn publish(&self) {
+        crate::metrics::relay()
+            .keys_held_for_order
+            .set(self.held.len() as i64);
+    }
+}
