@@ -11,7 +11,6 @@ use super::rng::Rng;
 use super::servers::{Servers, RELAY_USER};
 use mysql_async::prelude::*;
 use outbox_relay::devenv::SqlServer;
-use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -79,12 +78,11 @@ pub fn schedule(seed: u64, count: usize) -> Vec<FaultKind> {
         .collect()
 }
 
-/// What an injected fault did.
+/// What an injected fault did (for PurgeWhileDown: the ids of the gap, the rows unsent when
+/// the relays went down or written while they were down, which the stream cannot see after the
+/// purge).
 pub struct Injected {
     pub detail: String,
-    /// PurgeWhileDown: the outbox ids that were unsent when the relays went down or written
-    /// while they were down, i.e. the rows the stream could not see after the purge.
-    pub purge_gap: Option<RangeInclusive<u64>>,
 }
 
 /// Injects `kind`, holding it for `hold` where it has a duration; returns once the fault has
@@ -135,10 +133,7 @@ pub async fn inject(
             format!("{kind} restarted")
         }
     };
-    Injected {
-        detail,
-        purge_gap: None,
-    }
+    Injected { detail }
 }
 
 async fn purge_while_down(servers: &Servers, relays: &Mutex<Relays>, hold: Duration) -> Injected {
@@ -167,7 +162,6 @@ async fn purge_while_down(servers: &Servers, relays: &Mutex<Relays>, hold: Durat
             first_unsent[0],
             last[0]
         ),
-        purge_gap: Some(first_unsent[0]..=last[0]),
     }
 }
 

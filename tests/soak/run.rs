@@ -153,7 +153,6 @@ pub async fn run(spec: SoakSpec) -> Audit {
             kind,
             at,
             detail: injected.detail,
-            purge_gap: injected.purge_gap,
             recovery,
             peak_age,
         });
