@@ -8,6 +8,7 @@
 //! its prepare as [`BinlogItem::Prepared`], to be published only on its outcome's
 //! [`BinlogItem::XaOutcome`] (see `reader/transaction.rs`).
 
+pub mod clock;
 pub mod decode;
 pub mod gtid;
 pub mod position;
@@ -15,6 +16,7 @@ pub mod reader;
 pub mod row_image;
 pub mod xid;
 
+pub use clock::StreamClock;
 pub use decode::{DecodedRow, OutboxRow, RowProblem};
 pub use gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 pub use position::{BinlogPosition, TxEnd, TxGtid};

@@ -6,6 +6,7 @@
 //! transaction read in full; a transaction cut in the middle is announced with
 //! [`BinlogItem::Restart`] and read again from its start.
 
+use super::clock::StreamClock;
 use super::decode::{decode_row, ColumnLayout, DecodedRow, RowLimits};
 use super::gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 use super::position::{BinlogPosition, TxEnd, TxGtid};
@@ -81,6 +82,8 @@ pub struct ReaderOptions {
     pub tables: Vec<TableName>,
     pub limits: RowLimits,
     pub flavor: ServerFlavor,
+    /// Told how far the stream has read (see [`StreamClock`]).
+    pub clock: StreamClock,
 }
 
 /// Reads the binlog from a position until cancelled. Build with [`BinlogReader::new`].
@@ -233,7 +236,7 @@ impl BinlogReader {
                 Ok(Some(Ok(event))) => event,
             };
             *failures = 0;
-            record_lag(&event);
+            record_lag(&event, &self.options.clock);
             for item in self.handle_event(&stream, state, &event)? {
                 match &item {
                     BinlogItem::TxEnd(end) => position.advance(end),
@@ -498,9 +501,10 @@ impl BinlogReader {
     }
 }
 
-/// Sets `outbox_binlog_lag_seconds`: a heartbeat means the server has nothing more to send (0);
-/// a commit (XID or QUERY event) carries when it was written (whole seconds, server clock).
-fn record_lag(event: &Event) {
+/// Sets `outbox_binlog_lag_seconds` and the stream clock: a heartbeat means the server has
+/// nothing more to send (0); a commit (XID or QUERY event) carries when it was written (whole
+/// seconds, server clock).
+fn record_lag(event: &Event, clock: &StreamClock) {
     const QUERY: u8 = 2;
     const XID: u8 = 16;
     const HEARTBEAT: u8 = 27;
@@ -508,6 +512,7 @@ fn record_lag(event: &Event) {
     match event.header().event_type_raw() {
         HEARTBEAT => {
             lag.set(0.0);
+            clock.heartbeat();
         }
         QUERY | XID => {
             let written = u64::from(event.header().timestamp());
@@ -516,6 +521,7 @@ fn record_lag(event: &Event) {
                 .map_or(0, |d| d.as_secs());
             if written > 0 {
                 lag.set(now.saturating_sub(written) as f64);
+                clock.read_commit(written);
             }
         }
         _ => {}

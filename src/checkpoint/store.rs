@@ -191,8 +191,23 @@ impl MysqlMirror {
         }
     }
 
-    /// Writes `position` to the mirror row.
+    /// Writes `position` to the mirror row, and `stream_at` (unix seconds: how far the stream
+    /// had read, see [`crate::binlog::StreamClock`]) when given: the standbys' sweepers stay
+    /// behind it.
     pub async fn save(
+        &self,
+        conn: &mut mysql_async::Conn,
+        position: &BinlogPosition,
+        stream_at: Option<u64>,
+    ) -> Result<(), StoreError> {
+        self.save_position(conn, position).await?;
+        if let Some(secs) = stream_at {
+            self.save_stream_at(conn, secs).await?;
+        }
+        Ok(())
+    }
+
+    async fn save_position(
         &self,
         conn: &mut mysql_async::Conn,
         position: &BinlogPosition,
@@ -216,6 +231,35 @@ impl MysqlMirror {
         )
         .await?;
         Ok(())
+    }
+
+    /// Writes `stream_at`; a table without the column (migration 0011 not applied) is warned
+    /// about once: the standbys then stay behind `checkpoint_at`, as before it.
+    async fn save_stream_at(
+        &self,
+        conn: &mut mysql_async::Conn,
+        secs: u64,
+    ) -> Result<(), StoreError> {
+        const UNKNOWN_COLUMN: u16 = 1054;
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let written = conn
+            .exec_drop(
+                "UPDATE outbox_relay_state SET stream_at = FROM_UNIXTIME(?) WHERE name = ?",
+                (secs, &self.name),
+            )
+            .await;
+        match written {
+            Err(mysql_async::Error::Server(e)) if e.code == UNKNOWN_COLUMN => {
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        "outbox_relay_state has no stream_at column (run `outbox-relay migrate`): \
+                        standby sweepers may race a leader that catches up on a backlog"
+                    );
+                }
+                Ok(())
+            }
+            other => Ok(other?),
+        }
     }
 }
 

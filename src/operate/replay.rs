@@ -281,7 +281,8 @@ impl Replay {
             }
             return Ok(summary);
         }
-        let mut options = crate::relay::reader_options(config, opts, tables, server.flavor);
+        let mut options =
+            crate::relay::reader_options(config, opts, tables, server.flavor, Default::default());
         options.server_id = self.server_id;
         let (items_tx, mut items) = mpsc::channel(CHANNEL_CAPACITY);
         let reading = cancel.child_token();

@@ -1,7 +1,7 @@
 //! The checkpointer: persists the watermark to the local store in small groups (never per
 //! event) and mirrors it into MySQL at a lower rate.
 
-use crate::binlog::BinlogPosition;
+use crate::binlog::{BinlogPosition, StreamClock};
 use crate::checkpoint::{CheckpointStore, MysqlMirror, Watermark};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,13 +25,15 @@ impl Default for CheckpointSettings {
     }
 }
 
-/// Saves until `stop`, then saves and mirrors the final position and returns it.
+/// Saves until `stop`, then saves and mirrors the final position and returns it. The mirror
+/// also records how far the stream had read (`clock`) for the standbys' sweepers.
 pub async fn run(
     watermark: Arc<Mutex<Watermark>>,
     store: Arc<dyn CheckpointStore>,
     mirror: MysqlMirror,
     pool: mysql_async::Pool,
     settings: CheckpointSettings,
+    clock: StreamClock,
     stop: CancellationToken,
 ) -> anyhow::Result<BinlogPosition> {
     let current = || watermark.lock().expect("not poisoned").position().clone();
@@ -60,7 +62,7 @@ pub async fn run(
             crate::failpoint::hit("after_checkpoint_save");
         }
         if saved != mirrored && (stopping || last_mirror.elapsed() >= settings.mirror_every) {
-            match mirror_once(&mirror, &pool, &saved).await {
+            match mirror_once(&mirror, &pool, &saved, clock.read_up_to()).await {
                 Ok(()) => mirrored = saved.clone(),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot mirror the checkpoint into MySQL; will retry")
@@ -79,8 +81,9 @@ async fn mirror_once(
     mirror: &MysqlMirror,
     pool: &mysql_async::Pool,
     position: &BinlogPosition,
+    stream_at: Option<u64>,
 ) -> anyhow::Result<()> {
     let mut conn = pool.get_conn().await?;
-    mirror.save(&mut conn, position).await?;
+    mirror.save(&mut conn, position, stream_at).await?;
     Ok(())
 }

@@ -18,7 +18,7 @@
 //! while every later transaction flows and completes as usual.
 
 use super::key_order::{self, KeyOrder};
-use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, TxEnd, Xid};
+use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, StreamClock, TxEnd, Xid};
 use crate::checkpoint::{TxSeq, Watermark};
 use crate::config::TableName;
 use crate::route::Router;
@@ -60,15 +60,18 @@ struct Held {
 /// A prepared XA transaction held longer than this is logged (then every such period).
 const LONG_PREPARED: Duration = Duration::from_secs(60);
 
-/// Skipping of already-recorded events while the stream is behind `until`.
+/// Skipping of already-handled events while the stream is behind `until`.
 pub struct CatchUp {
     pub pool: Pool,
     /// The server's end of binlog when the run started.
     pub until: BinlogPosition,
     /// Where the stream starts; moved along by each transaction end.
     pub read: BinlogPosition,
-    /// When catching up began: it ends after [`CATCH_UP_LIMIT`] at the latest.
-    pub since: std::time::Instant,
+    /// Also skip rows SENDING under someone's lease (their owner sends them, or lease recovery
+    /// returns them to PENDING for a sweeper): only with a sweeper, which does that recovery.
+    pub skip_claimed: bool,
+    /// Catching up also ends once the server has nothing more to send.
+    pub clock: StreamClock,
 }
 
 /// The rows of the transaction being read that were handed on, and those of a transaction the
@@ -105,27 +108,34 @@ impl HandedOn {
     }
 }
 
-/// Longest catch-up (checking costs one query per batch; past this the stream is live anyway).
-const CATCH_UP_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
-
 impl CatchUp {
     /// Starts catching up from `start` to the server's end `until`; `None` when there is nothing
     /// to catch up.
-    pub fn new(pool: Pool, start: &BinlogPosition, until: &BinlogPosition) -> Option<Self> {
+    pub fn new(
+        pool: Pool,
+        start: &BinlogPosition,
+        until: &BinlogPosition,
+        skip_claimed: bool,
+        clock: StreamClock,
+    ) -> Option<Self> {
         (!start.covers(until)).then(|| CatchUp {
             pool,
             until: until.clone(),
             read: start.clone(),
-            since: std::time::Instant::now(),
+            skip_claimed,
+            clock,
         })
     }
 
+    /// Caught up: the stream read past the end it started behind, or the server has nothing
+    /// more to send. However long that takes: every batch read again meanwhile is checked.
     fn done(&self) -> bool {
-        self.read.covers(&self.until) || self.since.elapsed() > CATCH_UP_LIMIT
+        self.read.covers(&self.until) || self.clock.caught_up()
     }
 
-    /// `(table, id)` of the events in `batch` whose rows are already SENT or FAILED. On a database
-    /// error nothing is skipped (the events are sent again: at least once).
+    /// `(table, id)` of the events in `batch` whose rows are already SENT or FAILED (or SENDING,
+    /// with `skip_claimed`). On a database error nothing is skipped (the events are sent again:
+    /// at least once).
     async fn recorded(&self, batch: &[BinlogItem]) -> HashSet<(Arc<TableName>, u64)> {
         let mut by_table: BTreeMap<Arc<TableName>, Vec<u64>> = BTreeMap::new();
         let rows = batch.iter().flat_map(|item| match item {
@@ -141,10 +151,11 @@ impl CatchUp {
                     .push(row.id);
             }
         }
+        let statuses = if self.skip_claimed { "1, 2, 3" } else { "2, 3" };
         let mut recorded = HashSet::new();
         for (table, ids) in by_table {
             let sql = format!(
-                "SELECT id FROM {} WHERE id IN ({}) AND status IN (2, 3)",
+                "SELECT id FROM {} WHERE id IN ({}) AND status IN ({statuses})",
                 table.sql(),
                 crate::db::id_list(ids)
             );
@@ -278,7 +289,7 @@ pub async fn run(
         if catch_up.as_ref().is_some_and(CatchUp::done) {
             tracing::info!(
                 skipped = d.stats.already_recorded,
-                "caught up with the binlog: events already recorded SENT or FAILED were not sent again"
+                "caught up with the binlog: events already recorded SENT or FAILED (or claimed by a sweeper) were not sent again"
             );
             catch_up = None;
         }

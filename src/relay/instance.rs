@@ -243,7 +243,7 @@ async fn fall_back(
     let mut conn = mysql_async::Conn::new(opts).await?;
     MysqlMirror::new(config.relay.name.clone())
         .fenced(epoch)
-        .save(&mut conn, &oldest)
+        .save(&mut conn, &oldest, None)
         .await?;
     conn.disconnect().await?;
     Ok(())

@@ -21,7 +21,7 @@ pub use shards::Shards;
 
 use crate::binlog::decode::RowLimits;
 use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
-use crate::binlog::BinlogPosition;
+use crate::binlog::{BinlogPosition, StreamClock};
 use crate::checkpoint::{CheckpointStore, MysqlMirror, Watermark};
 use crate::config::{Config, RelayMode, TableName};
 use crate::mark::{run_marker, MarkRule, MarkStats};
@@ -109,6 +109,7 @@ pub(crate) fn reader_options(
     opts: mysql_async::Opts,
     tables: Vec<TableName>,
     flavor: crate::binlog::ServerFlavor,
+    clock: StreamClock,
 ) -> ReaderOptions {
     ReaderOptions {
         opts,
@@ -117,6 +118,7 @@ pub(crate) fn reader_options(
         tables,
         limits: limits(config),
         flavor,
+        clock,
     }
 }
 
@@ -200,10 +202,23 @@ pub async fn run_cdc<S: Sink>(
         false => None,
     };
 
-    let reader = BinlogReader::new(reader_options(config, opts, tables, server.flavor));
+    let clock = StreamClock::default();
+    let reader = BinlogReader::new(reader_options(
+        config,
+        opts,
+        tables,
+        server.flavor,
+        clock.clone(),
+    ));
     let (items_tx, items_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let reader_cancel = cancel.child_token();
-    let catch_up = dispatch::CatchUp::new(pool.clone(), &start, &server.current);
+    let catch_up = dispatch::CatchUp::new(
+        pool.clone(),
+        &start,
+        &server.current,
+        config.sweeper.enabled,
+        clock.clone(),
+    );
     let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
 
     let (done_tx, done_rx) = mpsc::channel(CHANNEL_CAPACITY);
@@ -233,7 +248,7 @@ pub async fn run_cdc<S: Sink>(
             Router::new(config.relay.shards),
             shard_inputs.clone(),
             done_tx.clone(),
-            crate::sweep::SweepGate::beside_stream(Arc::clone(&watermark)),
+            crate::sweep::SweepGate::beside_stream(Arc::clone(&watermark), clock.clone()),
             Some(nudge_rx),
         )
     });
@@ -244,6 +259,7 @@ pub async fn run_cdc<S: Sink>(
         mirror,
         pool.clone(),
         options.checkpoint.clone(),
+        clock.clone(),
         checkpoint_stop.clone(),
     ));
 
@@ -297,7 +313,13 @@ pub async fn dry_run(config: &Config, cancel: CancellationToken) -> anyhow::Resu
         None => server.current.clone(),
     };
     eprintln!("dry run from {start}; Ctrl-C to stop");
-    let reader = BinlogReader::new(reader_options(config, opts, tables, server.flavor));
+    let reader = BinlogReader::new(reader_options(
+        config,
+        opts,
+        tables,
+        server.flavor,
+        StreamClock::default(),
+    ));
     let (tx, mut rx) = mpsc::channel(CHANNEL_CAPACITY);
     let task = tokio::spawn(reader.run(start, tx, cancel.clone()));
     while let Some(item) = rx.recv().await {

@@ -42,6 +42,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(8, "0008_outbox_pending_order"),
     migration!(9, "0009_outbox_drop_claim_index"),
     migration!(10, "0010_outbox_drop_lease_index"),
+    migration!(11, "0011_relay_state_stream_at"),
 ];
 
 /// The table every configured outbox table is shaped like.

@@ -3,16 +3,21 @@
 //! duplicates: both send once the broker is back).
 //!
 //! - Poll mode: always, rows of any age.
-//! - Beside this process's stream (the leader): rows older than `sweeper.min_age`, but only while
-//!   the stream is idle or made progress (an event completed) within the last half `min_age`. A stream stalled
-//!   on the broker holds its rows in memory and sends them when the broker returns; sweeping them
-//!   meanwhile would send them twice (and fail the same way while the broker is down).
-//! - A standby: rows older than `min_age` *before the leader's last mirrored checkpoint*
-//!   (`checkpoint_at` in `outbox_relay_state`). While the leader progresses the mirror is at most
-//!   a few seconds old; while it is stalled (broker down) the bound stays behind and the standby
-//!   leaves the leader's rows alone. Rows the stream never saw are still swept: by the leader
-//!   (when its stream is idle or moving) or, older than the bound, by a standby.
+//! - Beside this process's stream (the leader): rows older than `sweeper.min_age` *before the
+//!   time the stream has read up to* ([`StreamClock`]: the newest commit read, or now once the
+//!   server has nothing more to send), so a stream catching up on a backlog is not raced for the
+//!   rows it is about to read; and only while the stream is idle or made progress (an event
+//!   completed) within the last half `min_age`. A stream stalled on the broker holds its rows in
+//!   memory and sends them when the broker returns; sweeping them meanwhile would send them
+//!   twice (and fail the same way while the broker is down).
+//! - A standby: rows older than `min_age` before the time the leader's stream had read up to at
+//!   its last mirrored checkpoint (`stream_at` in `outbox_relay_state`, or `checkpoint_at`
+//!   before migration 0011). While the leader is live that is a few seconds ago; while it
+//!   catches up, the commit time it has reached; while it is stalled (broker down) the mirror
+//!   stays behind. In each case the standby leaves the leader's rows alone. Rows the stream never
+//!   saw are still swept: by the leader, or, older than the bound, by a standby.
 
+use crate::binlog::StreamClock;
 use crate::checkpoint::Watermark;
 use mysql_async::prelude::*;
 use mysql_async::Pool;
@@ -26,6 +31,8 @@ pub enum SweepGate {
     /// Beside this process's stream.
     BesideStream {
         watermark: Arc<Mutex<Watermark>>,
+        /// How far the stream has read.
+        clock: StreamClock,
         /// The watermark's `progress()` count, and when it was last seen to change.
         seen: Option<(u64, Instant)>,
     },
@@ -34,9 +41,10 @@ pub enum SweepGate {
 }
 
 impl SweepGate {
-    pub fn beside_stream(watermark: Arc<Mutex<Watermark>>) -> Self {
+    pub fn beside_stream(watermark: Arc<Mutex<Watermark>>, clock: StreamClock) -> Self {
         SweepGate::BesideStream {
             watermark,
+            clock,
             seen: None,
         }
     }
@@ -46,30 +54,50 @@ impl SweepGate {
     pub async fn min_age(&mut self, base: Duration, pool: &Pool) -> Option<Duration> {
         match self {
             SweepGate::Always => Some(base),
-            SweepGate::BesideStream { watermark, seen } => {
+            SweepGate::BesideStream {
+                watermark,
+                clock,
+                seen,
+            } => {
                 let (in_flight, progress) = {
                     let w = watermark.lock().expect("not poisoned");
                     (w.in_flight(), w.progress())
                 };
-                stream_allows(in_flight, progress, seen, base).then_some(base)
+                // Before the stream read anything, it may be about to read every PENDING row.
+                let behind = clock.behind()?;
+                stream_allows(in_flight, progress, seen, base).then_some(base + behind)
             }
             SweepGate::BehindMirror { relay_name } => {
-                let behind: Option<Option<i64>> = match pool.get_conn().await {
-                    Ok(mut conn) => conn
-                        .exec_first(
-                            "SELECT TIMESTAMPDIFF(MICROSECOND, checkpoint_at, NOW(3)) \
-                             FROM outbox_relay_state WHERE name = ?",
-                            (relay_name.as_str(),),
-                        )
-                        .await
-                        .unwrap_or(None),
-                    Err(_) => None,
-                };
-                let behind = behind.flatten().unwrap_or(0).max(0) as u64;
-                Some(base + Duration::from_micros(behind))
+                let behind = mirror_behind(pool, relay_name).await?;
+                Some(base + behind)
             }
         }
     }
+}
+
+/// How long ago the leader's stream had read up to, at its last mirrored checkpoint; `None`
+/// (skip the round) when nothing is mirrored or the mirror cannot be read.
+async fn mirror_behind(pool: &Pool, relay_name: &str) -> Option<Duration> {
+    const UNKNOWN_COLUMN: u16 = 1054;
+    let sql = |column: &str| {
+        format!(
+            "SELECT TIMESTAMPDIFF(MICROSECOND, {column}, NOW(3)) FROM outbox_relay_state \
+             WHERE name = ?"
+        )
+    };
+    let mut conn = pool.get_conn().await.ok()?;
+    let behind: Option<Option<i64>> = match conn
+        .exec_first(sql("COALESCE(stream_at, checkpoint_at)"), (relay_name,))
+        .await
+    {
+        Err(mysql_async::Error::Server(e)) if e.code == UNKNOWN_COLUMN => conn
+            .exec_first(sql("checkpoint_at"), (relay_name,))
+            .await
+            .ok()?,
+        other => other.ok()?,
+    };
+    let micros = behind.flatten()?.max(0) as u64;
+    Some(Duration::from_micros(micros))
 }
 
 /// True when the stream is idle (nothing in flight) or made progress within `base / 2`;

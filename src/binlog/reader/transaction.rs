@@ -470,6 +470,7 @@ mod tests {
                 max_payload_bytes: 1 << 20,
             },
             flavor: super::super::ServerFlavor::MySqlGtid,
+            clock: Default::default(),
         })
     }
 
