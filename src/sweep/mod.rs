@@ -9,7 +9,9 @@
 //! Stages: [`claim`] (PENDING → SENDING under a lease, `FOR UPDATE SKIP LOCKED` where the server
 //! has it, else an optimistic per-row claim) → the CDC relay's router and ordered shard senders →
 //! the marker with the owner rule ([`crate::mark::MarkRule::Claimed`]); beside them [`lease`]
-//! renews this instance's leases and returns expired ones to PENDING.
+//! renews the leases of the rows this process holds ([`lease::HeldRows`]) and returns expired
+//! ones to PENDING. Beside a stream, the stream's key-order guard asks the sweeper ([`Nudge`])
+//! for the older rows of a key it holds; they are claimed at once, whatever their age.
 //!
 //! Guarantees:
 //! - **Nothing committed is lost.** A row is PENDING until claimed; a claimed row ends SENT (with
@@ -20,12 +22,14 @@
 //!   (`status = 1 AND owner = ?`); a row taken back after its lease expired is sent again by its
 //!   next owner. Duplicates happen only after a crash, a stall longer than the lease, or a lost
 //!   SENT mark; consumers de-duplicate by `event_id`.
-//! - **Per-`biz_key` order within one instance.** Rows are claimed in `id` order and one key
+//! - **Per-`biz_key` order.** A row is claimed only when no older row of its key waits
+//!   ([`waiting`]) except the rows this process holds; rows are claimed in `id` order and one key
 //!   always goes to one shard, which sends in order and retries in place (holding the shard), so
 //!   a key's events are published in id order. Retryable errors back off per `[retry]` and then
 //!   end FAILED with an alert; non-retryable ones (bad row, no such topic, too large) end FAILED
-//!   at once. Across instances, and for a row recovered after an expired lease, order is not
-//!   guaranteed: run one poll-mode instance per table when order matters.
+//!   at once. This holds across instances too; what can come after a key's newer events is a
+//!   second copy only: a row recovered after an expired lease whose first send had in fact
+//!   succeeded is sent again (a duplicate).
 //! - **Claim conflicts.** With SKIP LOCKED, concurrent instances claim disjoint batches without
 //!   waiting; with the optimistic claim, a row is claimed only if its `UPDATE … AND status = 0`
 //!   affected it.
