@@ -13,9 +13,13 @@
 //!
 //! Which rows an UPDATE may touch depends on where the event came from (one marker serves both
 //! when the sweeper runs beside the stream):
-//! - An event read from the binlog (it has a watermark `seq`) marks its row while still PENDING
-//!   or SENDING (`status IN (0, 1)`, or a NULL status in a hand-made table, which the decoder
-//!   fails), so it also settles a row a sweeper claimed meanwhile.
+//! - An event read from the binlog (it has a watermark `seq`) marks its row SENT while still
+//!   PENDING or SENDING (`status IN (0, 1)`, or a NULL status in a hand-made table, which the
+//!   decoder fails): it was delivered, so it also settles a row a sweeper claimed meanwhile.
+//! - Its FAILED mark never touches a row that a sweeper (of any instance, this one included)
+//!   holds under a live lease (`status = 1` and `lease_until` not yet past): that sweeper is
+//!   delivering the row at this moment and records its own outcome. A FAILED row is therefore
+//!   never one that was delivered (an operator's `retry` of it would duplicate it).
 //! - An event claimed under a lease (poll mode, sweeper) marks its row only while this instance
 //!   still owns it (`status = 1 AND owner = ?`). A claimed row whose lease expired and was taken
 //!   back (PENDING again, claimed by another instance, or already SENT by the stream) is not
@@ -67,7 +71,12 @@ impl MarkRule {
     fn condition(&self, completion: &Completion) -> (&'static str, Option<&str>) {
         // NULL status: a hand-made table without the NOT NULL; the decoder fails such a row.
         match (completion.seq, &completion.outcome) {
-            (Some(_), _) => ("(status IN (0, 1) OR status IS NULL)", None),
+            (Some(_), Outcome::Sent { .. }) => ("(status IN (0, 1) OR status IS NULL)", None),
+            (Some(_), Outcome::Failed { .. }) => (
+                "(status = 0 OR status IS NULL \
+                  OR (status = 1 AND (lease_until IS NULL OR lease_until < NOW(3))))",
+                None,
+            ),
             (None, _) => ("status = 1 AND owner = ?", Some(&self.owner)),
         }
     }
@@ -335,5 +344,29 @@ mod tests {
             "a claimed row is SENDING: {claimed}"
         );
         assert_eq!(owner, Some("me"));
+    }
+
+    #[test]
+    fn a_streamed_failure_spares_rows_under_a_live_lease_and_a_streamed_send_does_not() {
+        let rule = MarkRule {
+            watermark: None,
+            owner: "me".into(),
+        };
+        let (failed, owner) = rule.condition(&completion(Some(TxSeq::default())));
+        assert!(
+            failed.contains("status = 1 AND (lease_until IS NULL OR lease_until < NOW(3))"),
+            "{failed}"
+        );
+        assert!(!failed.contains("IN (0, 1)"), "{failed}");
+        assert_eq!(
+            owner, None,
+            "whoever holds the lease, this instance included"
+        );
+        let mut sent = completion(Some(TxSeq::default()));
+        sent.outcome = Outcome::Sent {
+            msg_id: "C0A8000100002A9F".into(),
+        };
+        let (sent, _) = rule.condition(&sent);
+        assert!(sent.contains("status IN (0, 1)"), "delivered: {sent}");
     }
 }
