@@ -342,7 +342,8 @@ pub async fn mark_all_sent(config: &Config) -> u64 {
         watermark: None,
         owner: "bench".into(),
     };
-    let marker = tokio::spawn(run_marker(pool.clone(), rx, rule));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let marker = tokio::spawn(run_marker(pool.clone(), rx, rule, stop));
     let table = Arc::new(TableName::parse("outbox_event").unwrap());
     for id in ids {
         let completion = Completion {
@@ -358,7 +359,7 @@ pub async fn mark_all_sent(config: &Config) -> u64 {
         tx.send(completion).await.unwrap();
     }
     drop(tx);
-    let stats = marker.await.unwrap();
+    let stats = marker.await.unwrap().expect("marking");
     pool.disconnect().await.unwrap();
     stats.sent
 }

@@ -194,6 +194,34 @@ pub async fn close(pool: Pool) {
     }
 }
 
+/// Why a statement can never succeed as it is, whatever the number of retries: the one
+/// classification of the server's permanent errors (start-up checks and the marker use it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermanentFault {
+    /// The account lacks a privilege: 1044 (database), 1142 (command on a table), 1143
+    /// (column), 1227 (a global privilege).
+    Privilege,
+    /// The table or a column is missing: 1049 (database), 1146 (table), 1054 (column).
+    Schema,
+    /// A value does not fit its column (a column narrowed or retyped by hand): 1048 (NULL),
+    /// 1264 (out of range), 1292 / 1366 (wrong value), 1406 (too long).
+    Data,
+}
+
+/// The [`PermanentFault`] of `error`, or `None` for anything worth retrying (connection
+/// faults, lock waits, deadlocks, a read-only server during a failover, timeouts).
+pub fn permanent_fault(error: &mysql_async::Error) -> Option<PermanentFault> {
+    let mysql_async::Error::Server(e) = error else {
+        return None;
+    };
+    match e.code {
+        1044 | 1142 | 1143 | 1227 => Some(PermanentFault::Privilege),
+        1049 | 1054 | 1146 => Some(PermanentFault::Schema),
+        1048 | 1264 | 1292 | 1366 | 1406 => Some(PermanentFault::Data),
+        _ => None,
+    }
+}
+
 /// Whether `error` means the server took a connection and then cut it (`KILL`, a shutdown, a
 /// reset socket), as opposed to a server that cannot be reached or that refuses the account.
 /// A cut connection is worth retrying even at first start; an unreachable server is reported.
@@ -244,6 +272,37 @@ mod tests {
         )));
         assert!(!is_cut_connection(&server(1045)), "access denied");
         assert!(!is_cut_connection(&io(ErrorKind::ConnectionRefused)));
+    }
+
+    #[test]
+    fn permanent_faults_are_told_from_errors_worth_retrying() {
+        use mysql_async::{Error, ServerError};
+        let server = |code| {
+            Error::Server(ServerError {
+                code,
+                message: String::new(),
+                state: String::new(),
+            })
+        };
+        let fault = |code| permanent_fault(&server(code));
+        assert_eq!(
+            fault(1142),
+            Some(PermanentFault::Privilege),
+            "UPDATE denied"
+        );
+        assert_eq!(
+            fault(1143),
+            Some(PermanentFault::Privilege),
+            "column denied"
+        );
+        assert_eq!(fault(1054), Some(PermanentFault::Schema), "unknown column");
+        assert_eq!(fault(1146), Some(PermanentFault::Schema), "no such table");
+        assert_eq!(fault(1406), Some(PermanentFault::Data), "data too long");
+        // Lock wait timeout, deadlock, read-only (a failover), a killed connection: retried.
+        for code in [1205, 1213, 1290, 1927] {
+            assert_eq!(fault(code), None, "{code}");
+        }
+        assert_eq!(permanent_fault(&Error::Other("timed out".into())), None);
     }
 
     #[test]

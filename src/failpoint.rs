@@ -15,41 +15,77 @@
 //! equivalent of the `fail` crate's `fail_point!`, small enough not to need it.
 //!
 //! Points: `after_send_ok` (`send::shard`), `after_checkpoint_save` (`relay::checkpointer`).
+//!
+//! A third action, `on`, arms a condition instead of a crash: [`is_on`] is true for an armed
+//! name. Conditions: `undecodable_binlog_value` (`binlog::row_image`: a row image value whose
+//! bytes contain `failpoint:undecodable` reads as undecodable, one containing
+//! `failpoint:truncated` as the end of the event's readable data), for what a real server writes
+//! only when something is corrupt or unsupported.
 
 /// The exit status of an `exit` action, so a test can tell the hook from another crash.
 pub const EXIT_CODE: i32 = 86;
 
-/// Reached the point `name`: does what `FAILPOINTS` says for it, if anything.
-#[cfg(feature = "failpoints")]
-pub fn hit(name: &str) {
-    use std::collections::HashMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::OnceLock;
+/// What an entry of `FAILPOINTS` does when its point is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+enum Action {
+    Exit,
+    Panic,
+    /// A condition for [`is_on`]; reaching it does nothing.
+    On,
+}
 
-    struct Point {
-        panic: bool,
-        at: u64,
-        hits: AtomicU64,
-    }
-    static POINTS: OnceLock<HashMap<String, Point>> = OnceLock::new();
-    let points = POINTS.get_or_init(|| {
+#[cfg(feature = "failpoints")]
+struct Point {
+    action: Action,
+    at: u64,
+    hits: std::sync::atomic::AtomicU64,
+}
+
+/// The points `FAILPOINTS` names, read once per process.
+#[cfg(feature = "failpoints")]
+fn points() -> &'static std::collections::HashMap<String, Point> {
+    static POINTS: std::sync::OnceLock<std::collections::HashMap<String, Point>> =
+        std::sync::OnceLock::new();
+    POINTS.get_or_init(|| {
         let spec = std::env::var("FAILPOINTS").unwrap_or_default();
         parse(&spec)
             .into_iter()
-            .map(|(name, panic, at)| {
-                let hits = AtomicU64::new(0);
-                (name, Point { panic, at, hits })
+            .map(|(name, action, at)| {
+                let hits = std::sync::atomic::AtomicU64::new(0);
+                (name, Point { action, at, hits })
             })
             .collect()
-    });
-    let Some(point) = points.get(name) else {
+    })
+}
+
+/// Whether the condition `name` is armed (`name=on`).
+#[cfg(feature = "failpoints")]
+pub fn is_on(name: &str) -> bool {
+    points().get(name).is_some_and(|p| p.action == Action::On)
+}
+
+/// Without the `failpoints` feature no condition is ever armed.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn is_on(_name: &str) -> bool {
+    false
+}
+
+/// Reached the point `name`: does what `FAILPOINTS` says for it, if anything.
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) {
+    use std::sync::atomic::Ordering;
+    let Some(point) = points().get(name) else {
         return;
     };
     if point.hits.fetch_add(1, Ordering::SeqCst) + 1 != point.at {
         return;
     }
-    if point.panic {
-        panic!("failpoint {name}");
+    match point.action {
+        Action::On => return,
+        Action::Panic => panic!("failpoint {name}"),
+        Action::Exit => {}
     }
     eprintln!("failpoint {name}: exiting with status {EXIT_CODE}");
     // SAFETY: _exit has no preconditions; it ends the process without running any Rust code.
@@ -61,10 +97,10 @@ pub fn hit(name: &str) {
 #[inline(always)]
 pub fn hit(_name: &str) {}
 
-/// `name=exit|panic[@n]` entries separated by `;`: (name, panic?, n). Bad entries panic, so a
+/// `name=action[@n]` entries separated by `;`: (name, action, n). Bad entries panic, so a
 /// typo in a test cannot silently disable its fault.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-fn parse(spec: &str) -> Vec<(String, bool, u64)> {
+fn parse(spec: &str) -> Vec<(String, Action, u64)> {
     spec.split(';')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
@@ -76,27 +112,31 @@ fn parse(spec: &str) -> Vec<(String, bool, u64)> {
                 Some((action, n)) => (action, n.parse().expect("FAILPOINTS: @n is a number")),
                 None => (action, 1),
             };
-            let panic = match action {
-                "panic" => true,
-                "exit" => false,
+            let action = match action {
+                "panic" => Action::Panic,
+                "exit" => Action::Exit,
+                "on" => Action::On,
                 other => panic!("FAILPOINTS entry {entry:?}: unknown action {other:?}"),
             };
-            (name.trim().to_string(), panic, at)
+            (name.trim().to_string(), action, at)
         })
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{parse, Action};
 
     #[test]
     fn parses_actions_and_counts() {
         assert_eq!(
-            parse("after_send_ok=exit@20; after_checkpoint_save=panic"),
+            parse(
+                "after_send_ok=exit@20; after_checkpoint_save=panic; undecodable_binlog_value=on"
+            ),
             vec![
-                ("after_send_ok".to_string(), false, 20),
-                ("after_checkpoint_save".to_string(), true, 1)
+                ("after_send_ok".to_string(), Action::Exit, 20),
+                ("after_checkpoint_save".to_string(), Action::Panic, 1),
+                ("undecodable_binlog_value".to_string(), Action::On, 1)
             ]
         );
         assert!(parse("").is_empty());

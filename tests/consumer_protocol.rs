@@ -165,6 +165,72 @@ async fn a_payload_that_is_not_utf8_is_quarantined_with_a_note() {
     assert_eq!(properties, json!({"event_id": "ev-bin", "trace_id": "t-1"}));
 }
 
+/// An update of `order-1` from a producer outside this project: biz_key and event type, and no
+/// `event_id` property; the payload carries `event_id` when `id` is given.
+fn foreign_update(n: i64, id: Option<&str>) -> ConsumedEvent {
+    let mut body = json!({"account": "order-1", "amount": n});
+    if let Some(id) = id {
+        body["event_id"] = json!(id);
+    }
+    ConsumedEvent::new("credits", body.to_string())
+        .with_property("biz_key", "order-1")
+        .with_property("event_type", "OrderUpdated")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_events_of_one_key_and_type_without_event_id_are_never_taken_for_duplicates() {
+    // With biz_key + type as the fallback key the second update was a "duplicate": ACKed, never
+    // processed (the article's swallowed message).
+    let db = ledger_db("protocol_fallback").await;
+    let ledger = Arc::new(Ledger::new("p"));
+    let processor =
+        IdempotentProcessor::new(db.pool.clone(), "fallback", Arc::clone(&ledger)).unwrap();
+    // The payload's event_id tells them apart: both processed, each once.
+    for (n, id) in [(1, "u-1"), (2, "u-2"), (1, "u-1")] {
+        processor.process(&foreign_update(n, Some(id))).await;
+    }
+    let marks: Vec<(String, String)> = db
+        .conn()
+        .await
+        .query("SELECT event_id, status FROM event_dedup ORDER BY event_id")
+        .await
+        .unwrap();
+    let processed = |id: &str| (id.to_string(), "PROCESSED".to_string());
+    assert_eq!(marks, [processed("u-1"), processed("u-2")]);
+    assert_eq!(db.count("ledger").await, 2, "each update applied once");
+
+    // Without any event id: both quarantined with the reason, neither processed nor swallowed.
+    for n in [3, 4] {
+        let disposition = processor.process(&foreign_update(n, None)).await;
+        assert!(
+            matches!(&disposition, Disposition::Rejected { reason } if reason.contains("no event id")),
+            "{disposition:?}"
+        );
+    }
+    let quarantined: Vec<(Option<String>, String, String)> = db
+        .conn()
+        .await
+        .query("SELECT event_id, reason, payload FROM consumer_quarantine ORDER BY id")
+        .await
+        .unwrap();
+    assert_eq!(quarantined.len(), 2, "{quarantined:?}");
+    for ((event_id, reason, payload), n) in quarantined.iter().zip([3, 4]) {
+        assert_eq!(*event_id, None);
+        assert!(
+            reason.contains(r#"biz_key "order-1", type "OrderUpdated""#),
+            "{reason}"
+        );
+        assert!(reason.contains("must send a unique event id"), "{reason}");
+        assert!(payload.contains(&format!(r#""amount":{n}"#)), "{payload}");
+    }
+    assert_eq!(
+        db.count("event_dedup").await,
+        2,
+        "no mark for an unkeyed message"
+    );
+    assert_eq!((db.count("ledger").await, ledger.calls()), (2, 2));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_version_guard_applies_only_newer_versions() {
     let db = TestDb::migrated("guard_version").await;

@@ -110,6 +110,64 @@ pub struct RowLimits {
     pub max_payload_bytes: usize,
 }
 
+/// The primary key of a row inserted as PENDING, or what the row is instead: unidentifiable
+/// (no usable id), not an event (another status), or a problem (an unusable status).
+fn pending_id(
+    table: &Arc<TableName>,
+    layout: &ColumnLayout,
+    row: &mut RowValues<'_>,
+) -> Result<u64, Box<DecodedRow>> {
+    let mut take = |i: usize| row.get_mut(i).and_then(Option::take);
+    let id = match take(layout.id).as_ref().map(integer) {
+        Some(Ok(id)) if id >= 0 => id as u64,
+        other => {
+            let reason = format!("primary key `id` unusable: {other:?}");
+            return Err(Box::new(DecodedRow::Unidentifiable(reason)));
+        }
+    };
+    match take(layout.status).as_ref().map(integer) {
+        // Omitted from the image (a producer session with binlog_row_image=MINIMAL logs only
+        // the columns it set): the column's default, PENDING.
+        Some(Ok(0)) | None => Ok(id),
+        Some(Ok(_)) => Err(Box::new(DecodedRow::NotPending)),
+        Some(Err(e)) => Err(Box::new(DecodedRow::Problem(RowProblem {
+            table: Arc::clone(table),
+            id,
+            event_id: None,
+            reason: format!("`status` is {e}"),
+        }))),
+    }
+}
+
+/// A row whose binlog image has values that cannot be decoded (`reason` names them): FAILED by
+/// its id with the reason, alone (its neighbours are decoded as usual); unidentifiable when the
+/// id itself is what failed. The row in the table may well be readable: `outbox-relay retry`
+/// hands it to the sweeper, which reads it with SELECT.
+pub fn decode_bad_row(
+    table: &Arc<TableName>,
+    layout: &ColumnLayout,
+    mut row: RowValues<'_>,
+    reason: &str,
+) -> DecodedRow {
+    let id = match pending_id(table, layout, &mut row).map_err(|not| *not) {
+        Ok(id) => id,
+        Err(DecodedRow::Unidentifiable(why)) => {
+            return DecodedRow::Unidentifiable(format!("{why}; undecodable binlog value {reason}"))
+        }
+        Err(other) => return other,
+    };
+    let event_id = row.get_mut(layout.event_id).and_then(Option::take);
+    DecodedRow::Problem(RowProblem {
+        table: Arc::clone(table),
+        id,
+        event_id: text(event_id, "event_id").ok().flatten(),
+        reason: format!(
+            "the binlog image of the row has an undecodable value, {reason} (the row itself may \
+             be fine: `outbox-relay retry` sends it through the sweeper)"
+        ),
+    })
+}
+
 /// Decodes one after-image of an INSERT into `table` (its values are moved out, not copied).
 pub fn decode_row(
     table: &Arc<TableName>,
@@ -117,13 +175,11 @@ pub fn decode_row(
     mut row: RowValues<'_>,
     limits: RowLimits,
 ) -> DecodedRow {
-    let mut take = |i: usize| row.get_mut(i).and_then(Option::take);
-    let id = match take(layout.id).as_ref().map(integer) {
-        Some(Ok(id)) if id >= 0 => id as u64,
-        other => {
-            return DecodedRow::Unidentifiable(format!("primary key `id` unusable: {other:?}"))
-        }
+    let id = match pending_id(table, layout, &mut row) {
+        Ok(id) => id,
+        Err(not_an_event) => return *not_an_event,
     };
+    let mut take = |i: usize| row.get_mut(i).and_then(Option::take);
     let problem = |event_id: Option<String>, reason: String| {
         DecodedRow::Problem(RowProblem {
             table: Arc::clone(table),
@@ -132,13 +188,6 @@ pub fn decode_row(
             reason,
         })
     };
-    match take(layout.status).as_ref().map(integer) {
-        // Omitted from the image (a producer session with binlog_row_image=MINIMAL logs only
-        // the columns it set): the column's default, PENDING.
-        Some(Ok(0)) | None => {}
-        Some(Ok(_)) => return DecodedRow::NotPending,
-        Some(Err(e)) => return problem(None, format!("`status` is {e}")),
-    }
     let event_id = match text(take(layout.event_id), "event_id") {
         Ok(Some(v)) => v,
         Ok(None) => return problem(None, "`event_id` is NULL".into()),

@@ -7,10 +7,10 @@
 //! [`BinlogItem::Restart`] and read again from its start.
 
 use super::clock::StreamClock;
-use super::decode::{decode_row, ColumnLayout, DecodedRow, RowLimits};
+use super::decode::{decode_bad_row, decode_row, ColumnLayout, DecodedRow, RowLimits};
 use super::gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 use super::position::{BinlogPosition, TxEnd, TxGtid};
-use super::row_image::TableShape;
+use super::row_image::{RowImage, TableShape};
 use super::xid::Xid;
 use crate::config::TableName;
 use crate::retry::RetryPolicy;
@@ -493,8 +493,15 @@ impl BinlogReader {
             .after_images(rows)
             .into_iter()
             .map(|row| match row {
-                Ok(values) => decode_row(table, layout, values, self.options.limits),
-                Err(e) => DecodedRow::Unidentifiable(format!("undecodable row of {table}: {e}")),
+                RowImage::Read(values) => decode_row(table, layout, values, self.options.limits),
+                RowImage::BadValue { values, reason } => {
+                    decode_bad_row(table, layout, values, &reason)
+                }
+                RowImage::Unreadable(reason) => DecodedRow::Unidentifiable(format!(
+                    "{table}: the rest of a rows event cannot be read ({reason}); its rows from \
+                     here on are neither located nor counted: they stay PENDING and the sweeper \
+                     publishes them, late (with sweeper.enabled = false they stay PENDING)"
+                )),
             })
             .collect();
         hold(state, decoded, items);

@@ -3,28 +3,43 @@
 //!
 //! Guarantees: an event is acknowledged to the watermark only after its row's UPDATE committed,
 //! so the checkpoint never passes an event whose outcome is not recorded. A SENT row always has
-//! its `msg_id`. Rows already SENT or FAILED are left as they are. Database errors are retried
-//! for ever (with backoff) rather than acknowledging anything unrecorded.
+//! its `msg_id`. Rows already SENT or FAILED are left as they are. Database errors that may pass
+//! (a cut connection, a lock wait, a timeout) are retried for ever (with backoff) rather than
+//! acknowledging anything unrecorded. An error retrying cannot fix ([`crate::db::PermanentFault`]:
+//! the UPDATE privilege revoked, a missing column, a value that no longer fits its column) stops
+//! the marker with a [`MarkError`] saying what to fix, and it stops the relay (the `stop` token):
+//! the batch that met it stays unacknowledged, so the checkpoint stays before it and a restart
+//! after the fix sends and records it again. Nothing is lost; nothing stalls silently.
 //!
 //! Which rows an UPDATE may touch depends on where the event came from (one marker serves both
-//! when the sweeper runs beside the stream): an event read from the binlog (it has a watermark
-//! `seq`) marks its row while still PENDING or SENDING (`status IN (0, 1)`, or a NULL status in
-//! a hand-made table, which the decoder fails), so it also settles a row a sweeper claimed
-//! meanwhile; an event claimed under a lease (poll mode, sweeper) marks its
-//! row only while this instance still owns it (`status = 1 AND owner = ?`). A claimed row whose
-//! lease expired and was taken back (PENDING again, claimed by another instance, or already SENT
-//! by the stream) is not overwritten: whoever holds it now records that outcome. That costs a
-//! duplicate, never a loss.
+//! when the sweeper runs beside the stream):
+//! - An event read from the binlog (it has a watermark `seq`) marks its row SENT while still
+//!   PENDING or SENDING (`status IN (0, 1)`, or a NULL status in a hand-made table, which the
+//!   decoder fails): it was delivered, so it also settles a row a sweeper claimed meanwhile.
+//! - Its FAILED mark never touches a row that a sweeper (of any instance, this one included)
+//!   holds under a live lease (`status = 1` and `lease_until` not yet past): that sweeper is
+//!   delivering the row at this moment and records its own outcome. A FAILED row is therefore
+//!   never one that was delivered (an operator's `retry` of it would duplicate it).
+//! - An event claimed under a lease (poll mode, sweeper) marks its row only while this instance
+//!   still owns it (`status = 1 AND owner = ?`). A claimed row whose lease expired and was taken
+//!   back (PENDING again, claimed by another instance, or already SENT by the stream) is not
+//!   overwritten: whoever holds it now records that outcome. That costs a duplicate, never a loss.
+
+mod fault;
+
+pub use fault::MarkError;
 
 use crate::checkpoint::Watermark;
 use crate::config::TableName;
 use crate::retry::RetryPolicy;
 use crate::send::{Completion, Outcome};
+use fault::WriteFailure;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, Value};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// Longest one marking round may take before it is retried.
 const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -51,22 +66,30 @@ pub struct MarkRule {
 }
 
 impl MarkRule {
-    /// The WHERE condition after `id …` for `completion`, and the owner to bind for it (if any).
+    /// The WHERE condition after `id …` for `completion`, and the owner to bind for it (if any);
+    /// see the module documentation.
     fn condition(&self, completion: &Completion) -> (&'static str, Option<&str>) {
-        match completion.seq {
-            // NULL: a hand-made table without the NOT NULL; the decoder fails such a row.
-            Some(_) => ("(status IN (0, 1) OR status IS NULL)", None),
-            None => ("status = 1 AND owner = ?", Some(&self.owner)),
+        // NULL status: a hand-made table without the NOT NULL; the decoder fails such a row.
+        match (completion.seq, &completion.outcome) {
+            (Some(_), Outcome::Sent { .. }) => ("(status IN (0, 1) OR status IS NULL)", None),
+            (Some(_), Outcome::Failed { .. }) => (
+                "(status = 0 OR status IS NULL \
+                  OR (status = 1 AND (lease_until IS NULL OR lease_until < NOW(3))))",
+                None,
+            ),
+            (None, _) => ("status = 1 AND owner = ?", Some(&self.owner)),
         }
     }
 }
 
-/// Records outcomes until `completions` closes; returns what it recorded.
+/// Records outcomes until `completions` closes; returns what it recorded. On a permanent error
+/// it cancels `stop` (the relay's run) and returns the error, leaving the batch unacknowledged.
 pub async fn run_marker(
     pool: Pool,
     mut completions: mpsc::Receiver<Completion>,
     rule: MarkRule,
-) -> MarkStats {
+    stop: CancellationToken,
+) -> Result<MarkStats, MarkError> {
     let mut stats = MarkStats::default();
     let policy = RetryPolicy::database();
     while let Some(first) = completions.recv().await {
@@ -82,13 +105,18 @@ pub async fn run_marker(
             // Bounded: a connection cut mid-statement must turn into a retry, not a hang.
             let written = tokio::time::timeout(WRITE_TIMEOUT, write(&pool, &batch, &rule))
                 .await
-                .unwrap_or_else(|_| Err(mysql_async::Error::Other("marking timed out".into())));
+                .unwrap_or_else(|_| Err(WriteFailure::timed_out()));
             match written {
                 Ok(()) => break,
-                Err(e) => {
+                Err(failure) => {
+                    if let Some(error) = failure.permanent(&pool).await {
+                        tracing::error!(%error, rows = batch.len(), "the relay stops");
+                        stop.cancel();
+                        return Err(error);
+                    }
                     failures += 1;
                     let delay = policy.delay(failures).unwrap_or(policy.max);
-                    tracing::warn!(error = %e, retry_in = ?delay, rows = batch.len(),
+                    tracing::warn!(error = %failure, retry_in = ?delay, rows = batch.len(),
                         "cannot record outcomes in MySQL; retrying (the checkpoint waits)");
                     tokio::time::sleep(delay).await;
                 }
@@ -116,7 +144,7 @@ pub async fn run_marker(
         // Off the marking loop: the next batch's UPDATE does not wait for a metric's query.
         tokio::spawn(observe_latencies(pool.clone(), sent_ids(&batch)));
     }
-    stats
+    Ok(stats)
 }
 
 /// Most SENT rows of one marking batch whose latency is read back for the histogram: a sample
@@ -167,12 +195,8 @@ async fn observe_latencies(pool: Pool, sent: BTreeMap<Arc<TableName>, Vec<u64>>)
 }
 
 /// Writes one batch: one UPDATE per table for SENT rows, one per FAILED row.
-async fn write(
-    pool: &Pool,
-    batch: &[Completion],
-    rule: &MarkRule,
-) -> Result<(), mysql_async::Error> {
-    let mut conn = pool.get_conn().await?;
+async fn write(pool: &Pool, batch: &[Completion], rule: &MarkRule) -> Result<(), WriteFailure> {
+    let mut conn = pool.get_conn().await.map_err(WriteFailure::connect)?;
     // SENT rows grouped by table and by rule (stream or claimed), one UPDATE per group.
     type Group<'a> = (&'a TableName, (&'static str, Option<&'a str>));
     let mut sent: BTreeMap<Group<'_>, Vec<(u64, &str)>> = BTreeMap::new();
@@ -199,13 +223,15 @@ async fn write(
                     ),
                     params,
                 )
-                .await?;
+                .await
+                .map_err(|e| WriteFailure::on(&completion.table, e))?;
             }
         }
     }
     for ((table, (condition, owner)), rows) in sent {
+        let failed = |e| WriteFailure::on(table, e);
         if let Some(sql) = inline_sent_update(table, condition, owner, &rows) {
-            conn.query_drop(sql).await?;
+            conn.query_drop(sql).await.map_err(failed)?;
             continue;
         }
         let cases = " WHEN ? THEN ?".repeat(rows.len());
@@ -226,7 +252,8 @@ async fn write(
             ),
             params,
         )
-        .await?;
+        .await
+        .map_err(failed)?;
     }
     Ok(())
 }
@@ -317,5 +344,29 @@ mod tests {
             "a claimed row is SENDING: {claimed}"
         );
         assert_eq!(owner, Some("me"));
+    }
+
+    #[test]
+    fn a_streamed_failure_spares_rows_under_a_live_lease_and_a_streamed_send_does_not() {
+        let rule = MarkRule {
+            watermark: None,
+            owner: "me".into(),
+        };
+        let (failed, owner) = rule.condition(&completion(Some(TxSeq::default())));
+        assert!(
+            failed.contains("status = 1 AND (lease_until IS NULL OR lease_until < NOW(3))"),
+            "{failed}"
+        );
+        assert!(!failed.contains("IN (0, 1)"), "{failed}");
+        assert_eq!(
+            owner, None,
+            "whoever holds the lease, this instance included"
+        );
+        let mut sent = completion(Some(TxSeq::default()));
+        sent.outcome = Outcome::Sent {
+            msg_id: "C0A8000100002A9F".into(),
+        };
+        let (sent, _) = rule.condition(&sent);
+        assert!(sent.contains("status IN (0, 1)"), "delivered: {sent}");
     }
 }

@@ -89,10 +89,14 @@ pub async fn run_instance<S: Sink>(
     }
 }
 
-/// Errors retrying cannot fix: the server's configuration, missing grants, a refused or
-/// unsupported binlog, a broken checkpoint store; and, before the instance ever ran, a server it
-/// cannot connect to (the user must see that at once). A connection lost mid-way is retried.
+/// Errors retrying cannot fix: the server's configuration, missing grants (at start-up, or met
+/// by the marker while running), a refused or unsupported binlog, a broken checkpoint store; and,
+/// before the instance ever ran, a server it cannot connect to (the user must see that at once).
+/// A connection lost mid-way is retried.
 fn is_permanent(error: &anyhow::Error, started: bool) -> bool {
+    if error.downcast_ref::<crate::mark::MarkError>().is_some() {
+        return true;
+    }
     use crate::binlog::reader::StartupError;
     use crate::checkpoint::store::StoreError;
     if let Some(e) = error.downcast_ref::<StartupError>() {

@@ -236,6 +236,8 @@ pub async fn run_cdc<S: Sink>(
             watermark: Some(Arc::clone(&watermark)),
             owner: config.instance_id(),
         },
+        // A permanent marking error stops the reader, and so the whole run.
+        reader_cancel.clone(),
     ));
     // The sweeper feeds the same shards: a key's swept rows queue behind its streamed ones, and
     // the stream's key-order guard asks it for the older rows a key waits for.
@@ -289,6 +291,7 @@ pub async fn run_cdc<S: Sink>(
     checkpoint_stop.cancel();
     let checkpoint = checkpoint_task.await??;
     crate::db::close(pool).await;
+    let marked = marked?;
     reader_result?;
     Ok(RunSummary {
         marked,

@@ -71,6 +71,8 @@ pub async fn run_sweeper_alone<S: Sink>(
         RetryPolicy::from_config(&config.retry),
         &done_tx,
     );
+    // Cancelled by the marker when it stops for good (a permanent error): the run ends with it.
+    let marker_failed = CancellationToken::new();
     let marker_task = tokio::spawn(run_marker(
         pool.clone(),
         done_rx,
@@ -78,9 +80,13 @@ pub async fn run_sweeper_alone<S: Sink>(
             watermark: None,
             owner,
         },
+        marker_failed.clone(),
     ));
     let mut running = sweeper.spawn(router, shard_inputs, done_tx, gate, None);
-    cancel.cancelled().await;
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = marker_failed.cancelled() => {}
+    }
 
     // Stopped claiming: let the shards finish what they hold, within the drain timeout.
     running.stop_claiming().await;
@@ -94,6 +100,7 @@ pub async fn run_sweeper_alone<S: Sink>(
     // Every outcome is recorded; what this instance still holds was not sent (or not proven).
     running.finish().await;
     crate::db::close(pool).await;
+    let marked = marked?;
     Ok(RunSummary {
         marked,
         checkpoint: BinlogPosition::default(),

@@ -143,14 +143,18 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
     for (what, sql, table) in probes {
         {
             if let Err(e) = conn.query_drop(&sql).await {
-                return Err(match e {
-                    mysql_async::Error::Server(s) if s.code == 1146 => misconfigured(format!(
-                        "outbox table {table} does not exist: run `outbox-relay migrate` or fix outbox.tables"
-                    )),
-                    mysql_async::Error::Server(s) if s.code == 1142 || s.code == 1143 => {
+                use crate::db::PermanentFault;
+                return Err(match (crate::db::permanent_fault(&e), e) {
+                    (Some(PermanentFault::Schema), mysql_async::Error::Server(s)) => {
+                        misconfigured(format!(
+                            "outbox table {table}: {}; run `outbox-relay migrate` or fix outbox.tables",
+                            s.message
+                        ))
+                    }
+                    (Some(PermanentFault::Privilege), mysql_async::Error::Server(s)) => {
                         StartupError::Privilege(format!("{}; grant {what} on {table}", s.message))
                     }
-                    other => other.into(),
+                    (_, other) => other.into(),
                 });
             }
         }

@@ -1,0 +1,141 @@
+//! The marker against a real server: which rows each kind of mark may touch. A streamed FAILED
+//! mark never overwrites a row a sweeper holds under a live lease (it would leave FAILED a row the
+//! sweeper delivered, and an operator's `retry` would publish it twice); the sweeper's own
+//! outcome is the one recorded.
+
+mod common;
+
+#[allow(dead_code)]
+#[path = "bad_input/support.rs"]
+mod support;
+
+use common::TestDb;
+use mysql_async::prelude::*;
+use outbox_relay::config::TableName;
+use outbox_relay::mark::{run_marker, MarkRule, MarkStats};
+use outbox_relay::send::{Completion, Outcome};
+use std::sync::Arc;
+use support::{insert_row, state, FAILED, PENDING, SENT};
+use tokio_util::sync::CancellationToken;
+
+const SENDING: u8 = 1;
+
+/// Records `completions` with the relay's marker as instance `owner`; returns its counts.
+async fn mark(db: &TestDb, owner: &str, completions: Vec<Completion>) -> MarkStats {
+    let pool = outbox_relay::db::writer_pool(&db.config).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let rule = MarkRule {
+        watermark: None,
+        owner: owner.into(),
+    };
+    let marker = tokio::spawn(run_marker(pool.clone(), rx, rule, CancellationToken::new()));
+    for completion in completions {
+        tx.send(completion).await.unwrap();
+    }
+    drop(tx);
+    let stats = marker.await.unwrap().expect("marked");
+    pool.disconnect().await.unwrap();
+    stats
+}
+
+/// The completion of row `id`: streamed (with a watermark entry) or claimed (without).
+fn completion(id: u64, streamed: bool, outcome: Outcome) -> Completion {
+    Completion {
+        seq: streamed.then_some(1),
+        table: Arc::new(TableName::parse("outbox_event").unwrap()),
+        id,
+        event_id: format!("mk-{id}"),
+        outcome,
+    }
+}
+
+fn failed() -> Outcome {
+    Outcome::Failed {
+        reason: "retries used up".into(),
+        attempts: 9,
+    }
+}
+
+async fn row(db: &TestDb, event_id: &str) -> u64 {
+    insert_row(
+        db,
+        "outbox_event",
+        &[
+            ("event_id", event_id.into()),
+            ("biz_key", "k".into()),
+            ("topic", "t".into()),
+            ("payload", "{}".into()),
+        ],
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_failure_never_overwrites_a_row_a_sweeper_is_delivering() {
+    let db = TestDb::migrated("mark_lease").await;
+    let (live, expired, pending) = (
+        row(&db, "mk-a").await,
+        row(&db, "mk-b").await,
+        row(&db, "mk-c").await,
+    );
+    // Claimed as a sweeper claims (status 1, its owner, a lease on the database clock): one
+    // lease still running, one already past.
+    let mut conn = db.conn().await;
+    for (id, lease) in [
+        (live, "+ INTERVAL 60 SECOND"),
+        (expired, "- INTERVAL 1 SECOND"),
+    ] {
+        conn.exec_drop(
+            format!(
+                "UPDATE outbox_event SET status = 1, owner = 'sweeper-b', \
+                 lease_until = NOW(3) {lease} WHERE id = ?"
+            ),
+            (id,),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        state(&db, "outbox_event", pending).await.status,
+        Some(PENDING)
+    );
+
+    // The stream gives up on all three (e.g. its retries ran out while the broker was away).
+    let streamed = [live, expired, pending].map(|id| completion(id, true, failed()));
+    mark(&db, "stream-a", streamed.into()).await;
+    let held = state(&db, "outbox_event", live).await;
+    assert_eq!(
+        held.status,
+        Some(SENDING),
+        "the sweeper's row is left alone: {held:?}"
+    );
+    assert_eq!(held.last_error, None);
+    let owner: Option<String> = conn
+        .exec_first("SELECT owner FROM outbox_event WHERE id = ?", (live,))
+        .await
+        .unwrap()
+        .flatten();
+    assert_eq!(owner.as_deref(), Some("sweeper-b"));
+    for id in [expired, pending] {
+        let s = state(&db, "outbox_event", id).await;
+        assert_eq!(s.status, Some(FAILED), "nobody holds row {id}: {s:?}");
+        assert_eq!(s.last_error.as_deref(), Some("retries used up"));
+    }
+
+    // The sweeper delivered it: its SENT mark lands, with its msg_id.
+    let sent = Outcome::Sent {
+        msg_id: "7F00000100002A9F0000000000000001".into(),
+    };
+    let stats = mark(&db, "sweeper-b", vec![completion(live, false, sent)]).await;
+    assert_eq!(stats.sent, 1);
+    let s = state(&db, "outbox_event", live).await;
+    assert_eq!(
+        (s.status, s.last_error.as_deref()),
+        (Some(SENT), None),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.msg_id.as_deref(),
+        Some("7F00000100002A9F0000000000000001")
+    );
+}
