@@ -18,7 +18,7 @@
 //! while every later transaction flows and completes as usual.
 
 use super::key_order::{self, KeyOrder};
-use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, StreamClock, TxEnd, Xid};
+use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, StreamClock, TxEnd, Xid};
 use crate::checkpoint::{TxSeq, Watermark};
 use crate::config::TableName;
 use crate::route::Router;
@@ -301,13 +301,14 @@ pub async fn run(
 fn batch_rows<'a>(
     batch: &'a [BinlogItem],
     recorded: &'a HashSet<(Arc<TableName>, u64)>,
-) -> impl Iterator<Item = &'a OutboxRow> + 'a {
+) -> impl Iterator<Item = &'a DecodedRow> + 'a {
     batch.iter().filter_map(move |item| match item {
         BinlogItem::Row(DecodedRow::Event(row))
-            if !recorded.contains(&(Arc::clone(&row.table), row.id)) =>
+            if recorded.contains(&(Arc::clone(&row.table), row.id)) =>
         {
-            Some(row)
+            None
         }
+        BinlogItem::Row(row) => Some(row),
         _ => None,
     })
 }
@@ -340,7 +341,7 @@ impl Dispatcher {
     }
 
     /// Asks the key-order guard about `rows` before they are handed on.
-    async fn check_key_order<'a>(&mut self, rows: impl Iterator<Item = &'a OutboxRow>) {
+    async fn check_key_order<'a>(&mut self, rows: impl Iterator<Item = &'a DecodedRow>) {
         if let Some(order) = &mut self.key_order {
             order.check(rows, &self.watermark).await;
         }
@@ -391,6 +392,9 @@ impl Dispatcher {
             }
             DecodedRow::Problem(problem) => {
                 self.watermark().add_event(seq);
+                if let Some(order) = &mut self.key_order {
+                    order.carry(seq, &problem.table, problem.id);
+                }
                 let completion = Completion::bad_row(Some(seq), problem);
                 return self.problems.send(completion).await.is_ok();
             }
@@ -450,11 +454,7 @@ impl Dispatcher {
         self.publish_held_count();
         if committed {
             self.stats.xa_committed += 1;
-            let rows = held.rows.iter().filter_map(|row| match row {
-                DecodedRow::Event(row) => Some(row),
-                _ => None,
-            });
-            self.check_key_order(rows).await;
+            self.check_key_order(held.rows.iter()).await;
             for row in held.rows {
                 if !self.hand_on(held.seq, row, &HashSet::new(), false).await {
                     return false;

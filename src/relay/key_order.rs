@@ -21,7 +21,7 @@
 //! through `idx_pending`: it reads the rows still PENDING or SENDING below the batch's newest
 //! id, normally just the events in flight.
 
-use crate::binlog::OutboxRow;
+use crate::binlog::DecodedRow;
 use crate::checkpoint::{TxSeq, Watermark};
 use crate::config::TableName;
 use crate::route::Router;
@@ -96,20 +96,35 @@ impl KeyOrder {
     /// row that waits (not carried by this stream), and asks the sweeper for the PENDING ones.
     /// On a database error every key of `rows` waits until a recheck succeeds (order before
     /// latency).
+    ///
+    /// `rows` are every row the stream is about to hand on: its bad rows (going to FAILED) name
+    /// no key to check but are the stream's own, never rows it waits for.
     pub async fn check<'a>(
         &mut self,
-        rows: impl Iterator<Item = &'a OutboxRow>,
+        rows: impl Iterator<Item = &'a DecodedRow>,
         watermark: &Mutex<Watermark>,
     ) {
         self.forget_done(watermark);
         let mut by_table: BTreeMap<Arc<TableName>, BatchOfTable> = BTreeMap::new();
         for row in rows {
-            let entry = by_table.entry(Arc::clone(&row.table)).or_default();
-            entry.0 = entry.0.max(row.id);
-            entry.1.insert(row.id);
-            entry.2.push(row.message.biz_key.as_str());
+            match row {
+                DecodedRow::Event(row) => {
+                    let entry = by_table.entry(Arc::clone(&row.table)).or_default();
+                    entry.0 = entry.0.max(row.id);
+                    entry.1.insert(row.id);
+                    entry.2.push(row.message.biz_key.as_str());
+                }
+                DecodedRow::Problem(problem) => {
+                    let entry = by_table.entry(Arc::clone(&problem.table)).or_default();
+                    entry.1.insert(problem.id);
+                }
+                _ => {}
+            }
         }
         for (table, (newest, batch, mut keys)) in by_table {
+            if keys.is_empty() {
+                continue;
+            }
             keys.sort_unstable();
             keys.dedup();
             let exclude = |id: u64| batch.contains(&id);
@@ -132,6 +147,14 @@ impl KeyOrder {
         }
     }
 
+    /// Row `id` of `table`, of stream transaction `seq`, is handed on by the stream (an event, or
+    /// a bad row going to FAILED): it is the stream's own until `seq` is done.
+    pub fn carry(&mut self, seq: TxSeq, table: &Arc<TableName>, id: u64) {
+        let row = (Arc::clone(table), id);
+        self.carried.entry(seq).or_default().push(row.clone());
+        self.carried_ids.insert(row);
+    }
+
     /// Hands `event` (of the stream) to its shard, or queues it behind its held key; false once
     /// the shards are gone.
     pub async fn route(
@@ -140,10 +163,8 @@ impl KeyOrder {
         router: &Router,
         shards: &[mpsc::Sender<ShardEvent>],
     ) -> bool {
-        let row = (Arc::clone(&event.row.table), event.row.id);
         if let Some(seq) = event.seq {
-            self.carried.entry(seq).or_default().push(row.clone());
-            self.carried_ids.insert(row);
+            self.carry(seq, &event.row.table, event.row.id);
         }
         let key = (
             Arc::clone(&event.row.table),
