@@ -202,25 +202,37 @@ fn assert_no_secret(what: &str, output: &Output, secrets: &[&str]) -> String {
     text
 }
 
+/// Creates the account `'name'@'127.0.0.1'` with `password` and exactly the grants a relay needs
+/// on `db`'s outbox; returns the account as SQL names it.
+async fn relay_account(db: &TestDb, name: &str, password: &str) -> String {
+    let d = database(db);
+    let user = format!("'{name}'@'127.0.0.1'");
+    for statement in [
+        format!("CREATE USER {user} IDENTIFIED BY '{password}'"),
+        format!("GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {user}"),
+        format!("GRANT SELECT, UPDATE ON `{d}`.outbox_event TO {user}"),
+        format!("GRANT SELECT, INSERT, UPDATE ON `{d}`.outbox_relay_state TO {user}"),
+    ] {
+        sql(db, &statement).await;
+    }
+    user
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mysql_password_never_appears_in_output_or_debug_logs() {
     let db = TestDb::migrated("bad_secret").await;
     let topic = new_topic("bad_secret");
     let d = database(&db);
     let name = format!("bi_secret_{}", std::process::id());
-    let user = format!("'{name}'@'127.0.0.1'");
     let password = format!("Sup3rSecret-{}-pw", std::process::id());
     let wrong = format!("Wr0ngSecret-{}-pw", std::process::id());
-    for statement in [
-        format!("CREATE USER {user} IDENTIFIED BY '{password}'"),
-        format!("GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {user}"),
-        format!("GRANT SELECT, UPDATE ON `{d}`.outbox_event TO {user}"),
-        format!("GRANT SELECT, INSERT, UPDATE ON `{d}`.outbox_relay_state TO {user}"),
-        // `migrate --status` reads the schema history.
-        format!("GRANT SELECT ON `{d}`.outbox_schema_history TO {user}"),
-    ] {
-        sql(&db, &statement).await;
-    }
+    let user = relay_account(&db, &name, &password).await;
+    // `migrate --status` reads the schema history.
+    sql(
+        &db,
+        &format!("GRANT SELECT ON `{d}`.outbox_schema_history TO {user}"),
+    )
+    .await;
     let url = url_as(&db, &name, &password);
     let (mut config, dir) = relay_config(&db);
     config.mysql.url = Some(url.clone());
@@ -326,16 +338,8 @@ async fn a_revoked_update_privilege_stops_the_relay_with_the_grant_to_run_and_lo
     let topic = new_topic("bad_revoke");
     let d = database(&db);
     let name = format!("bi_revoke_{}", std::process::id());
-    let user = format!("'{name}'@'127.0.0.1'");
     let password = format!("revoke-pw-{}", std::process::id());
-    for statement in [
-        format!("CREATE USER {user} IDENTIFIED BY '{password}'"),
-        format!("GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {user}"),
-        format!("GRANT SELECT, UPDATE ON `{d}`.outbox_event TO {user}"),
-        format!("GRANT SELECT, INSERT, UPDATE ON `{d}`.outbox_relay_state TO {user}"),
-    ] {
-        sql(&db, &statement).await;
-    }
+    let user = relay_account(&db, &name, &password).await;
     let (mut config, dir) = relay_config(&db);
     config.mysql.url = Some(url_as(&db, &name, &password));
     common::relay::seed_checkpoint(&config, &common::relay::current_position(&db).await);

@@ -25,6 +25,16 @@ fn wiring() -> (
     (items_tx, items, shard, handed, problems, watermark)
 }
 
+/// One shard, no key-order guard.
+fn outputs(shard: mpsc::Sender<ShardEvent>, problems: mpsc::Sender<Completion>) -> Outputs {
+    Outputs {
+        router: Router::new(1),
+        shards: vec![shard],
+        problems,
+        key_order: None,
+    }
+}
+
 fn end(pos: u64) -> BinlogItem {
     BinlogItem::TxEnd(TxEnd {
         gtid: None,
@@ -59,12 +69,7 @@ async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
     drop(items_tx);
     let stats = run(
         items,
-        Outputs {
-            router: Router::new(1),
-            shards: vec![shard],
-            problems,
-            key_order: None,
-        },
+        outputs(shard, problems),
         Arc::clone(&watermark),
         None,
     )
@@ -124,12 +129,7 @@ async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
     }
     let dispatcher = tokio::spawn(run(
         items,
-        Outputs {
-            router: Router::new(1),
-            shards: vec![shard],
-            problems,
-            key_order: None,
-        },
+        outputs(shard, problems),
         Arc::clone(&watermark),
         None,
     ));
