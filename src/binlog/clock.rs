@@ -10,6 +10,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// time minus `sweeper.min_age`: the stream has not read them yet (it may be catching up on a
 /// backlog), so sweeping them would send them twice.
 ///
+/// A heartbeat counts only once the clock is [armed](StreamClock::arm), i.e. once the stream has
+/// read past the server's end of binlog at its start: MySQL also sends heartbeats at the start
+/// of a dump, while it skips the transactions the relay already has, and those say nothing about
+/// the backlog still to come.
+///
 /// Shared by clones; written by the reader, read by the sweeper's gate and the checkpointer.
 #[derive(Debug, Clone, Default)]
 pub struct StreamClock(Arc<Inner>);
@@ -20,6 +25,8 @@ struct Inner {
     read_up_to: AtomicU64,
     /// Whether the last thing the server sent was a heartbeat (nothing left to read).
     caught_up: std::sync::atomic::AtomicBool,
+    /// Whether heartbeats count (the stream read past the server's end at its start).
+    armed: std::sync::atomic::AtomicBool,
 }
 
 fn unix_now() -> u64 {
@@ -37,8 +44,17 @@ impl StreamClock {
         }
     }
 
-    /// The server sent a heartbeat: everything written so far was read.
+    /// The stream read past the server's end of binlog at its start: from now on a heartbeat
+    /// means it has read everything.
+    pub fn arm(&self) {
+        self.0.armed.store(true, Ordering::Relaxed);
+    }
+
+    /// The server sent a heartbeat: once armed, everything written so far was read.
     pub fn heartbeat(&self) {
+        if !self.0.armed.load(Ordering::Relaxed) {
+            return;
+        }
         self.0.read_up_to.fetch_max(unix_now(), Ordering::Relaxed);
         self.0.caught_up.store(true, Ordering::Relaxed);
     }
@@ -82,6 +98,12 @@ mod tests {
             clock.behind().unwrap() < Duration::from_secs(150),
             "never goes back"
         );
+        clock.heartbeat();
+        assert!(
+            !clock.caught_up(),
+            "a heartbeat before the start's end says nothing"
+        );
+        clock.arm();
         clock.heartbeat();
         assert_eq!(clock.behind(), Some(Duration::ZERO));
         assert!(clock.caught_up());

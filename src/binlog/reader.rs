@@ -515,9 +515,11 @@ fn record_lag(event: &Event, clock: &StreamClock) {
     const QUERY: u8 = 2;
     const XID: u8 = 16;
     const HEARTBEAT: u8 = 27;
+    // MySQL 8.0.26+ (HEARTBEAT_LOG_EVENT_V2; mysql_common has no variant for it yet).
+    const HEARTBEAT_V2: u8 = 41;
     let lag = &crate::metrics::relay().binlog_lag_seconds;
     match event.header().event_type_raw() {
-        HEARTBEAT => {
+        HEARTBEAT | HEARTBEAT_V2 => {
             lag.set(0.0);
             clock.heartbeat();
         }

@@ -70,7 +70,7 @@ pub struct CatchUp {
     /// Also skip rows SENDING under someone's lease (their owner sends them, or lease recovery
     /// returns them to PENDING for a sweeper): only with a sweeper, which does that recovery.
     pub skip_claimed: bool,
-    /// Catching up also ends once the server has nothing more to send.
+    /// Armed once caught up.
     pub clock: StreamClock,
 }
 
@@ -127,10 +127,15 @@ impl CatchUp {
         })
     }
 
-    /// Caught up: the stream read past the end it started behind, or the server has nothing
-    /// more to send. However long that takes: every batch read again meanwhile is checked.
+    /// Caught up: the stream read past the end it started behind, however long that takes
+    /// (every batch read again meanwhile is checked). Then heartbeats mean "nothing more to
+    /// read" ([`StreamClock::arm`]).
     fn done(&self) -> bool {
-        self.read.covers(&self.until) || self.clock.caught_up()
+        let done = self.read.covers(&self.until);
+        if done {
+            self.clock.arm();
+        }
+        done
     }
 
     /// `(table, id)` of the events in `batch` whose rows are already SENT or FAILED (or SENDING,

@@ -219,6 +219,9 @@ pub async fn run_cdc<S: Sink>(
         config.sweeper.enabled,
         clock.clone(),
     );
+    if catch_up.is_none() {
+        clock.arm(); // nothing written before the start is left to read
+    }
     let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
 
     let (done_tx, done_rx) = mpsc::channel(CHANNEL_CAPACITY);
