@@ -74,7 +74,10 @@ async fn crash_at(prefix: &str, failpoints: &str) -> usize {
         let mut own = config.clone();
         own.relay.instance_id = Some(instance.into());
         own.relay.checkpoint_dir = dir.path().join("checkpoint");
-        own.mysql.server_id += u32::from(instance == "b");
+        // Its own id: `+ 1` was the next test's relay's, and both streamed at a takeover.
+        if instance == "b" {
+            own.mysql.server_id = common::relay::next_server_id();
+        }
         own.rocketmq.producer_group = format!("{}_{instance}", config.rocketmq.producer_group);
         seed_checkpoint(&own, &start);
         files.push(write_config_file(&own, dir.path()));

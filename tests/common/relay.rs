@@ -28,8 +28,16 @@ pub fn relay_config(db: &TestDb) -> (Config, tempfile::TempDir) {
 
 /// [`relay_config`] for the cluster of name server `namesrv` (the binary's broker is not
 /// started).
+/// Source of the replica server ids of this test binary (and of `relay.name`s).
+static NEXT_SERVER_ID: AtomicU32 = AtomicU32::new(1000);
+
+/// A replica `server_id` no other relay of this test binary is given (of the last ten): two
+/// binlog dumps with one id make the server drop one of them, over and over.
+pub fn next_server_id() -> u32 {
+    100_000 + std::process::id() % 10_000 * 10 + NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed) % 10
+}
+
 pub fn relay_config_on(db: &TestDb, namesrv: &str) -> (Config, tempfile::TempDir) {
-    static NEXT_SERVER_ID: AtomicU32 = AtomicU32::new(1000);
     let dir = tempfile::tempdir().expect("checkpoint dir");
     let mut config = db.config.clone();
     config.rocketmq.namesrv_addr = Some(namesrv.to_string());
@@ -37,9 +45,7 @@ pub fn relay_config_on(db: &TestDb, namesrv: &str) -> (Config, tempfile::TempDir
     config.relay.shards = 4;
     config.relay.checkpoint_dir = dir.path().to_path_buf();
     config.relay.name = format!("test-{}", NEXT_SERVER_ID.load(Ordering::Relaxed));
-    config.mysql.server_id = 100_000
-        + std::process::id() % 10_000 * 10
-        + NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed) % 10;
+    config.mysql.server_id = next_server_id();
     config.mysql.heartbeat = Duration::from_secs(1);
     (config, dir)
 }
