@@ -80,15 +80,16 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # connections, resume, failover, purged binlogs (gtid_purged), row images, operations,
   # status/replay, TLS and caching_sha2_password, XA, binlog variants (binary JSON, compressed
   # transactions, tagged GTIDs), start-up checks and least-privilege grants, the short chaos
-  # soak; poll mode, bad input, the sweeper, the producer API, migrations. One binary at a
+  # soak; poll mode (processes and a restart under the same instance id too), the marker's
+  # FAILED rule, bad input, the sweeper, the producer API, migrations. One binary at a
   # time, each timed.
   echo "== relay tests against Apache RocketMQ (Java) and Oracle MySQL"
   started=$SECONDS
   start_servers apache mysql
   # (mysql_file_position starts a MySQL of its own, without GTIDs: it ran in the first phase.)
-  for test in relay relay_faults relay_resume failover purged_binlog row_image poll bad_input \
-    bad_input_access relay_checks sweeper producer migrate operate operate_status_replay tls xa \
-    binlog_variants soak; do
+  for test in relay relay_faults relay_resume failover purged_binlog row_image poll \
+    poll_processes marker bad_input bad_input_access relay_checks sweeper producer migrate operate \
+    operate_status_replay tls xa binlog_variants soak; do
     test_started=$SECONDS
     cargo test "${FEATURES[@]}" --test "$test"
     say "MySQL phase: $test: $((SECONDS - test_started)) s"
