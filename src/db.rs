@@ -222,6 +222,12 @@ pub fn permanent_fault(error: &mysql_async::Error) -> Option<PermanentFault> {
     }
 }
 
+/// Whether `error` is the server's ER_BAD_FIELD_ERROR (1054, unknown column): a table from
+/// before the migration that added the column.
+pub fn is_unknown_column(error: &mysql_async::Error) -> bool {
+    matches!(error, mysql_async::Error::Server(e) if e.code == 1054)
+}
+
 /// Whether `error` means the server took a connection and then cut it (`KILL`, a shutdown, a
 /// reset socket), as opposed to a server that cannot be reached or that refuses the account.
 /// A cut connection is worth retrying even at first start; an unreachable server is reported.
@@ -296,6 +302,7 @@ mod tests {
             "column denied"
         );
         assert_eq!(fault(1054), Some(PermanentFault::Schema), "unknown column");
+        assert!(is_unknown_column(&server(1054)) && !is_unknown_column(&server(1146)));
         assert_eq!(fault(1146), Some(PermanentFault::Schema), "no such table");
         assert_eq!(fault(1406), Some(PermanentFault::Data), "data too long");
         // Lock wait timeout, deadlock, read-only (a failover), a killed connection: retried.

@@ -240,7 +240,6 @@ impl MysqlMirror {
         conn: &mut mysql_async::Conn,
         secs: u64,
     ) -> Result<(), StoreError> {
-        const UNKNOWN_COLUMN: u16 = 1054;
         static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         let written = conn
             .exec_drop(
@@ -249,7 +248,7 @@ impl MysqlMirror {
             )
             .await;
         match written {
-            Err(mysql_async::Error::Server(e)) if e.code == UNKNOWN_COLUMN => {
+            Err(e) if crate::db::is_unknown_column(&e) => {
                 if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
                     tracing::warn!(
                         "outbox_relay_state has no stream_at column (run `outbox-relay migrate`): \

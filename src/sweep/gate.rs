@@ -78,7 +78,6 @@ impl SweepGate {
 /// How long ago the leader's stream had read up to, at its last mirrored checkpoint; `None`
 /// (skip the round) when nothing is mirrored or the mirror cannot be read.
 async fn mirror_behind(pool: &Pool, relay_name: &str) -> Option<Duration> {
-    const UNKNOWN_COLUMN: u16 = 1054;
     let sql = |column: &str| {
         format!(
             "SELECT TIMESTAMPDIFF(MICROSECOND, {column}, NOW(3)) FROM outbox_relay_state \
@@ -90,7 +89,7 @@ async fn mirror_behind(pool: &Pool, relay_name: &str) -> Option<Duration> {
         .exec_first(sql("COALESCE(stream_at, checkpoint_at)"), (relay_name,))
         .await
     {
-        Err(mysql_async::Error::Server(e)) if e.code == UNKNOWN_COLUMN => conn
+        Err(e) if crate::db::is_unknown_column(&e) => conn
             .exec_first(sql("checkpoint_at"), (relay_name,))
             .await
             .ok()?,
