@@ -79,6 +79,13 @@ pub struct RelayMetrics {
     pub pending: Family<TableLabel, Gauge>,
     pub sending: Family<TableLabel, Gauge>,
     pub failed: Family<TableLabel, Gauge>,
+    /// 1 while `/readyz` answers 200 (set at every scrape from [`health()`]), so Prometheus can
+    /// alert on readiness without probing the endpoint.
+    pub ready: Gauge,
+    /// Daily partitions of a partitioned outbox table that start after today (database clock):
+    /// 0 means tomorrow's rows fall into the catch-all partition. Exported for partitioned tables
+    /// only.
+    pub partitions_ahead: Family<TableLabel, Gauge>,
 }
 
 impl RelayMetrics {
@@ -105,6 +112,8 @@ impl RelayMetrics {
             pending: Family::default(),
             sending: Family::default(),
             failed: Family::default(),
+            ready: Gauge::default(),
+            partitions_ahead: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -207,6 +216,16 @@ impl RelayMetrics {
             "Outbox rows FAILED (kept for an operator)",
             metrics.failed.clone(),
         );
+        registry.register(
+            "ready",
+            "1 while this instance is ready (/readyz answers 200), else 0",
+            metrics.ready.clone(),
+        );
+        registry.register(
+            "partitions_ahead",
+            "Daily partitions of a partitioned outbox table that start after today (0: tomorrow's rows land in the catch-all partition)",
+            metrics.partitions_ahead.clone(),
+        );
         RelayMetrics {
             registry,
             ..metrics
@@ -215,6 +234,7 @@ impl RelayMetrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
+        self.ready.set(i64::from(health().readiness().ready));
         let mut text = String::new();
         encode(&mut text, &self.registry).expect("writing to a String cannot fail");
         text
@@ -248,6 +268,7 @@ mod tests {
         );
         assert!(text.contains("outbox_events_failed_total 1"), "{text}");
         assert!(text.contains("outbox_leader 1"), "{text}");
+        assert!(text.contains("outbox_ready 0"), "not serving yet: {text}");
         assert!(
             text.contains("outbox_binlog_position_lost_total 0"),
             "{text}"
