@@ -25,6 +25,27 @@ fn stderr(output: &Output) -> String {
 }
 
 #[test]
+fn version_names_the_git_commit_of_the_build() {
+    let out = outbox_relay(&["--version"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let expected = format!("outbox-relay {} (commit ", env!("CARGO_PKG_VERSION"));
+    assert!(line.starts_with(&expected), "{line}");
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    match (option_env!("OUTBOX_RELAY_GIT_COMMIT"), head) {
+        (Some(given), _) => assert!(line.contains(given), "{line}"),
+        (None, Some(head)) => assert!(line.contains(&head), "HEAD {head}: {line}"),
+        (None, None) => assert!(line.contains("commit unknown"), "{line}"),
+    }
+}
+
+#[test]
 fn migrate_without_a_database_url_says_which_key_to_set() {
     let out = outbox_relay(&["migrate"]);
     assert!(!out.status.success());

@@ -18,9 +18,24 @@ use outbox_relay::operate::Action;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
+/// `outbox-relay --version`: the crate version and the git commit of the build, from
+/// `OUTBOX_RELAY_GIT_COMMIT` at build time (the Dockerfile passes it: the image's build context
+/// has no `.git`) or else from `git describe` of the source tree (`-modified` when it had
+/// uncommitted changes).
+fn version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        let commit = option_env!("OUTBOX_RELAY_GIT_COMMIT").unwrap_or(git_version::git_version!(
+            args = ["--always", "--abbrev=12", "--dirty=-modified"],
+            fallback = "unknown"
+        ));
+        format!("{} (commit {commit})", env!("CARGO_PKG_VERSION"))
+    })
+}
+
 /// Reliable event delivery: MySQL/MariaDB outbox → RocketMQ, at least once, ordered per key.
 #[derive(Debug, Parser)]
-#[command(name = "outbox-relay", version, about)]
+#[command(name = "outbox-relay", version = version(), about)]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,
