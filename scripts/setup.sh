@@ -17,11 +17,13 @@ WANT_RUST_BROKER=0
 [ "${OUTBOX_BROKER:-}" = "rust" ] && WANT_RUST_BROKER=1
 WANT_MYSQL=0
 [ "${OUTBOX_TEST_DB:-}" = "mysql" ] && WANT_MYSQL=1
+WANT_IMAGE=0
 for arg in "$@"; do
   case "$arg" in
     --rust-broker) WANT_RUST_BROKER=1 ;;
     --mysql) WANT_MYSQL=1 ;;
-    *) echo "usage: scripts/setup.sh [--rust-broker] [--mysql]" >&2; exit 2 ;;
+    --image) WANT_IMAGE=1 ;;
+    *) echo "usage: scripts/setup.sh [--rust-broker] [--mysql] [--image]" >&2; exit 2 ;;
   esac
 done
 
@@ -34,6 +36,8 @@ STAMP="$ROCKETMQ_ROOT/.installed-$ROCKETMQ_VERSION"
 # Must match src/devenv/mysql.rs (MySqlOptions' default chroot).
 MYSQL_ROOT="$CACHE/mysql-chroot"
 MYSQL_STAMP="$MYSQL_ROOT/.outbox-relay-installed"
+# Must match tests/image.rs (the image's base root filesystem).
+IMAGE_ROOT="$CACHE/image-base-bookworm"
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -138,10 +142,50 @@ install_mysql() {
   say "MySQL: $(chroot "$MYSQL_ROOT" /usr/sbin/mysqld --version) (chroot $MYSQL_ROOT)"
 }
 
+# The container image's runtime stage without Docker: Debian 12 (minbase, what bookworm-slim is
+# made from) and deploy/image/runtime-setup.sh, which the Dockerfile runs too. tests/image.rs adds
+# the release binary and the migrations and runs them from there.
+install_image_base() {
+  local stamp
+  stamp="$IMAGE_ROOT/.outbox-relay-$(sha256sum deploy/image/runtime-setup.sh | cut -c1-16)"
+  if [ -f "$stamp" ]; then
+    say "image base: Debian $(cat "$IMAGE_ROOT/etc/debian_version") ($IMAGE_ROOT)"
+    return
+  fi
+  if [ "$(id -u)" -ne 0 ]; then
+    say "image base: debootstrap and chroot need root"; exit 1
+  fi
+  if ! command -v debootstrap >/dev/null 2>&1; then
+    say "image base: installing debootstrap from Debian's packages ..."
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  fi
+  local mirror
+  mirror="$(debian_mirror)"
+  mirror="${mirror:-http://deb.debian.org/debian}"
+  say "image base: debootstrap bookworm (minbase + ca-certificates) from $mirror into $IMAGE_ROOT (about 1 minute) ..."
+  rm -rf "$IMAGE_ROOT"
+  mkdir -p "$CACHE"
+  debootstrap --variant=minbase --include=ca-certificates bookworm "$IMAGE_ROOT" "$mirror" \
+    >"$CACHE/image-base.log" 2>&1 || {
+      say "image base: debootstrap failed; last lines of $CACHE/image-base.log:"
+      tail -n 20 "$CACHE/image-base.log" >&2
+      exit 1
+    }
+  cp deploy/image/runtime-setup.sh "$IMAGE_ROOT/tmp/runtime-setup.sh"
+  chroot "$IMAGE_ROOT" sh /tmp/runtime-setup.sh >>"$CACHE/image-base.log" 2>&1
+  rm -f "$IMAGE_ROOT/tmp/runtime-setup.sh"
+  touch "$stamp"
+  say "image base: Debian $(cat "$IMAGE_ROOT/etc/debian_version"), user $(chroot "$IMAGE_ROOT" id outbox-relay)"
+}
+
 install_mariadb
 install_apache_rocketmq
 if [ "$WANT_MYSQL" = 1 ]; then
   install_mysql
+fi
+if [ "$WANT_IMAGE" = 1 ]; then
+  install_image_base
 fi
 if [ "$WANT_RUST_BROKER" = 1 ]; then
   install_rocketmq

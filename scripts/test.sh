@@ -2,7 +2,9 @@
 # The test command of the README ("Run the tests"); .ci/run calls exactly this.
 #
 #   scripts/test.sh              every test against Apache RocketMQ 5.3 (the Java broker) and
-#                                MariaDB, then the relay's live tests against Oracle MySQL 9
+#                                MariaDB (as root also the release binary from the container
+#                                image's root filesystem), then the relay's live tests against
+#                                Oracle MySQL 9
 #                                (as root: it runs in a chroot), then the rocketmq-rust
 #                                compatibility subset
 #   scripts/test.sh ARGS...      only the first part, with ARGS passed to `cargo test`
@@ -32,13 +34,19 @@ if [ $# -eq 0 ]; then
 fi
 SETUP=()
 [ $# -eq 0 ] && SETUP+=(--rust-broker)
-[ "$WITH_MYSQL" = 1 ] && SETUP+=(--mysql)
+[ "$WITH_MYSQL" = 1 ] && SETUP+=(--mysql --image)
 scripts/setup.sh "${SETUP[@]}"
 
 echo "== building the tests"
 cargo test "${FEATURES[@]}" --no-run "$@"
 cargo build "${FEATURES[@]}" --quiet
 BIN="${CARGO_TARGET_DIR:-target}/debug/outbox-relay"
+if [ "$WITH_MYSQL" = 1 ]; then
+  # The image's binary (tests/image.rs runs it from the image's root filesystem): a release
+  # build, without the test-only fault hooks. Minutes the first time, then cached.
+  echo "== building the release binary (the container image's)"
+  cargo build --release --locked --bin outbox-relay --quiet
+fi
 
 SERVERS_PID=""
 stop_servers() {
@@ -73,6 +81,11 @@ start_servers() {
 echo "== tests against Apache RocketMQ (Java) and $FIRST_DB"
 start_servers apache "$FIRST_DB"
 cargo test "${FEATURES[@]}" "$@"
+if [ "$WITH_MYSQL" = 1 ]; then
+  echo "== the image's release binary from a minimal root filesystem (tests/image.rs)"
+  OUTBOX_IMAGE_BINARY="${CARGO_TARGET_DIR:-target}/release/outbox-relay" \
+    cargo test "${FEATURES[@]}" --test image -- --ignored
+fi
 stop_servers
 
 if [ "$WITH_MYSQL" = 1 ]; then

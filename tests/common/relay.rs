@@ -477,8 +477,8 @@ impl RelayProcess {
         log: &std::path::Path,
         env: &[(&str, &str)],
     ) -> Self {
-        let log = std::fs::File::create(log).expect("relay log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        command
             .args([
                 "-c",
                 config_file.to_str().unwrap(),
@@ -487,7 +487,15 @@ impl RelayProcess {
                 "run",
             ])
             .env_remove("RUST_LOG")
-            .envs(env.iter().copied())
+            .envs(env.iter().copied());
+        Self::spawn_command(command, log)
+    }
+
+    /// Starts `command` (a relay however launched: e.g. from an image's root filesystem) with
+    /// its stderr to `log`.
+    pub fn spawn_command(mut command: Command, log: &std::path::Path) -> Self {
+        let log = std::fs::File::create(log).expect("relay log file");
+        let child = command
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

