@@ -30,11 +30,17 @@ const IMAGE_USER: &str = "10001:10001";
 const IMAGE_BINARY: &str = "/usr/local/bin/outbox-relay";
 /// Where the image puts the migrations.
 const IMAGE_MIGRATIONS: &str = "/usr/share/outbox-relay/migrations";
+/// The image's state volume (the local checkpoint), the one writable directory.
+const STATE_DIR: &str = "/var/lib/outbox-relay";
 
-/// A root filesystem made like the image, with `/proc` mounted as a container runtime mounts it;
-/// unmounted when dropped.
+/// A root filesystem made like the image, seen by the relay as Kubernetes' chart runs it: read-only
+/// (`readOnlyRootFilesystem`) but for the state volume at `/var/lib/outbox-relay`, with `/proc`
+/// mounted as a container runtime mounts it. Unmounted when dropped.
 struct ImageRoot {
+    /// The assembled tree (writable from the host: the test writes the config here).
     dir: PathBuf,
+    /// `dir` bound read-only, with the state directory bound writable: where the relay runs.
+    view: PathBuf,
     /// The runtime stage's `ENV` lines, read from the Dockerfile.
     env: Vec<(String, String)>,
 }
@@ -59,6 +65,7 @@ impl ImageRoot {
             .arg(&dir));
         let root = ImageRoot {
             dir,
+            view: scratch_dir("image-view").unwrap(),
             env: dockerfile_runtime_env(),
         };
         std::fs::copy(&binary, root.path(IMAGE_BINARY)).unwrap();
@@ -73,13 +80,25 @@ impl ImageRoot {
             )
             .unwrap();
         }
-        // What a container runtime provides: /proc and an /etc/hosts (debootstrap made the
+        // What a container runtime provides: an /etc/hosts and /proc (debootstrap made the
         // device nodes a runtime puts in /dev). No bind mount of the host's /dev: the removal of
         // a killed test's scratch directory would walk into it.
+        std::fs::copy("/etc/hosts", root.path("/etc/hosts")).unwrap();
+        let view = |inside: &str| root.view.join(inside.trim_start_matches('/'));
+        run(Command::new("mount")
+            .arg("--bind")
+            .arg(&root.dir)
+            .arg(&root.view));
+        run(Command::new("mount")
+            .args(["-o", "remount,bind,ro"])
+            .arg(&root.view));
+        run(Command::new("mount")
+            .arg("--bind")
+            .arg(root.path(STATE_DIR))
+            .arg(view(STATE_DIR)));
         run(Command::new("mount")
             .args(["-t", "proc", "proc"])
-            .arg(root.path("/proc")));
-        std::fs::copy("/etc/hosts", root.path("/etc/hosts")).unwrap();
+            .arg(view("/proc")));
         root
     }
 
@@ -94,7 +113,7 @@ impl ImageRoot {
         let mut command = Command::new("/usr/sbin/chroot");
         command
             .arg(format!("--userspec={IMAGE_USER}"))
-            .arg(&self.dir)
+            .arg(&self.view)
             .arg(IMAGE_BINARY)
             .args(args)
             .env_clear()
@@ -107,8 +126,8 @@ impl ImageRoot {
 impl Drop for ImageRoot {
     fn drop(&mut self) {
         let _ = Command::new("umount")
-            .arg("-l")
-            .arg(self.path("/proc"))
+            .args(["--recursive", "--lazy"])
+            .arg(&self.view)
             .status();
     }
 }
@@ -180,6 +199,16 @@ async fn the_image_binary_migrates_and_two_instances_relay_from_a_minimal_root_f
         "the image holds no build tools or database client"
     );
 
+    let touch = Command::new("/usr/sbin/chroot")
+        .arg(&root.view)
+        .args(["/usr/bin/touch", "/etc/outbox-relay/probe"])
+        .output()
+        .unwrap();
+    assert!(
+        !touch.status.success(),
+        "the root filesystem is read-only, even for root"
+    );
+
     let version = root.command(&["--version"], &[]).output().unwrap();
     let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
     assert!(
@@ -211,7 +240,7 @@ async fn the_image_binary_migrates_and_two_instances_relay_from_a_minimal_root_f
         .iter()
         .map(|pod| {
             let addr = free_addr();
-            let state = format!("/var/lib/outbox-relay/{pod}");
+            let state = format!("{STATE_DIR}/{pod}");
             let command = root.command(
                 &["--metrics-listen", &addr, "run", "--drain-timeout", "10s"],
                 &[
@@ -249,7 +278,7 @@ async fn the_image_binary_migrates_and_two_instances_relay_from_a_minimal_root_f
     for (_, pod) in pods {
         pod.stop();
     }
-    let state = root.path("/var/lib/outbox-relay/relay-0");
+    let state = root.path(&format!("{STATE_DIR}/relay-0"));
     let owner = std::fs::metadata(&state).unwrap().uid();
     assert_eq!(
         owner, 10001,
