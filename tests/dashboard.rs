@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 const DASHBOARD: &str = "deploy/grafana/outbox-relay.json";
 const RULES: &str = "deploy/prometheus/outbox-relay-rules.yml";
+const RULE_TESTS: &str = "deploy/prometheus/outbox-relay-rules.test.yml";
 
 /// Names a query may use that the live scrape does not show, and why. Keep this short: every
 /// entry is a name nothing here proves to exist.
@@ -270,6 +271,25 @@ fn load_rules() -> Vec<Rule> {
     file.groups.into_iter().flat_map(|g| g.rules).collect()
 }
 
+/// The parts of a promtool test file this test reads: which alert is expected when.
+#[derive(Debug, Deserialize)]
+struct RuleTestFile {
+    tests: Vec<RuleTest>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RuleTest {
+    #[serde(default)]
+    alert_rule_test: Vec<AlertCase>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AlertCase {
+    alertname: String,
+    #[serde(default)]
+    exp_alerts: Vec<serde_yaml::Value>,
+}
+
 fn rule_queries(rules: &[Rule]) -> Vec<Query> {
     rules
         .iter()
@@ -443,6 +463,28 @@ fn the_dashboard_and_the_rules_are_complete() {
         .collect();
     for (name, _) in NOT_EXPORTED_HERE {
         assert!(used.contains(*name), "stale allow-list entry {name}");
+    }
+}
+
+#[test]
+fn every_alert_has_a_promtool_case_that_fires_it_and_one_that_must_not() {
+    let file: RuleTestFile = serde_yaml::from_str(&read(RULE_TESTS)).expect("promtool tests");
+    let cases: Vec<AlertCase> = file
+        .tests
+        .into_iter()
+        .flat_map(|t| t.alert_rule_test)
+        .collect();
+    for rule in load_rules() {
+        let name = rule.alert.expect("only alerting rules");
+        let of_it = || cases.iter().filter(|c| c.alertname == name);
+        assert!(
+            of_it().any(|c| !c.exp_alerts.is_empty()),
+            "{RULE_TESTS}: no case fires {name}"
+        );
+        assert!(
+            of_it().any(|c| c.exp_alerts.is_empty()),
+            "{RULE_TESTS}: no case shows when {name} must not fire"
+        );
     }
 }
 
