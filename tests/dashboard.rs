@@ -571,8 +571,11 @@ async fn every_metric_the_dashboard_and_the_rules_use_is_exported() {
     );
     assert!(
         missing.is_empty(),
-        "names the relay and the consumer library do not export:\n{}\n\nexported: {exported:?}",
-        missing.join("\n")
+        "names the relay and the consumer library do not export:\n{}\n\nexported: {exported:?}\n\
+         (a CARGO_TARGET_DIR shared with another checkout: cargo links each checkout's build to \
+         the same {}, so the relay started here may be the other checkout's)",
+        missing.join("\n"),
+        env!("CARGO_BIN_EXE_outbox-relay")
     );
     let used: BTreeSet<String> = dashboard
         .iter()
