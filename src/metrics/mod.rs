@@ -21,10 +21,19 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 
-/// A send error's class: `retryable` (timeouts, broker unavailable) or `rejected`.
+/// A send error's class: `retryable` (timeouts, broker unavailable), `rejected` (a bad message)
+/// or `unauthorized` (the broker refuses the relay's account).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorClass {
     pub class: &'static str,
+}
+
+impl ErrorClass {
+    /// Every class `send` counts. Each is exported at 0 from the start, as Prometheus advises
+    /// for label values known in advance: a series that appears only at its first error hides
+    /// that error from `increase()` and `rate()`, and a query or alert on an absent series
+    /// cannot tell "no errors" from "not exported".
+    pub const ALL: [&'static str; 3] = ["retryable", "rejected", "unauthorized"];
 }
 
 /// One outbox table.
@@ -146,9 +155,12 @@ impl RelayMetrics {
             "1 while this instance streams the binlog as the leader",
             metrics.leader.clone(),
         );
+        for class in ErrorClass::ALL {
+            drop(metrics.send_errors.get_or_create(&ErrorClass { class })); // the series at 0
+        }
         registry.register(
             "send_errors",
-            "Failed send attempts by class (retryable or rejected)",
+            "Failed send attempts by class (retryable, rejected or unauthorized)",
             metrics.send_errors.clone(),
         );
         registry.register(
@@ -271,6 +283,31 @@ mod tests {
         assert!(text.contains("outbox_ready 0"), "not serving yet: {text}");
         assert!(
             text.contains("outbox_binlog_position_lost_total 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn every_send_error_class_is_exported_at_zero_before_any_error() {
+        let metrics = RelayMetrics::new();
+        let text = metrics.render();
+        for class in ErrorClass::ALL {
+            let series = format!("outbox_send_errors_total{{class=\"{class}\"}} 0");
+            assert!(text.contains(&series), "{series} in {text}");
+        }
+        metrics
+            .send_errors
+            .get_or_create(&ErrorClass {
+                class: "unauthorized",
+            })
+            .inc();
+        let text = metrics.render();
+        assert!(
+            text.contains("outbox_send_errors_total{class=\"unauthorized\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outbox_send_errors_total{class=\"retryable\"} 0"),
             "{text}"
         );
     }
