@@ -8,8 +8,9 @@
 #   - docker-compose.yml: the Compose Specification's JSON schema;
 #   - the Helm chart: `helm lint --strict`, `helm template` (its required values refused when
 #     missing), every rendered object against the Kubernetes schemas of the oldest and newest
-#     version we support (kubernetes-validate --strict), the ServiceMonitor against the
-#     Prometheus Operator's CRD, and the chart's relay.toml through `outbox-relay config check`.
+#     version we support (kubernetes-validate --strict), the ServiceMonitor and the PrometheusRule
+#     (the rules above) against the Prometheus Operator's CRDs, the dashboard ConfigMap's JSON,
+#     and the chart's relay.toml through `outbox-relay config check`.
 #
 #   scripts/deploy-check.sh [OUTBOX_RELAY_BINARY]     (default: target/debug/outbox-relay)
 #
@@ -125,6 +126,7 @@ check_chart() {
   refuses rocketmq.namesrvAddr "${required[0]}" "${required[1]}"
   "$HELM" template relay "$chart" "${required[@]}" >"$WORK/default.yaml"
   "$HELM" template relay "$chart" "${required[@]}" --set metrics.serviceMonitor.enabled=true \
+    --set prometheusRule.enabled=true --set grafanaDashboard.enabled=true \
     --set mysql.existingSecret=relay-mysql --set-string extraConfig=$'[cleanup]\nenabled = true' \
     >"$WORK/full.yaml"
   local rendered
@@ -134,6 +136,7 @@ check_chart() {
       "$VENV/bin/kubernetes-validate" --strict --quiet -k "$version" "$rendered"
     done
     "$VENV/bin/python" scripts/deploy_check.py crds "$OPERATOR_CRDS" "$rendered"
+    "$VENV/bin/python" scripts/deploy_check.py chart-copies "$rendered" -
     "$VENV/bin/python" scripts/deploy_check.py relay-config "$rendered" "$WORK/relay.toml"
     say "$(basename "$rendered"): the chart's relay.toml, as the relay reads it"
     OUTBOX_RELAY_MYSQL__URL=mysql://outbox_relay:secret@mysql.db:3306/app \

@@ -6,6 +6,9 @@
   deploy_check.py crds CRD_DIR RENDERED.yaml
       every custom resource of a rendered chart (ServiceMonitor, PrometheusRule) against the
       openAPIV3Schema of its CRD from the Prometheus Operator's release;
+  deploy_check.py chart-copies RENDERED.yaml -
+      the rendered PrometheusRule's groups and the dashboard ConfigMap's JSON are exactly
+      deploy/prometheus/outbox-relay-rules.yml and deploy/grafana/outbox-relay.json;
   deploy_check.py relay-config RENDERED.yaml OUT.toml
       writes the relay.toml of the chart's ConfigMap to OUT.toml (scripts/deploy-check.sh then
       runs `outbox-relay config check` on it).
@@ -83,6 +86,29 @@ def check_crds(crd_dir, rendered_path):
     return failed
 
 
+def check_chart_copies(rendered_path, _unused):
+    rules = load_all("deploy/prometheus/outbox-relay-rules.yml")[0]
+    dashboard = json.loads(pathlib.Path("deploy/grafana/outbox-relay.json").read_text("utf-8"))
+    failed = compared = 0
+    for doc in load_all(rendered_path):
+        name = f"{rendered_path}: {doc['kind']}/{doc['metadata']['name']}"
+        data = doc.get("data") or {}
+        if doc["kind"] == "PrometheusRule":
+            compared += 1
+            if doc["spec"] != rules:
+                print(f"{name}: differs from deploy/prometheus/outbox-relay-rules.yml",
+                      file=sys.stderr)
+                failed += 1
+        elif doc["kind"] == "ConfigMap" and "outbox-relay.json" in data:
+            compared += 1
+            if json.loads(data["outbox-relay.json"]) != dashboard:
+                print(f"{name}: differs from deploy/grafana/outbox-relay.json", file=sys.stderr)
+                failed += 1
+    if not failed:
+        print(f"{rendered_path}: {compared} copies of the rules or the dashboard, all identical")
+    return failed
+
+
 def extract_relay_config(rendered_path, out_path):
     maps = [
         d for d in load_all(rendered_path)
@@ -97,7 +123,12 @@ def extract_relay_config(rendered_path, out_path):
 
 
 def main(argv):
-    commands = {"compose": check_compose, "crds": check_crds, "relay-config": extract_relay_config}
+    commands = {
+        "compose": check_compose,
+        "crds": check_crds,
+        "chart-copies": check_chart_copies,
+        "relay-config": extract_relay_config,
+    }
     if len(argv) != 4 or argv[1] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
