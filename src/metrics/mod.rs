@@ -29,11 +29,14 @@ pub struct ErrorClass {
 }
 
 impl ErrorClass {
+    pub const RETRYABLE: &'static str = "retryable";
+    pub const REJECTED: &'static str = "rejected";
+    pub const UNAUTHORIZED: &'static str = "unauthorized";
     /// Every class `send` counts. Each is exported at 0 from the start, as Prometheus advises
     /// for label values known in advance: a series that appears only at its first error hides
     /// that error from `increase()` and `rate()`, and a query or alert on an absent series
     /// cannot tell "no errors" from "not exported".
-    pub const ALL: [&'static str; 3] = ["retryable", "rejected", "unauthorized"];
+    pub const ALL: [&'static str; 3] = [Self::RETRYABLE, Self::REJECTED, Self::UNAUTHORIZED];
 }
 
 /// One outbox table.

@@ -260,17 +260,18 @@ fn runs(batch: Vec<ShardEvent>, queues: Vec<usize>) -> Vec<(usize, Vec<ShardEven
 
 /// Counts a failed send attempt by class.
 fn count_error(error: &SendError) {
+    use crate::metrics::ErrorClass;
     let class = match error {
         SendError::Retryable(_) => {
             crate::metrics::health().set_broker(false);
-            "retryable"
+            ErrorClass::RETRYABLE
         }
-        SendError::Rejected(_) => "rejected",
-        SendError::Unauthorized(_) => "unauthorized",
+        SendError::Rejected(_) => ErrorClass::REJECTED,
+        SendError::Unauthorized(_) => ErrorClass::UNAUTHORIZED,
     };
     crate::metrics::relay()
         .send_errors
-        .get_or_create(&crate::metrics::ErrorClass { class })
+        .get_or_create(&ErrorClass { class })
         .inc();
 }
 
