@@ -522,3 +522,84 @@ async fn the_cleanup_round_inside_run_creates_days_ahead_and_drops_clean_past_da
     relay.stop().await;
     assert_every_event_arrived_in_key_order(&db, &topic, 20).await;
 }
+
+fn outbox_relay(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(args)
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .output()
+        .expect("run outbox-relay");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+#[tokio::test]
+async fn the_commands_require_an_operator_convert_once_and_report_as_json() {
+    let db = TestDb::migrated("part_cli").await;
+    let mut conn = db.conn().await;
+    sent_rows_on(&mut conn, "t", 2, 3).await;
+    let url = db.url.as_str();
+    let (ok, _, err) = outbox_relay(&["--mysql-url", url, "partitions", "convert"]);
+    assert!(!ok && err.contains("--operator is required"), "{err}");
+    let (ok, out, err) = outbox_relay(&["--mysql-url", url, "partitions", "status"]);
+    assert!(
+        ok && out.contains("outbox_event: not partitioned"),
+        "{out}{err}"
+    );
+    let convert = [
+        "--mysql-url",
+        url,
+        "partitions",
+        "convert",
+        "--ahead",
+        "2",
+        "--operator",
+        "alice",
+        "--reason",
+        "CHG-7",
+    ];
+    let (ok, out, err) = outbox_relay(&convert);
+    println!("{out}");
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("outbox_event: converted 3 rows into 6 partitions"),
+        "{out}"
+    );
+    let (ok, out, _) = outbox_relay(&convert);
+    assert!(
+        ok && out.contains("already partitioned") && out.contains("nothing done"),
+        "{out}"
+    );
+    let (ok, out, err) = outbox_relay(&["--mysql-url", url, "partitions", "status", "--json"]);
+    assert!(ok, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(status[0]["days_ahead"], 2);
+    assert_eq!(status[0]["partitions"].as_array().unwrap().len(), 6);
+    assert_eq!(status[0]["partitions"][5]["below"], "MAXVALUE");
+    let maintain = [
+        "--mysql-url",
+        url,
+        "partitions",
+        "maintain",
+        "--ahead",
+        "3",
+        "--retention",
+        "1d",
+        "--operator",
+        "alice",
+        "--reason",
+        "daily",
+        "--json",
+    ];
+    let (ok, out, err) = outbox_relay(&maintain);
+    assert!(ok, "{err}");
+    let done: serde_json::Value = serde_json::from_str(&out).unwrap();
+    println!("{out}");
+    assert_eq!(done[0]["created"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        done[0]["dropped"].as_array().unwrap().len(),
+        1,
+        "day -2 (day -1 ends today)"
+    );
+    assert_eq!(done[0]["days_ahead"], 3);
+}
