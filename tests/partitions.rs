@@ -306,6 +306,21 @@ async fn a_past_day_with_an_unfinished_row_is_kept_and_each_clean_day_dropped_is
         .unwrap()
         .unwrap();
     assert_eq!(audited, 1, "compensation still writes its audit row");
+
+    // A table partitioned some other way is left alone by both commands.
+    conn.query_drop("CREATE TABLE outbox_hashed LIKE outbox_event")
+        .await
+        .unwrap();
+    conn.query_drop("ALTER TABLE outbox_hashed PARTITION BY HASH (id) PARTITIONS 2")
+        .await
+        .unwrap();
+    let hashed = vec![TableName::parse("outbox_hashed").unwrap()];
+    let done = maintain(3, 8).run(&db.pool, &hashed).await.unwrap();
+    assert!(done[0].created.is_empty() && done[0].dropped.is_empty());
+    let why = done[0].skipped.as_deref().unwrap_or_default();
+    assert!(why.contains("HASH") && why.contains("left alone"), "{why}");
+    let converted = convert(3).run(&db.pool, &hashed, |_| {}).await.unwrap();
+    assert_eq!(converted[0].outcome, "already_partitioned");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -171,6 +171,10 @@ fn print_maintain(
             );
             continue;
         }
+        if let Some(why) = &t.skipped {
+            println!("{}: {why}", t.table);
+            continue;
+        }
         let dropped: Vec<String> = t
             .dropped
             .iter()

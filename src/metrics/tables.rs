@@ -98,7 +98,8 @@ pub async fn refresh(pool: &Pool, tables: &[TableName]) -> Result<(), mysql_asyn
             .oldest_pending_seconds
             .get_or_create(&label)
             .set(seconds);
-        if let Some(layout) = partitions::read_layout(&mut conn, table).await? {
+        let layout = partitions::read_layout(&mut conn, table).await?;
+        if let Some(layout) = layout.filter(|l| l.by_day()) {
             metrics
                 .partitions_ahead
                 .get_or_create(&label)

@@ -276,7 +276,7 @@ pub async fn run_periodically(
             };
             match round {
                 Ok(done) => {
-                    for t in done.iter().filter(|t| t.partitioned) {
+                    for t in done.iter().filter(|t| t.partitioned && t.skipped.is_none()) {
                         tracing::info!(table = %t.table, created = ?t.created,
                             dropped = ?t.dropped.iter().map(|d| &d.partition).collect::<Vec<_>>(),
                             kept = ?t.kept, days_ahead = t.days_ahead,

@@ -50,6 +50,8 @@ pub struct TableMaintain {
     pub table: String,
     /// `false`: the table is not partitioned (run `convert`); nothing was done.
     pub partitioned: bool,
+    /// Why a partitioned table was left alone (partitioned some other way).
+    pub skipped: Option<String>,
     pub created: Vec<String>,
     pub dropped: Vec<Dropped>,
     pub kept: Vec<Kept>,
@@ -106,6 +108,15 @@ impl Maintain {
             return Ok(report);
         };
         report.partitioned = true;
+        if !layout.by_day() {
+            report.skipped = Some(format!(
+                "partitioned by {} ({}), not by day of {}: left alone",
+                layout.method,
+                layout.expression,
+                plan::COLUMN
+            ));
+            return Ok(report);
+        }
         report.created = if self.dry_run {
             layout.to_create(today, self.ahead)
         } else {

@@ -102,18 +102,31 @@ pub async fn read_layout(
     conn: &mut impl Queryable,
     table: &TableName,
 ) -> Result<Option<Layout>, mysql_async::Error> {
-    let rows: Vec<(Option<String>, Option<String>, Option<u64>)> = conn
+    type PartitionRow = (
+        Option<String>,
+        Option<String>,
+        Option<u64>,
+        Option<String>,
+        Option<String>,
+    );
+    let rows: Vec<PartitionRow> = conn
         .exec(
-            "SELECT PARTITION_NAME, PARTITION_DESCRIPTION, TABLE_ROWS \
-             FROM information_schema.PARTITIONS \
+            "SELECT PARTITION_NAME, PARTITION_DESCRIPTION, TABLE_ROWS, PARTITION_METHOD, \
+             PARTITION_EXPRESSION FROM information_schema.PARTITIONS \
              WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
              ORDER BY PARTITION_ORDINAL_POSITION",
             (schema_of(table), &table.table),
         )
         .await?;
-    let mut partitions = Vec::with_capacity(rows.len());
-    for (name, description, rows) in rows {
+    let mut layout = Layout {
+        method: String::new(),
+        expression: String::new(),
+        partitions: Vec::with_capacity(rows.len()),
+    };
+    for (name, description, rows, method, expression) in rows {
         let Some(name) = name else { return Ok(None) };
+        layout.method = method.unwrap_or_default();
+        layout.expression = expression.unwrap_or_default();
         let description = description.unwrap_or_default();
         // A partition this module cannot read (another method) counts as not a day.
         let partition =
@@ -123,9 +136,9 @@ pub async fn read_layout(
                 day: None,
                 rows_estimate: rows.unwrap_or(0),
             });
-        partitions.push(partition);
+        layout.partitions.push(partition);
     }
-    Ok((!partitions.is_empty()).then_some(Layout { partitions }))
+    Ok((!layout.partitions.is_empty()).then_some(layout))
 }
 
 /// The database's current day (`CURDATE()`).

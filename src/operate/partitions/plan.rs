@@ -95,10 +95,24 @@ impl Partition {
 /// A partitioned table's partitions, in order.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Layout {
+    /// `PARTITION_METHOD` and `PARTITION_EXPRESSION`, e.g. `RANGE COLUMNS` and `` `created_at` ``.
+    pub method: String,
+    pub expression: String,
     pub partitions: Vec<Partition>,
 }
 
 impl Layout {
+    /// Partitioned the way this module partitions: `RANGE COLUMNS (created_at)`. Only such a
+    /// layout is maintained.
+    pub fn by_day(&self) -> bool {
+        self.method.eq_ignore_ascii_case("RANGE COLUMNS")
+            && self
+                .expression
+                .trim()
+                .trim_matches('`')
+                .eq_ignore_ascii_case(COLUMN)
+    }
+
     /// The day partitions of ours.
     pub fn days(&self) -> impl Iterator<Item = NaiveDate> + '_ {
         self.partitions.iter().filter_map(|p| p.day)
@@ -231,7 +245,11 @@ mod tests {
         if future {
             partitions.push(Partition::parse(FUTURE, "MAXVALUE", 0).unwrap());
         }
-        Layout { partitions }
+        Layout {
+            method: "RANGE COLUMNS".into(),
+            expression: "`created_at`".into(),
+            partitions,
+        }
     }
 
     #[test]
@@ -281,6 +299,13 @@ mod tests {
         assert_eq!(stale.to_create(today, 1).first(), Some(&day("2025-06-02")));
         assert_eq!(stale.to_create(today, 1).last(), Some(&day("2025-06-11")));
         assert_eq!(layout(&[], true).to_create(today, 0), vec![today]);
+        assert!(l.by_day());
+        let hashed = Layout {
+            method: "HASH".into(),
+            expression: "`id`".into(),
+            ..l.clone()
+        };
+        assert!(!hashed.by_day());
     }
 
     #[test]
