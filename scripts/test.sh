@@ -102,7 +102,7 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # (mysql_file_position starts a MySQL of its own, without GTIDs: it ran in the first phase.)
   for test in relay relay_faults relay_resume failover purged_binlog row_image poll \
     poll_processes marker bad_input bad_input_access relay_checks sweeper producer migrate operate \
-    operate_status_replay tls xa binlog_variants soak; do
+    operate_status_replay partitions tls xa binlog_variants soak; do
     test_started=$SECONDS
     cargo test "${FEATURES[@]}" --test "$test"
     say "MySQL phase: $test: $((SECONDS - test_started)) s"

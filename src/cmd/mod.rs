@@ -7,6 +7,7 @@ mod consume;
 mod demo;
 mod dev;
 mod migrate;
+mod partitions;
 mod reconcile;
 mod replay;
 mod run;
@@ -147,6 +148,9 @@ pub enum Command {
     /// Publish the outbox INSERTs of a binlog range again (original event_ids; rows unchanged;
     /// audited). `--list-checkpoints` shows the saved checkpoint history.
     Replay(replay::ReplayArgs),
+    /// Daily partitions of the outbox tables: `convert` once, `maintain` daily (or
+    /// `[cleanup] partitions = true`), `status` to look.
+    Partitions(partitions::PartitionsArgs),
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -164,5 +168,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Reconcile(args) => reconcile::run(&cli.global, args).await,
         Command::Status(args) => status::run(&cli.global, args).await,
         Command::Replay(args) => replay::run(&cli.global, args).await,
+        Command::Partitions(args) => partitions::run(&cli.global, args).await,
     }
 }

@@ -362,6 +362,12 @@ pub struct CleanupConfig {
     /// Pause between two DELETEs.
     #[serde(with = "humantime_serde")]
     pub pause: Duration,
+    /// Maintain daily partitions: on a partitioned outbox table each round creates the coming
+    /// days and drops the days past `retention` that hold no unfinished row, instead of
+    /// deleting rows (`outbox-relay partitions convert` partitions a table).
+    pub partitions: bool,
+    /// Day partitions to keep ready after today.
+    pub partitions_ahead: u32,
 }
 
 impl Default for CleanupConfig {
@@ -372,6 +378,8 @@ impl Default for CleanupConfig {
             retention: Duration::from_secs(7 * 24 * 3600),
             batch_size: 1000,
             pause: Duration::from_millis(100),
+            partitions: false,
+            partitions_ahead: 7,
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The outbox table gauges (`outbox_oldest_pending_seconds`, PENDING / SENDING / FAILED rows),
-//! refreshed from MySQL on a timer by every running instance (leader, standby or poller).
+//! The outbox table gauges (`outbox_oldest_pending_seconds`, PENDING / SENDING / FAILED rows,
+//! and for partitioned tables `outbox_partitions_ahead`), refreshed from MySQL on a timer by
+//! every running instance (leader, standby or poller).
 
 use crate::config::TableName;
 use mysql_async::prelude::*;
@@ -60,10 +61,13 @@ async fn refresh_binlog(
 }
 
 /// One refresh: per table, counts of PENDING, SENDING and FAILED rows (served by the
-/// `idx_status_created` index) and the age of the oldest PENDING row.
+/// `idx_status_created` index), the age of the oldest PENDING row, and for a partitioned table
+/// the day partitions starting after today (database clock; `information_schema.PARTITIONS`).
 pub async fn refresh(pool: &Pool, tables: &[TableName]) -> Result<(), mysql_async::Error> {
+    use crate::operate::partitions;
     let metrics = super::relay();
     let mut conn = pool.get_conn().await?;
+    let today = partitions::db_today(&mut conn).await?;
     for table in tables {
         let label = super::TableLabel {
             table: table.to_string(),
@@ -94,6 +98,13 @@ pub async fn refresh(pool: &Pool, tables: &[TableName]) -> Result<(), mysql_asyn
             .oldest_pending_seconds
             .get_or_create(&label)
             .set(seconds);
+        let layout = partitions::read_layout(&mut conn, table).await?;
+        if let Some(layout) = layout.filter(|l| l.by_day()) {
+            metrics
+                .partitions_ahead
+                .get_or_create(&label)
+                .set(layout.days_ahead(today).into());
+        }
     }
     Ok(())
 }

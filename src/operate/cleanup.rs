@@ -227,11 +227,17 @@ impl Cleanup {
 }
 
 /// Runs a cleanup round every `config.every` until `cancel` (the `[cleanup]` section inside
-/// `run`). A failed round is logged and tried again at the next one.
+/// `run`). With `config.partitions`, partitioned tables get [`Maintain`] (days created ahead,
+/// clean past days dropped and audited under `operator`) instead of row deletes, and the first
+/// round runs at once, so a relay started after a pause creates the missing days first. A failed
+/// round is logged and tried again at the next one.
+///
+/// [`Maintain`]: super::partitions::Maintain
 pub async fn run_periodically(
     config: crate::config::CleanupConfig,
     pool: Pool,
     tables: Vec<TableName>,
+    operator: String,
     cancel: tokio_util::sync::CancellationToken,
 ) {
     let cleanup = Cleanup {
@@ -240,14 +246,52 @@ pub async fn run_periodically(
         pause: config.pause,
         dry_run: false,
     };
+    let maintain = config.partitions.then(|| super::partitions::Maintain {
+        ahead: config.partitions_ahead,
+        retention: config.retention,
+        operator,
+        reason: format!(
+            "[cleanup] partitions: keep {} days ahead, drop days older than {} with no \
+                 PENDING, SENDING or FAILED row",
+            config.partitions_ahead,
+            humantime::format_duration(config.retention)
+        ),
+        dry_run: false,
+        lock_wait: Duration::from_secs(5),
+    });
+    let mut first = true;
     loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(config.every) => {}
+        if !(first && maintain.is_some()) {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(config.every) => {}
+            }
+        }
+        first = false;
+        let mut row_tables = tables.clone();
+        if let Some(maintain) = &maintain {
+            let round = tokio::select! {
+                _ = cancel.cancelled() => return,
+                round = maintain.run(&pool, &tables) => round,
+            };
+            match round {
+                Ok(done) => {
+                    for t in done.iter().filter(|t| t.partitioned && t.skipped.is_none()) {
+                        tracing::info!(table = %t.table, created = ?t.created,
+                            dropped = ?t.dropped.iter().map(|d| &d.partition).collect::<Vec<_>>(),
+                            kept = ?t.kept, days_ahead = t.days_ahead,
+                            "cleanup: partitions maintained");
+                        row_tables.retain(|r| r.to_string() != t.table);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e,
+                    "cleanup: partition maintenance failed; retrying at the next round \
+                     (old SENT rows are deleted row by row meanwhile)"),
+            }
         }
         let round = tokio::select! {
             _ = cancel.cancelled() => return,
-            round = cleanup.run_once(&pool, &tables, |_| {}) => round,
+            round = cleanup.run_once(&pool, &row_tables, |_| {}) => round,
         };
         match round {
             Ok(summary) => tracing::info!(

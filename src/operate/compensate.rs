@@ -198,20 +198,7 @@ pub struct Compensation {
 impl Compensation {
     /// Checks operator, reason and selection.
     pub fn validate(&self, tables: &[TableName]) -> Result<(), CompensateError> {
-        let operator = self.operator.trim();
-        let reason = self.reason.trim();
-        if operator.is_empty() {
-            return Err(CompensateError::MissingOperator);
-        }
-        if reason.is_empty() {
-            return Err(CompensateError::MissingReason);
-        }
-        if operator.chars().count() > MAX_OPERATOR_CHARS {
-            return Err(CompensateError::OperatorTooLong);
-        }
-        if reason.chars().count() > MAX_REASON_CHARS {
-            return Err(CompensateError::ReasonTooLong);
-        }
+        check_operator_and_reason(&self.operator, &self.reason)?;
         let selection = &self.selection;
         if !selection.by_key() && !selection.has_filter() {
             return Err(CompensateError::NoSelector);
@@ -363,26 +350,78 @@ impl Compensation {
         }
         let row: Option<Row> = tx.exec_first(state_sql, (id,)).await?;
         let after = row.map(RowState::from_row);
-        tx.exec_drop(
+        let audit = AuditRow {
+            operator: &self.operator,
+            reason: &self.reason,
+            action: self.action.name(),
+            table,
+            event_id: Some(&before.event_id),
+            before: Some(before.json.clone()),
+            after: after.as_ref().map(|a| a.json.clone()),
+            result: format!("changed: {from} -> {to}"),
+        };
+        audit.insert(&mut tx).await?;
+        tx.commit().await?;
+        report.after = after.and_then(|a| a.status);
+        report.outcome = Outcome::Changed;
+        Ok(report)
+    }
+}
+
+/// Checks the `--operator` and `--reason` every audited command requires.
+pub(crate) fn check_operator_and_reason(
+    operator: &str,
+    reason: &str,
+) -> Result<(), CompensateError> {
+    let (operator, reason) = (operator.trim(), reason.trim());
+    if operator.is_empty() {
+        return Err(CompensateError::MissingOperator);
+    }
+    if reason.is_empty() {
+        return Err(CompensateError::MissingReason);
+    }
+    if operator.chars().count() > MAX_OPERATOR_CHARS {
+        return Err(CompensateError::OperatorTooLong);
+    }
+    if reason.chars().count() > MAX_REASON_CHARS {
+        return Err(CompensateError::ReasonTooLong);
+    }
+    Ok(())
+}
+
+/// One `outbox_audit` row (migration 0003), written by whoever changed the outbox by hand or
+/// by maintenance, in the caller's transaction or session.
+pub(crate) struct AuditRow<'a> {
+    pub operator: &'a str,
+    pub reason: &'a str,
+    /// `outbox_audit.action`, e.g. `retry` or `partition-drop`.
+    pub action: &'a str,
+    pub table: &'a TableName,
+    pub event_id: Option<&'a str>,
+    pub before: Option<serde_json::Value>,
+    pub after: Option<serde_json::Value>,
+    pub result: String,
+}
+
+impl AuditRow<'_> {
+    /// Inserts the row (operator and reason trimmed, `result` cut to its column's 255).
+    pub(crate) async fn insert(&self, conn: &mut impl Queryable) -> Result<(), mysql_async::Error> {
+        conn.exec_drop(
             "INSERT INTO outbox_audit \
              (operator, reason, action, outbox_table, event_id, before_state, after_state, result) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 self.operator.trim(),
                 self.reason.trim(),
-                self.action.name(),
-                table.to_string(),
-                &before.event_id,
-                before.json.to_string(),
-                after.as_ref().map(|a| a.json.to_string()),
-                format!("changed: {from} -> {to}"),
+                self.action,
+                self.table.to_string(),
+                self.event_id,
+                self.before.as_ref().map(ToString::to_string),
+                self.after.as_ref().map(ToString::to_string),
+                truncate(&self.result, 255),
             ),
         )
-        .await?;
-        tx.commit().await?;
-        report.after = after.and_then(|a| a.status);
-        report.outcome = Outcome::Changed;
-        Ok(report)
+        .await
     }
 }
 

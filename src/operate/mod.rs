@@ -1,5 +1,5 @@
 //! Operating the outbox by hand: the library behind `outbox-relay cleanup`, `retry` / `resend` /
-//! `mark-failed`, `reconcile`, `status` and `replay`. Each command is also usable from code (e.g. `run` can call
+//! `mark-failed`, `reconcile`, `status`, `replay` and `partitions`. Each command is also usable from code (e.g. `run` can call
 //! [`Cleanup::run_once`] periodically).
 //!
 //! Guarantees each command keeps:
@@ -24,12 +24,16 @@
 //! - [`replay`]: re-publishes the outbox INSERTs of a binlog range through the relay's shard
 //!   senders, with their original `event_id`; it never changes outbox rows and writes one
 //!   `outbox_audit` summary row per run.
+//! - [`partitions`]: daily partitions with a catch-all, so an INSERT never lacks a partition; a
+//!   day is dropped only when it is wholly past the retention and holds no PENDING, SENDING or
+//!   FAILED row, checked and dropped under a table lock, one `outbox_audit` row per drop.
 //!
 //! Times are the database's: windows and cutoffs are computed with `NOW(3)` on the server, so
 //! the machine running the command may have any clock and time zone.
 
 pub mod cleanup;
 pub mod compensate;
+pub mod partitions;
 pub mod reconcile;
 pub mod replay;
 pub mod selection;

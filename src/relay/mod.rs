@@ -404,6 +404,7 @@ impl RelayHandle {
                 config.cleanup.clone(),
                 crate::db::pool(&config)?,
                 qualified_tables(&config)?,
+                format!("outbox-relay run ({})", config.relay.name),
                 cancel.child_token(),
             ));
         }
