@@ -35,19 +35,10 @@ const RULE_TESTS: &str = "deploy/prometheus/outbox-relay-rules.test.yml";
 
 /// Names a query may use that the live scrape does not show, and why. Keep this short: every
 /// entry is a name nothing here proves to exist.
-const NOT_EXPORTED_HERE: &[(&str, &str)] = &[
-    (
-        "up",
-        "Prometheus's own per-target series (1 when the scrape worked); no target exports it",
-    ),
-    // TODO(main engineer): remove this entry after merging the branch that sets the gauge, and
-    // have the live test below partition its outbox table so the scrape shows the family.
-    (
-        "outbox_partitions_ahead",
-        "exported only for partitioned outbox tables, by code being written on another branch; \
-         the test's table is not partitioned",
-    ),
-];
+const NOT_EXPORTED_HERE: &[(&str, &str)] = &[(
+    "up",
+    "Prometheus's own per-target series (1 when the scrape worked); no target exports it",
+)];
 
 /// PromQL words that look like identifiers but name no metric.
 const KEYWORDS: &[&str] = &[
@@ -533,6 +524,25 @@ async fn every_metric_the_dashboard_and_the_rules_use_is_exported() {
     config.metrics.refresh = Duration::from_millis(300);
     let addr = free_addr();
     let file = write_config_file(&config, dir.path());
+    // Daily partitions, so the relay exports `outbox_partitions_ahead` for the table.
+    let convert = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .arg("-c")
+        .arg(&file)
+        .args([
+            "partitions",
+            "convert",
+            "--operator",
+            "test",
+            "--reason",
+            "dashboard",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        convert.status.success(),
+        "{}",
+        String::from_utf8_lossy(&convert.stderr)
+    );
     let relay = RelayProcess::spawn_serving(&file, &addr, &dir.path().join("relay.log"), &[]);
     wait_for("ready", Duration::from_secs(60), || async {
         get(&addr, "/readyz").is_some_and(|(status, _)| status == 200)
@@ -541,7 +551,8 @@ async fn every_metric_the_dashboard_and_the_rules_use_is_exported() {
     write_events(&db, &topic, 2, 10, 4).await;
     wait_until_sent(&db, 20, Duration::from_secs(60)).await;
     // The families whose label sets only a running relay knows: the table gauges (set by the
-    // refresher) and the shards' queue depths (set once the leader's shards run).
+    // refresher; partitions ahead for a partitioned table) and the shards' queue depths (set
+    // once the leader's shards run).
     let scrape = || {
         get(&addr, "/metrics")
             .map(|(_, body)| body)
@@ -554,6 +565,7 @@ async fn every_metric_the_dashboard_and_the_rules_use_is_exported() {
             let body = scrape();
             body.contains("outbox_oldest_pending_seconds{")
                 && body.contains("outbox_failed_rows{")
+                && body.contains("outbox_partitions_ahead{")
                 && body.contains("outbox_shard_queue_depth{")
         },
     )
