@@ -113,31 +113,37 @@ debian_mirror() {
   } | grep -v -e security -e '^cdrom:' | grep -i debian | head -n1
 }
 
-install_mysql() {
-  if [ -f "$MYSQL_STAMP" ] && [ -x "$MYSQL_ROOT/usr/sbin/mysqld" ]; then
-    say "MySQL: $(chroot "$MYSQL_ROOT" /usr/sbin/mysqld --version) (chroot $MYSQL_ROOT)"
-    return
-  fi
+# debootstrap_into LABEL DIR SUITE PACKAGES LOG: a fresh Debian SUITE (minbase) with PACKAGES in
+# DIR, from the Debian mirror this machine's apt sources name; its output goes to LOG.
+debootstrap_into() {
+  local label="$1" dir="$2" suite="$3" packages="$4" log="$5"
   if [ "$(id -u)" -ne 0 ]; then
-    say "MySQL: building and running the chroot needs root (debootstrap, chroot)"; exit 1
+    say "$label: building and running the chroot needs root (debootstrap, chroot)"; exit 1
   fi
   if ! command -v debootstrap >/dev/null 2>&1; then
-    say "MySQL: installing debootstrap from Debian's packages ..."
+    say "$label: installing debootstrap from Debian's packages ..."
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
   fi
   local mirror
   mirror="$(debian_mirror)"
   mirror="${mirror:-http://deb.debian.org/debian}"
-  say "MySQL: debootstrap sid + mysql-server-core from $mirror into $MYSQL_ROOT (about 1 minute) ..."
-  rm -rf "$MYSQL_ROOT"
+  say "$label: debootstrap $suite (minbase + $packages) from $mirror into $dir (about 1 minute) ..."
+  rm -rf "$dir"
   mkdir -p "$CACHE"
-  debootstrap --variant=minbase --include=mysql-server-core sid "$MYSQL_ROOT" "$mirror" \
-    >"$CACHE/mysql-chroot.log" 2>&1 || {
-      say "MySQL: debootstrap failed; last lines of $CACHE/mysql-chroot.log:"
-      tail -n 20 "$CACHE/mysql-chroot.log" >&2
-      exit 1
-    }
+  debootstrap --variant=minbase --include="$packages" "$suite" "$dir" "$mirror" >"$log" 2>&1 || {
+    say "$label: debootstrap failed; last lines of $log:"
+    tail -n 20 "$log" >&2
+    exit 1
+  }
+}
+
+install_mysql() {
+  if [ -f "$MYSQL_STAMP" ] && [ -x "$MYSQL_ROOT/usr/sbin/mysqld" ]; then
+    say "MySQL: $(chroot "$MYSQL_ROOT" /usr/sbin/mysqld --version) (chroot $MYSQL_ROOT)"
+    return
+  fi
+  debootstrap_into MySQL "$MYSQL_ROOT" sid mysql-server-core "$CACHE/mysql-chroot.log"
   touch "$MYSQL_STAMP"
   say "MySQL: $(chroot "$MYSQL_ROOT" /usr/sbin/mysqld --version) (chroot $MYSQL_ROOT)"
 }
@@ -152,26 +158,7 @@ install_image_base() {
     say "image base: Debian $(cat "$IMAGE_ROOT/etc/debian_version") ($IMAGE_ROOT)"
     return
   fi
-  if [ "$(id -u)" -ne 0 ]; then
-    say "image base: debootstrap and chroot need root"; exit 1
-  fi
-  if ! command -v debootstrap >/dev/null 2>&1; then
-    say "image base: installing debootstrap from Debian's packages ..."
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-  fi
-  local mirror
-  mirror="$(debian_mirror)"
-  mirror="${mirror:-http://deb.debian.org/debian}"
-  say "image base: debootstrap bookworm (minbase + ca-certificates) from $mirror into $IMAGE_ROOT (about 1 minute) ..."
-  rm -rf "$IMAGE_ROOT"
-  mkdir -p "$CACHE"
-  debootstrap --variant=minbase --include=ca-certificates bookworm "$IMAGE_ROOT" "$mirror" \
-    >"$CACHE/image-base.log" 2>&1 || {
-      say "image base: debootstrap failed; last lines of $CACHE/image-base.log:"
-      tail -n 20 "$CACHE/image-base.log" >&2
-      exit 1
-    }
+  debootstrap_into "image base" "$IMAGE_ROOT" bookworm ca-certificates "$CACHE/image-base.log"
   cp deploy/image/runtime-setup.sh "$IMAGE_ROOT/tmp/runtime-setup.sh"
   chroot "$IMAGE_ROOT" sh /tmp/runtime-setup.sh >>"$CACHE/image-base.log" 2>&1
   rm -f "$IMAGE_ROOT/tmp/runtime-setup.sh"
