@@ -228,6 +228,12 @@ pub fn is_unknown_column(error: &mysql_async::Error) -> bool {
     matches!(error, mysql_async::Error::Server(e) if e.code == 1054)
 }
 
+/// Whether `error` is ER_LOCK_WAIT_TIMEOUT (1205): a row lock, or (for DDL and `LOCK TABLES`)
+/// the table's metadata lock, waited longer than the session's timeout.
+pub fn is_lock_wait_timeout(error: &mysql_async::Error) -> bool {
+    matches!(error, mysql_async::Error::Server(e) if e.code == 1205)
+}
+
 /// Whether `error` means the server took a connection and then cut it (`KILL`, a shutdown, a
 /// reset socket), as opposed to a server that cannot be reached or that refuses the account.
 /// A cut connection is worth retrying even at first start; an unreachable server is reported.
@@ -309,6 +315,7 @@ mod tests {
         for code in [1205, 1213, 1290, 1927] {
             assert_eq!(fault(code), None, "{code}");
         }
+        assert!(is_lock_wait_timeout(&server(1205)) && !is_lock_wait_timeout(&server(1213)));
         assert_eq!(permanent_fault(&Error::Other("timed out".into())), None);
     }
 

@@ -20,7 +20,7 @@ use helpers::*;
 use mysql_async::prelude::*;
 use outbox_relay::config::TableName;
 use outbox_relay::devenv::TopicReader;
-use outbox_relay::operate::partitions::{self, Convert};
+use outbox_relay::operate::partitions::{self, Convert, ConvertOutcome};
 use outbox_relay::operate::{Action, Compensation, Selection};
 use outbox_relay::producer::NewEvent;
 use serde_json::json;
@@ -32,7 +32,7 @@ async fn events_across_a_day_boundary_and_into_the_catch_all_arrive_in_key_order
     let db = TestDb::migrated("part_boundary").await;
     let topic = new_topic("part_boundary");
     let done = convert(2).run(&db.pool, &outbox(), |_| {}).await.unwrap();
-    assert_eq!(done[0].outcome, "converted");
+    assert_eq!(done[0].outcome, ConvertOutcome::Converted);
     assert_eq!(done[0].partitions, 4, "today, 2 days ahead, p_future");
     let (config, _dir) = sweeping_config(&db);
     seed_checkpoint(&config, &current_position(&db).await);
@@ -207,7 +207,7 @@ async fn a_past_day_with_an_unfinished_row_is_kept_and_each_clean_day_dropped_is
     let why = done[0].skipped.as_deref().unwrap_or_default();
     assert!(why.contains("HASH") && why.contains("left alone"), "{why}");
     let converted = convert(3).run(&db.pool, &hashed, |_| {}).await.unwrap();
-    assert_eq!(converted[0].outcome, "already_partitioned");
+    assert_eq!(converted[0].outcome, ConvertOutcome::AlreadyPartitioned);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,7 +347,7 @@ async fn convert_keeps_pending_and_sent_rows_and_the_relay_delivers_on() {
         ..convert(2)
     };
     let planned = dry.run(&db.pool, &outbox(), |_| {}).await.unwrap();
-    assert_eq!(planned[0].outcome, "would_convert");
+    assert_eq!(planned[0].outcome, ConvertOutcome::WouldConvert);
     assert!(partitions::read_layout(&mut conn, &outbox()[0])
         .await
         .unwrap()
@@ -356,7 +356,7 @@ async fn convert_keeps_pending_and_sent_rows_and_the_relay_delivers_on() {
     println!("convert: {:?}", done[0]);
     assert_eq!(
         (done[0].outcome, done[0].rows, done[0].partitions),
-        ("converted", 110, 4 + 2 + 1)
+        (ConvertOutcome::Converted, 110, 4 + 2 + 1)
     );
     let after: Vec<(i64, String, u8)> = conn
         .query("SELECT id, event_id, status FROM outbox_event ORDER BY id")
@@ -368,7 +368,7 @@ async fn convert_keeps_pending_and_sent_rows_and_the_relay_delivers_on() {
         (60, 50)
     );
     let again = convert(2).run(&db.pool, &outbox(), |_| {}).await.unwrap();
-    assert_eq!(again[0].outcome, "already_partitioned");
+    assert_eq!(again[0].outcome, ConvertOutcome::AlreadyPartitioned);
     let audits: u64 = conn
         .query_first("SELECT COUNT(*) FROM outbox_audit WHERE action = 'partition-convert'")
         .await

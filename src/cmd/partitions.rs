@@ -3,7 +3,7 @@
 use super::GlobalArgs;
 use clap::{Args, Subcommand};
 use outbox_relay::db;
-use outbox_relay::operate::partitions::{self, Convert, Maintain};
+use outbox_relay::operate::partitions::{self, Convert, ConvertOutcome, Maintain};
 use outbox_relay::operate::{select_tables, thousands};
 use std::time::Duration;
 
@@ -128,16 +128,16 @@ fn print_convert(done: &[partitions::TableConvert], json: bool) -> anyhow::Resul
             t.last_day.as_deref().unwrap_or("-")
         );
         match t.outcome {
-            "already_partitioned" => {
+            ConvertOutcome::AlreadyPartitioned => {
                 println!("{}: already partitioned, {days}: nothing done", t.table)
             }
-            "would_convert" => println!(
+            ConvertOutcome::WouldConvert => println!(
                 "{}: would convert {} rows into {days}; key changes: {}",
                 t.table,
                 thousands(t.rows),
                 t.key_changes.join("; ")
             ),
-            _ => println!(
+            ConvertOutcome::Converted => println!(
                 "{}: converted {} rows into {days} in {} ms; key changes: {}",
                 t.table,
                 thousands(t.rows),

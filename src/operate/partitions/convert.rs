@@ -3,9 +3,9 @@
 //! catch-all; one `outbox_audit` row per converted table. A partitioned table is left alone.
 
 use super::plan::{self, UniqueKey};
-use super::{db_today, read_layout, schema_of, set_lock_wait, PartitionError};
+use super::{check_audited, db_today, read_layout, schema_of, set_lock_wait, PartitionError};
 use crate::config::TableName;
-use crate::operate::compensate::{check_operator_and_reason, AuditRow};
+use crate::operate::compensate::AuditRow;
 use chrono::NaiveDate;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
@@ -29,8 +29,7 @@ pub struct Convert {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TableConvert {
     pub table: String,
-    /// `converted`, `would_convert` (dry run) or `already_partitioned`.
-    pub outcome: &'static str,
+    pub outcome: ConvertOutcome,
     /// Partitions the table has now (would have, in a dry run), the catch-all included.
     pub partitions: usize,
     pub first_day: Option<String>,
@@ -41,12 +40,21 @@ pub struct TableConvert {
     pub took_ms: u64,
 }
 
+/// What `convert` did to a table (serialised as `converted`, `would_convert`,
+/// `already_partitioned`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvertOutcome {
+    Converted,
+    /// A dry run: what `convert` would do.
+    WouldConvert,
+    /// The table was partitioned already: nothing was done.
+    AlreadyPartitioned,
+}
+
 impl Convert {
     pub fn validate(&self) -> Result<(), PartitionError> {
-        if !self.dry_run {
-            check_operator_and_reason(&self.operator, &self.reason)?;
-        }
-        Ok(())
+        check_audited(self.dry_run, &self.operator, &self.reason)
     }
 
     /// Converts every table not yet partitioned, one `ALTER TABLE` each (a table copy: writers
@@ -83,7 +91,7 @@ impl Convert {
         };
         let mut report = TableConvert {
             table: table.to_string(),
-            outcome: "already_partitioned",
+            outcome: ConvertOutcome::AlreadyPartitioned,
             partitions: 0,
             first_day: None,
             last_day: None,
@@ -163,7 +171,7 @@ impl Convert {
         report.last_day = days.last().map(|d| d.to_string());
         report.rows = rows;
         if self.dry_run {
-            report.outcome = "would_convert";
+            report.outcome = ConvertOutcome::WouldConvert;
             return Ok(report);
         }
         progress(&format!(
@@ -187,7 +195,7 @@ impl Convert {
         .await
         .map_err(&err)?;
         report.took_ms = started.elapsed().as_millis() as u64;
-        report.outcome = "converted";
+        report.outcome = ConvertOutcome::Converted;
         AuditRow {
             operator: &self.operator,
             reason: &self.reason,

@@ -4,10 +4,11 @@
 
 use super::plan;
 use super::{
-    db_today, lock, read_layout, set_lock_wait, unfinished_rows, unlock, Partition, PartitionError,
+    check_audited, db_today, lock, read_layout, set_lock_wait, unfinished_rows, unlock, Partition,
+    PartitionError,
 };
 use crate::config::TableName;
-use crate::operate::compensate::{check_operator_and_reason, AuditRow};
+use crate::operate::compensate::AuditRow;
 use crate::operate::db_time_ago;
 use chrono::{NaiveDate, NaiveDateTime};
 use mysql_async::prelude::*;
@@ -63,10 +64,7 @@ pub struct TableMaintain {
 
 impl Maintain {
     pub fn validate(&self) -> Result<(), PartitionError> {
-        if !self.dry_run {
-            check_operator_and_reason(&self.operator, &self.reason)?;
-        }
-        Ok(())
+        check_audited(self.dry_run, &self.operator, &self.reason)
     }
 
     /// Maintains each table; tables that are not partitioned are reported and left alone.

@@ -23,7 +23,7 @@ mod convert;
 mod maintain;
 pub mod plan;
 
-pub use convert::{Convert, TableConvert};
+pub use convert::{Convert, ConvertOutcome, TableConvert};
 pub use maintain::{Dropped, Kept, Maintain, TableMaintain};
 pub use plan::{Layout, Partition};
 
@@ -76,7 +76,7 @@ impl PartitionError {
         move |source| {
             let table = table.to_string();
             match &source {
-                mysql_async::Error::Server(e) if e.code == 1205 => PartitionError::LockWait {
+                _ if crate::db::is_lock_wait_timeout(&source) => PartitionError::LockWait {
                     table,
                     waited: lock_wait,
                     source,
@@ -90,6 +90,15 @@ impl PartitionError {
             }
         }
     }
+}
+
+/// A run that changes tables needs `--operator` and `--reason` (they go into the audit rows); a
+/// dry run changes nothing and needs neither.
+fn check_audited(dry_run: bool, operator: &str, reason: &str) -> Result<(), PartitionError> {
+    if !dry_run {
+        super::compensate::check_operator_and_reason(operator, reason)?;
+    }
+    Ok(())
 }
 
 /// `TABLE_SCHEMA = …` for `table` (its own schema, or the connection's database).
