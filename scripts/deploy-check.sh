@@ -129,14 +129,16 @@ check_chart() {
     --set prometheusRule.enabled=true --set grafanaDashboard.enabled=true \
     --set mysql.existingSecret=relay-mysql --set-string extraConfig=$'[cleanup]\nenabled = true' \
     >"$WORK/full.yaml"
-  local rendered
+  local rendered copies
   for rendered in "$WORK/default.yaml" "$WORK/full.yaml"; do
+    # The full render has the PrometheusRule and the dashboard ConfigMap; the default neither.
+    copies=0; [ "$rendered" = "$WORK/full.yaml" ] && copies=2
     for version in "${KUBERNETES_VERSIONS[@]}"; do
       say "$(basename "$rendered"): Kubernetes $version schemas (strict)"
       "$VENV/bin/kubernetes-validate" --strict --quiet -k "$version" "$rendered"
     done
     "$VENV/bin/python" scripts/deploy_check.py crds "$OPERATOR_CRDS" "$rendered"
-    "$VENV/bin/python" scripts/deploy_check.py chart-copies "$rendered" -
+    "$VENV/bin/python" scripts/deploy_check.py chart-copies "$rendered" "$copies"
     "$VENV/bin/python" scripts/deploy_check.py relay-config "$rendered" "$WORK/relay.toml"
     say "$(basename "$rendered"): the chart's relay.toml, as the relay reads it"
     OUTBOX_RELAY_MYSQL__URL=mysql://outbox_relay:secret@mysql.db:3306/app \

@@ -6,9 +6,10 @@
   deploy_check.py crds CRD_DIR RENDERED.yaml
       every custom resource of a rendered chart (ServiceMonitor, PrometheusRule) against the
       openAPIV3Schema of its CRD from the Prometheus Operator's release;
-  deploy_check.py chart-copies RENDERED.yaml -
+  deploy_check.py chart-copies RENDERED.yaml N
       the rendered PrometheusRule's groups and the dashboard ConfigMap's JSON are exactly
-      deploy/prometheus/outbox-relay-rules.yml and deploy/grafana/outbox-relay.json;
+      deploy/prometheus/outbox-relay-rules.yml and deploy/grafana/outbox-relay.json, and N of
+      them were rendered;
   deploy_check.py relay-config RENDERED.yaml OUT.toml
       writes the relay.toml of the chart's ConfigMap to OUT.toml (scripts/deploy-check.sh then
       runs `outbox-relay config check` on it).
@@ -86,7 +87,7 @@ def check_crds(crd_dir, rendered_path):
     return failed
 
 
-def check_chart_copies(rendered_path, _unused):
+def check_chart_copies(rendered_path, expected):
     rules = load_all("deploy/prometheus/outbox-relay-rules.yml")[0]
     dashboard = json.loads(pathlib.Path("deploy/grafana/outbox-relay.json").read_text("utf-8"))
     failed = compared = 0
@@ -104,6 +105,10 @@ def check_chart_copies(rendered_path, _unused):
             if json.loads(data["outbox-relay.json"]) != dashboard:
                 print(f"{name}: differs from deploy/grafana/outbox-relay.json", file=sys.stderr)
                 failed += 1
+    if compared != int(expected):
+        print(f"{rendered_path}: {compared} copies of the rules or the dashboard, expected "
+              f"{expected}", file=sys.stderr)
+        failed += 1
     if not failed:
         print(f"{rendered_path}: {compared} copies of the rules or the dashboard, all identical")
     return failed

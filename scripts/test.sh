@@ -81,11 +81,13 @@ start_servers() {
 echo "== tests against Apache RocketMQ (Java) and $FIRST_DB"
 start_servers apache "$FIRST_DB"
 cargo test "${FEATURES[@]}" "$@"
-if [ "$WITH_MYSQL" = 1 ]; then
+# The image's release binary from a minimal root filesystem (tests/image.rs), on each server.
+image_test() {
   echo "== the image's release binary from a minimal root filesystem (tests/image.rs)"
   OUTBOX_IMAGE_BINARY="${CARGO_TARGET_DIR:-target}/release/outbox-relay" \
     cargo test "${FEATURES[@]}" --test image -- --ignored
-fi
+}
+if [ "$WITH_MYSQL" = 1 ]; then image_test; fi
 stop_servers
 
 if [ "$WITH_MYSQL" = 1 ]; then
@@ -94,8 +96,8 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # status/replay, TLS and caching_sha2_password, XA, binlog variants (binary JSON, compressed
   # transactions, tagged GTIDs), start-up checks and least-privilege grants, the short chaos
   # soak; poll mode (processes and a restart under the same instance id too), the marker's
-  # FAILED rule, bad input, the sweeper, the producer API, migrations. One binary at a
-  # time, each timed.
+  # FAILED rule, bad input, the sweeper, the producer API, migrations, daily partitions, and
+  # the image's release binary. One binary at a time, each timed.
   echo "== relay tests against Apache RocketMQ (Java) and Oracle MySQL"
   started=$SECONDS
   start_servers apache mysql
@@ -107,6 +109,7 @@ if [ "$WITH_MYSQL" = 1 ]; then
     cargo test "${FEATURES[@]}" --test "$test"
     say "MySQL phase: $test: $((SECONDS - test_started)) s"
   done
+  image_test
   stop_servers
   say "MySQL phase: $((SECONDS - started)) s"
 fi

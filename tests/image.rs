@@ -14,7 +14,8 @@ mod common;
 
 use common::http::{free_addr, get};
 use common::relay::{
-    assert_every_event_arrived_in_key_order, relay_config_on, wait_for, write_events, RelayProcess,
+    assert_every_event_arrived_in_key_order, relay_config_on, wait_for, wait_until_sent,
+    write_events, RelayProcess,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -204,9 +205,10 @@ async fn the_image_binary_migrates_and_two_instances_relay_from_a_minimal_root_f
         .args(["/usr/bin/touch", "/etc/outbox-relay/probe"])
         .output()
         .unwrap();
+    let refused = String::from_utf8_lossy(&touch.stderr);
     assert!(
-        !touch.status.success(),
-        "the root filesystem is read-only, even for root"
+        !touch.status.success() && refused.contains("Read-only file system"),
+        "the root filesystem is read-only, even for root: {refused}"
     );
 
     let version = root.command(&["--version"], &[]).output().unwrap();
@@ -273,6 +275,7 @@ async fn the_image_binary_migrates_and_two_instances_relay_from_a_minimal_root_f
     .await;
 
     write_events(&db, &topic, 2, 300, 40).await;
+    wait_until_sent(&db, 600, Duration::from_secs(60)).await;
     assert_every_event_arrived_in_key_order(&db, &topic, 600).await;
 
     for (_, pod) in pods {
