@@ -40,17 +40,12 @@ const NOT_EXPORTED_HERE: &[(&str, &str)] = &[(
     "Prometheus's own per-target series (1 when the scrape worked); no target exports it",
 )];
 
-/// PromQL words that look like identifiers but name no metric.
+/// PromQL words that look like identifiers but name no metric (besides
+/// [`LABEL_LIST_KEYWORDS`]).
 const KEYWORDS: &[&str] = &[
     "and",
     "or",
     "unless",
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
     "offset",
     "bool",
     "atan2",
@@ -163,7 +158,10 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
             let called = s.get(next) == Some(&'(');
             if called && LABEL_LIST_KEYWORDS.contains(&word.as_str()) {
                 i = skip_balanced(&s, next);
-            } else if !called && !KEYWORDS.contains(&word.as_str()) {
+            } else if !called
+                && !KEYWORDS.contains(&word.as_str())
+                && !LABEL_LIST_KEYWORDS.contains(&word.as_str())
+            {
                 names.insert(word);
             }
         } else {

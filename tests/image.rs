@@ -139,11 +139,16 @@ fn run(command: &mut Command) {
     assert!(status.success(), "{command:?}: {status}");
 }
 
-/// The `ENV` key=value pairs of the Dockerfile's runtime stage (its last stage).
-fn dockerfile_runtime_env() -> Vec<(String, String)> {
+/// The Dockerfile's runtime stage (its last), from the word after `FROM`.
+fn dockerfile_runtime_stage() -> String {
     let dockerfile =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile")).unwrap();
-    let runtime = dockerfile.rsplit("\nFROM ").next().unwrap();
+    dockerfile.rsplit("\nFROM ").next().unwrap().to_string()
+}
+
+/// The `ENV` key=value pairs of the Dockerfile's runtime stage.
+fn dockerfile_runtime_env() -> Vec<(String, String)> {
+    let runtime = dockerfile_runtime_stage();
     let mut env = Vec::new();
     let mut in_env = false;
     for line in runtime.lines() {
@@ -165,9 +170,7 @@ fn dockerfile_runtime_env() -> Vec<(String, String)> {
 
 #[test]
 fn the_dockerfile_installs_what_this_test_runs() {
-    let dockerfile =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Dockerfile")).unwrap();
-    let runtime = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let runtime = dockerfile_runtime_stage();
     assert!(runtime.starts_with("debian:bookworm-slim"), "{runtime}");
     for needle in [
         "deploy/image/runtime-setup.sh",
