@@ -1,6 +1,6 @@
 //! The operator's endpoint of a running `outbox-relay run` process: `/metrics` shows the oldest
 //! PENDING row's age growing while the broker is down and back to 0 after it returns; `/readyz`
-//! follows; `/healthz` answers throughout.
+//! follows, and `outbox_ready` (which the alert rules read) with it; `/healthz` answers throughout.
 
 mod common;
 
@@ -69,6 +69,7 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     );
     assert!(sample(&body, "outbox_commit_to_sent_seconds_count").unwrap() >= 20.0);
     assert_eq!(sample(&body, "outbox_leader"), Some(1.0));
+    assert_eq!(sample(&body, "outbox_ready "), Some(1.0), "{body}");
     assert!(
         sample(&body, "outbox_binlog_behind_transactions").is_some(),
         "{body}"
@@ -93,6 +94,12 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     let (status, why) = get(&addr, "/readyz").unwrap();
     assert_eq!(status, 503, "not ready without the broker: {why}");
     assert!(why.contains("\"broker\":false"), "{why}");
+    let ready = || sample(&get(&addr, "/metrics").unwrap().1, "outbox_ready ");
+    assert_eq!(
+        ready(),
+        Some(0.0),
+        "outbox_ready follows /readyz (the alert reads it)"
+    );
 
     broker.start_broker().unwrap();
     wait_until_sent(&db, 30, Duration::from_secs(120)).await;
@@ -105,6 +112,7 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     println!("retryable send errors during the outage: {errors}");
     assert!(errors >= 1.0, "the outage shows in the error counter");
     assert_eq!(get(&addr, "/readyz").unwrap().0, 200);
+    assert_eq!(ready(), Some(1.0));
 
     relay.stop();
 }
