@@ -224,6 +224,30 @@ impl TopicReader {
         }
     }
 
+    /// How many messages the broker holds in the topic: the sum of every queue's max offset
+    /// (one request per queue, no message read). Cheap enough to poll while a system drains.
+    pub async fn stored_count(&self) -> Result<u64> {
+        let consumer = self.consumer.clone();
+        let topic = self.topic.clone();
+        self.host
+            .run(async move {
+                let queues = consumer
+                    .fetch_subscribe_message_queues(&topic)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("fetch queues of {topic}: {e}"))?;
+                let mut total = 0u64;
+                for queue in &queues {
+                    let max = consumer.max_offset(queue).await.map_err(|e| {
+                        anyhow::anyhow!("max offset of {topic}/{}: {e}", queue.queue_id())
+                    })?;
+                    total += max.max(0) as u64;
+                }
+                Ok(total)
+            })
+            .await
+            .context("topic reader task failed")?
+    }
+
     /// Stops the consumer and its client runtime.
     pub async fn close(self) {
         let consumer = self.consumer.clone();
