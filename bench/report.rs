@@ -8,23 +8,36 @@ use std::fmt::Write as _;
 pub struct DrainResult {
     pub mode: &'static str,
     pub events: usize,
-    /// From starting the relay process until every row was SENT.
+    /// From starting the system until it is done: every row SENT (the relay), every event
+    /// stored on the broker (Debezium, which records nothing in the table).
     pub secs: f64,
-    /// From the first SENT row until every row was SENT (without start-up).
-    pub secs_from_first: f64,
-    /// SIGTERM → exit (drain, final checkpoint, shutdown).
+    /// From starting the system until the broker holds every event.
+    pub secs_stored: f64,
+    /// From starting the system until the broker holds its first event.
+    pub secs_first_stored: f64,
+    /// SIGTERM → exit (drain, final checkpoint or offsets, shutdown).
     pub stop_secs: f64,
-    pub relay_cpu_us_per_event: f64,
-    pub relay_rss_mib: f64,
+    /// CPU (utime + stime) of the system's process per event.
+    pub cpu_us_per_event: f64,
+    /// CPU of the database server per event over the same time.
+    pub database_cpu_us_per_event: f64,
+    pub rss_mib: f64,
     pub split: CpuSplit,
     /// CDC: the final checkpoint covers the last event's transaction.
     pub checkpoint_ok: Option<bool>,
     pub failed: u64,
+    /// Messages the broker stored beyond one per event (resends).
+    pub duplicates: u64,
 }
 
 impl DrainResult {
     pub fn rate(&self) -> f64 {
         self.events as f64 / self.secs
+    }
+
+    /// Events per second until the broker held the last one.
+    pub fn stored_rate(&self) -> f64 {
+        self.events as f64 / self.secs_stored
     }
 }
 
@@ -39,8 +52,9 @@ pub struct LatencyResult {
     /// Last commit → last row SENT.
     pub tail_ms: f64,
     pub sustained: bool,
-    pub relay_cpu_us_per_event: f64,
-    pub relay_rss_mib: f64,
+    /// CPU of the system's process per event.
+    pub cpu_us_per_event: f64,
+    pub rss_mib: f64,
     pub split: CpuSplit,
 }
 
@@ -67,9 +81,13 @@ impl MarkCeiling {
 
 pub struct Report<'a> {
     pub machine: String,
+    /// The software measured, with versions.
+    pub versions: String,
     pub load_before: String,
     pub load_after: String,
     pub settings: String,
+    /// The database server's role in the CPU split (`mariadbd` or `mysqld`).
+    pub database_role: &'static str,
     pub ceiling: &'a Ceiling,
     pub marking: &'a MarkCeiling,
     pub drains: &'a [DrainResult],
@@ -94,6 +112,7 @@ impl Report<'_> {
             "Machine: {}. Load average before {}, after {}.",
             self.machine, self.load_before, self.load_after
         );
+        let _ = writeln!(s, "Software: {}.", self.versions);
         let _ = writeln!(s, "Settings: {}.\n", self.settings);
         let _ = writeln!(
             s,
@@ -136,26 +155,33 @@ impl Report<'_> {
             s,
             "### Drain of a backlog (relay = `outbox-relay run` child process)\n"
         );
-        let _ = writeln!(s, "| mode | events | events/s (start → all SENT) | events/s (first → last SENT) | stop (final checkpoint) | relay CPU µs/event | relay peak RSS | checkpoint past last event |\n| --- | --- | --- | --- | --- | --- | --- | --- |");
+        let _ = writeln!(s, "| system | events | events/s (start → done) | events/s (first → last stored) | stop | CPU µs/event | database CPU µs/event | peak RSS | resent | checkpoint past last event |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for d in self.drains {
             let _ = writeln!(
                 s,
-                "| {} | {} | {:.0} ({:.1} s) | {:.0} | {:.2} s | {:.1} | {:.0} MiB | {} |",
+                "| {} | {} | {:.0} ({:.1} s) | {:.0} | {:.2} s | {:.1} | {:.1} | {:.0} MiB | {} | {} |",
                 d.mode,
                 d.events,
                 d.rate(),
                 d.secs,
-                d.events as f64 / d.secs_from_first,
+                d.events as f64 / (d.secs_stored - d.secs_first_stored),
                 d.stop_secs,
-                d.relay_cpu_us_per_event,
-                d.relay_rss_mib,
+                d.cpu_us_per_event,
+                d.database_cpu_us_per_event,
+                d.rss_mib,
+                d.duplicates,
                 match d.checkpoint_ok {
                     Some(true) => "yes",
                     Some(false) => "NO",
-                    None => "n/a (poll)",
+                    None => "n/a",
                 }
             );
         }
+        let _ = writeln!(
+            s,
+            "\nDone: every row SENT for the relay; every event stored on the broker for Debezium \
+             (it records nothing in the table). Resent: messages stored beyond one per event."
+        );
         let _ = writeln!(
             s,
             "\nCPU during each drain (seconds of CPU, % of one core over the drain):\n"
@@ -175,11 +201,11 @@ impl Report<'_> {
         }
 
         let _ = writeln!(s, "\n### Commit → SEND_OK latency at fixed commit rates\n");
-        let _ = writeln!(s, "| mode | target rate | committed rate | p50 | p95 | p99 | max | last commit → all SENT | sustained | relay CPU µs/event | relay RSS |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        let _ = writeln!(s, "| system | target rate | committed rate | p50 | p95 | p99 | max | last commit → done | sustained | CPU µs/event | RSS |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for l in self.latencies {
             let _ = writeln!(s, "| {} | {} | {:.0} | {} ms | {} ms | {} ms | {} ms | {:.0} ms | {} | {:.1} | {:.0} MiB |",
                 l.mode, l.rate, l.achieved, l.p50, l.p95, l.p99, l.max, l.tail_ms,
-                if l.sustained { "yes" } else { "no" }, l.relay_cpu_us_per_event, l.relay_rss_mib);
+                if l.sustained { "yes" } else { "no" }, l.cpu_us_per_event, l.rss_mib);
         }
         let _ = writeln!(s, "\nCPU during each latency run:\n");
         for l in self.latencies {
@@ -188,7 +214,11 @@ impl Report<'_> {
 
         let _ = writeln!(s, "\n### Targets (ratios from this run)\n");
         let _ = writeln!(s, "| target | measured | verdict |\n| --- | --- | --- |");
-        for d in self.drains {
+        for d in self
+            .drains
+            .iter()
+            .filter(|d| d.mode == "cdc" || d.mode == "poll")
+        {
             let ratio = d.rate() / c.batch_rate;
             let _ = writeln!(s, "| {} drain ≥ 0.8 × broker batched ingest | {:.0} / {:.0} = {:.2}× (vs parallel batches: {:.2}×) | {} |",
                 d.mode, d.rate(), c.batch_rate, ratio, d.rate() / c.batch_parallel_rate, verdict(ratio >= 0.8));
@@ -204,8 +234,8 @@ impl Report<'_> {
                 s,
                 "| {} drain relay CPU ≤ 10 µs/event | {:.1} µs | {} |",
                 d.mode,
-                d.relay_cpu_us_per_event,
-                verdict(d.relay_cpu_us_per_event <= 10.0)
+                d.cpu_us_per_event,
+                verdict(d.cpu_us_per_event <= 10.0)
             );
         }
         let cdc5k = self
@@ -254,6 +284,7 @@ impl Report<'_> {
             }
         }
         let _ = poll5k;
+        self.peers(&mut s);
         s
     }
 
@@ -315,15 +346,20 @@ impl Report<'_> {
             s,
             r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
         );
-        let series: [Series; 4] = [
+        let series: [Series; 6] = [
             ("cdc", "CDC p50", "#1f77b4", |l| l.p50),
             ("cdc", "CDC p99", "#1f77b4", |l| l.p99),
             ("poll", "poll p50", "#d62728", |l| l.p50),
             ("poll", "poll p99", "#d62728", |l| l.p99),
+            ("debezium", "Debezium p50", "#2ca02c", |l| l.p50),
+            ("debezium", "Debezium p99", "#2ca02c", |l| l.p99),
         ];
         for (i, (mode, name, color, value)) in series.iter().enumerate() {
             let mut points: Vec<&LatencyResult> =
                 self.latencies.iter().filter(|l| l.mode == *mode).collect();
+            if points.is_empty() {
+                continue;
+            }
             points.sort_by_key(|l| l.rate);
             let dash = if i % 2 == 1 {
                 r#" stroke-dasharray="6 4""#
@@ -364,7 +400,7 @@ impl Report<'_> {
             s,
             r#"<text x="{}" y="{}" font-size="11">hollow: rate not sustained</text>"#,
             left + plot_w + 15.0,
-            top + 110.0
+            top + 150.0
         );
         let _ = writeln!(s, "</svg>");
         s

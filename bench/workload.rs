@@ -34,19 +34,31 @@ fn event(topic: &str, n: usize) -> NewEvent {
     NewEvent::new(topic, key(n), Payload::raw(payload_text(n)))
 }
 
-/// The server's current GTID position (where a relay started now would begin).
+/// The server's current GTID position (where a relay started now would begin): MariaDB's
+/// `gtid_binlog_pos` or MySQL's `gtid_executed`.
 pub async fn gtid_now(pool: &mysql_async::Pool) -> BinlogPosition {
-    let gtid: String = pool
-        .get_conn()
-        .await
-        .unwrap()
-        .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
-        .await
-        .unwrap()
-        .unwrap_or_default();
-    BinlogPosition {
-        mariadb_gtid: Some(gtid.parse().unwrap()),
-        ..BinlogPosition::default()
+    let mut conn = pool.get_conn().await.unwrap();
+    let version: String = conn.query_first("SELECT VERSION()").await.unwrap().unwrap();
+    if version.contains("MariaDB") {
+        let gtid: String = conn
+            .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
+            .await
+            .unwrap()
+            .unwrap_or_default();
+        BinlogPosition {
+            mariadb_gtid: Some(gtid.parse().unwrap()),
+            ..BinlogPosition::default()
+        }
+    } else {
+        let gtid: String = conn
+            .query_first("SELECT @@GLOBAL.gtid_executed")
+            .await
+            .unwrap()
+            .unwrap_or_default();
+        BinlogPosition {
+            mysql_gtid_set: Some(gtid.replace('\n', "").parse().unwrap()),
+            ..BinlogPosition::default()
+        }
     }
 }
 
@@ -65,10 +77,9 @@ pub async fn any_with_status(pool: &mysql_async::Pool, statuses: &str) -> bool {
         .is_some()
 }
 
-/// Fails the bench when no row was SENT or FAILED for `limit`: a relay that cannot send (the
-/// broker refusing writes, say, on a nearly full disk) would otherwise keep it waiting for half
-/// an hour. Call regularly while waiting: every 5 s it counts the rows left (and returns the
-/// count, for a progress line).
+/// Fails the bench when nothing moved for 120 s: a system that cannot send (the broker
+/// refusing writes, say, on a nearly full disk) would otherwise keep it waiting for half an
+/// hour. Every 5 s ([`Progress::due`]) the caller counts what is left and reports it.
 pub struct Progress {
     left: u64,
     since: Instant,
@@ -84,23 +95,27 @@ impl Progress {
         }
     }
 
-    pub async fn check(&mut self, pool: &mysql_async::Pool, relay_log: &Path) -> Option<u64> {
-        const LIMIT: Duration = Duration::from_secs(120);
+    /// Whether 5 s have passed since the last count.
+    pub fn due(&mut self) -> bool {
         if self.checked.elapsed() < Duration::from_secs(5) {
-            return None;
+            return false;
         }
         self.checked = Instant::now();
-        let left = unfinished(pool).await;
+        true
+    }
+
+    /// `left` events are not done yet; panics when that has not fallen for 120 s.
+    pub fn observe(&mut self, left: u64, log: &Path) {
+        const LIMIT: Duration = Duration::from_secs(120);
         if left < self.left {
             (self.left, self.since) = (left, Instant::now());
         }
         assert!(
             self.since.elapsed() < LIMIT,
-            "no row was SENT for {LIMIT:?} ({left} left): see {} (a broker refusing writes \
-             logs `send not acknowledged`; check the disk)",
-            relay_log.display()
+            "nothing was delivered for {LIMIT:?} ({left} left): see {} (a broker refusing \
+             writes makes the relay log `send not acknowledged`; check the disk)",
+            log.display()
         );
-        Some(left)
     }
 }
 

@@ -1,0 +1,245 @@
+//! The peer users would pick instead of the relay: Debezium Server (its MariaDB or MySQL
+//! connector, the outbox event router, the RocketMQ sink), run as a child process on the same
+//! database and broker as the relay.
+//!
+//! The distribution comes from Maven Central through `bench/debezium/pom.xml` and is unpacked
+//! once into `<cache>/debezium-server-<version>`. Each instance has a run directory of its own:
+//! `config/application.properties` (`bench/debezium/application.properties`, which holds every
+//! setting the bench changes from Debezium's defaults, plus the lines of this run: ports,
+//! database, files), the offsets and the schema history.
+//!
+//! Facts that cost time: Debezium 3.x needs Java 21 or newer (class file 65), and on Java 25
+//! Quarkus needs `--add-opens java.base/java.lang=ALL-UNNAMED`; with `snapshot.mode=no_data` no
+//! offset is written until a record went out, so a backlog written after a first start that
+//! sent nothing is skipped by the next start (the bench sends a probe first); a failed send
+//! ends the process with exit code 0 (the bench treats any exit as a failure).
+
+use outbox_relay::devenv::{cache_dir, DatabaseKind};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The Debezium release benchmarked; keep it equal to the version in `bench/debezium/pom.xml`.
+pub const DEBEZIUM_VERSION: &str = "3.6.1.Final";
+
+const POM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/debezium/pom.xml");
+const PROPERTIES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/bench/debezium/application.properties"
+);
+
+/// The unpacked distribution (`debezium-server/` with its runner jar and `lib/`), fetched on
+/// first use: `mvn dependency:unpack-dependencies` on our pom, into a temporary directory that
+/// is renamed into place only once complete.
+pub fn install() -> PathBuf {
+    let root = cache_dir().join(format!("debezium-server-{DEBEZIUM_VERSION}"));
+    let home = root.join("debezium-server");
+    if runner_jar(&home).is_file() {
+        return home;
+    }
+    eprintln!(
+        "fetching Debezium Server {DEBEZIUM_VERSION} from Maven Central (~780 MB, once) into {} ...",
+        root.display()
+    );
+    let partial = PathBuf::from(format!("{}.partial", root.display()));
+    let _ = std::fs::remove_dir_all(&partial);
+    let status = Command::new("mvn")
+        .args(["-q", "-B", "-f", POM, "dependency:unpack-dependencies"])
+        .arg(format!("-DoutputDirectory={}", partial.display()))
+        // The plugin's "already unpacked" markers, kept out of the source tree.
+        .arg(format!("-DmarkersDirectory={}/.markers", partial.display()))
+        .arg(format!(
+            "-Dmaven.repo.local={}",
+            cache_dir().join("m2").display()
+        ))
+        .status()
+        .expect("run mvn (Maven) to fetch Debezium Server; install Maven and Java 17");
+    assert!(status.success(), "mvn could not fetch Debezium Server");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::rename(&partial, &root).unwrap();
+    assert!(
+        runner_jar(&home).is_file(),
+        "no runner jar in {}",
+        home.display()
+    );
+    home
+}
+
+fn runner_jar(home: &Path) -> PathBuf {
+    home.join(format!(
+        "debezium-server-dist-{DEBEZIUM_VERSION}-runner.jar"
+    ))
+}
+
+/// Where one Debezium instance reads from and writes to.
+pub struct Target<'a> {
+    pub database_kind: DatabaseKind,
+    pub database_port: u16,
+    pub database: &'a str,
+    pub namesrv: &'a str,
+    /// The connector's replication client id (`database.server.id`), unique per instance.
+    pub server_id: u32,
+}
+
+/// A running Debezium Server; killed if dropped running.
+pub struct DebeziumChild {
+    child: Child,
+    run_dir: PathBuf,
+}
+
+impl DebeziumChild {
+    /// Starts Debezium Server in `run_dir` (created if missing; offsets and schema history kept
+    /// there, so a second start resumes where the first stopped).
+    pub fn spawn(home: &Path, run_dir: &Path, target: &Target) -> Self {
+        std::fs::create_dir_all(run_dir.join("config")).unwrap();
+        let connector = match target.database_kind {
+            DatabaseKind::MariaDb => "io.debezium.connector.mariadb.MariaDbConnector",
+            DatabaseKind::MySql => "io.debezium.connector.mysql.MySqlConnector",
+        };
+        let http_port = outbox_relay::devenv::process::free_port().unwrap();
+        let mut properties = std::fs::read_to_string(PROPERTIES).unwrap();
+        properties += &format!(
+            "\n# This run.\n\
+             debezium.sink.rocketmq.producer.name.srv.addr={}\n\
+             debezium.source.connector.class={connector}\n\
+             debezium.source.database.port={}\n\
+             debezium.source.database.server.id={}\n\
+             debezium.source.database.include.list={db}\n\
+             debezium.source.table.include.list={db}.outbox_event\n\
+             debezium.source.offset.storage.file.filename={}\n\
+             debezium.source.schema.history.internal.file.filename={}\n\
+             quarkus.http.port={http_port}\n",
+            target.namesrv,
+            target.database_port,
+            target.server_id,
+            run_dir.join("offsets.dat").display(),
+            run_dir.join("schema-history.dat").display(),
+            db = target.database,
+        );
+        std::fs::write(run_dir.join("config/application.properties"), properties).unwrap();
+        let log = std::fs::File::create(run_dir.join("debezium.log")).unwrap();
+        let mut command = Command::new(java());
+        // SAFETY: prctl is async-signal-safe; Debezium dies with the bench even on SIGKILL.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        // run.sh's class path and main class, without its JMX/metrics agents (off by default);
+        // the JVM's defaults otherwise (heap: a quarter of RAM).
+        command
+            .args(["--add-opens", "java.base/java.lang=ALL-UNNAMED"])
+            .arg("-cp")
+            .arg(format!(
+                "{}:{}/config/lib:{}/lib/*",
+                runner_jar(home).display(),
+                home.display(),
+                home.display()
+            ))
+            .arg("io.debezium.server.Main")
+            .current_dir(run_dir)
+            .env_remove("NAMESRV_ADDR")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        let child = command.spawn().expect("start Debezium Server (java)");
+        DebeziumChild {
+            child,
+            run_dir: run_dir.to_path_buf(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.run_dir.join("debezium.log")
+    }
+
+    /// Fails the bench with the log's tail if the process has exited.
+    pub fn check_alive(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "Debezium Server exited ({status}); its log:\n{}",
+                outbox_relay::devenv::process::log_tail(&self.log_path(), 40)
+            );
+        }
+    }
+
+    /// SIGTERM (Debezium commits its offsets and closes the sink) and wait, at most 60 s.
+    pub fn stop(mut self) {
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "Debezium Server did not stop within 60 s of SIGTERM: see {}",
+            self.log_path().display()
+        );
+    }
+}
+
+impl Drop for DebeziumChild {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A Java of 21 or newer: `$DEBEZIUM_JAVA_HOME/bin/java`, else the machine's Temurin 25, else
+/// a JDK 21 under `/usr/lib/jvm`.
+pub fn java() -> PathBuf {
+    let mut candidates: Vec<PathBuf> = std::env::var_os("DEBEZIUM_JAVA_HOME")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    candidates.push(PathBuf::from("/usr/lib/jvm/temurin-25-jdk-amd64"));
+    if let Ok(entries) = std::fs::read_dir("/usr/lib/jvm") {
+        let mut others: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().to_string();
+                ["-21", "-22", "-23", "-24", "-25"]
+                    .iter()
+                    .any(|v| name.contains(v))
+            })
+            .collect();
+        others.sort();
+        candidates.extend(others.into_iter().rev());
+    }
+    candidates
+        .into_iter()
+        .map(|home| home.join("bin/java"))
+        .find(|java| java.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "Debezium {DEBEZIUM_VERSION} needs Java 21 or newer: none under /usr/lib/jvm; \
+                 set DEBEZIUM_JAVA_HOME"
+            )
+        })
+}
+
+/// The first line of `java -version` of the Java Debezium runs on, for the report.
+pub fn java_version() -> String {
+    Command::new(java())
+        .arg("-version")
+        .stderr(Stdio::piped())
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .next()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "unknown Java".into())
+}

@@ -1,0 +1,431 @@
+//! The measured runs: which system carries the events ([`System`]), a drain of a backlog
+//! written while it was stopped, and a latency run at a fixed commit rate. Each run reads the
+//! broker: a drain ends when the topic holds every event, a latency is the broker's store
+//! timestamp minus the writer's commit time.
+
+use crate::debezium::{self, DebeziumChild};
+use crate::procs::{self, Watched};
+use crate::report::{DrainResult, LatencyResult};
+use crate::workload::{self, RelayChild};
+use outbox_relay::binlog::BinlogPosition;
+use outbox_relay::config::{Config, RelayMode};
+use outbox_relay::devenv::{Database, RocketMq, SqlServer, TopicReader};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What carries the events from the outbox table to the broker in a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum System {
+    /// `outbox-relay run` streaming the binlog (sweeper off: the stream alone).
+    Cdc,
+    /// The same with the sweeper on, as users run it (defaults: rows PENDING > 30 s).
+    CdcSweeper,
+    /// `outbox-relay run` in poll mode.
+    Poll,
+    /// Debezium Server: connector + outbox event router + RocketMQ sink.
+    Debezium,
+}
+
+impl System {
+    /// The name in the report's tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            System::Cdc => "cdc",
+            System::CdcSweeper => "cdc+sweeper",
+            System::Poll => "poll",
+            System::Debezium => "debezium",
+        }
+    }
+
+    /// A name usable in database and topic names.
+    fn slug(self) -> &'static str {
+        match self {
+            System::CdcSweeper => "cdc_sweeper",
+            other => other.label(),
+        }
+    }
+
+    /// The role its process has in the CPU split.
+    pub fn role(self) -> &'static str {
+        match self {
+            System::Debezium => "debezium",
+            _ => "relay",
+        }
+    }
+
+    fn relay_mode(self) -> Option<RelayMode> {
+        match self {
+            System::Cdc | System::CdcSweeper => Some(RelayMode::Cdc),
+            System::Poll => Some(RelayMode::Poll),
+            System::Debezium => None,
+        }
+    }
+
+    /// The user property that carries the outbox row's `event_id` on the broker: the relay
+    /// sets `event_id`; Debezium's outbox router puts the id column in the header `id` (as a
+    /// JSON string, quotes included).
+    fn event_id_property(self) -> &'static str {
+        match self {
+            System::Debezium => "id",
+            _ => "event_id",
+        }
+    }
+}
+
+/// A system's process while it runs.
+enum Running {
+    Relay(RelayChild),
+    Debezium(DebeziumChild),
+}
+
+impl Running {
+    fn pid(&self) -> u32 {
+        match self {
+            Running::Relay(r) => r.pid(),
+            Running::Debezium(d) => d.pid(),
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        match self {
+            Running::Relay(r) => r.log_path(),
+            Running::Debezium(d) => d.log_path(),
+        }
+    }
+
+    fn start_profile(&mut self) {
+        if let Running::Relay(r) = self {
+            r.start_profile();
+        }
+    }
+
+    fn check_alive(&mut self) {
+        if let Running::Debezium(d) = self {
+            d.check_alive();
+        }
+    }
+
+    /// Stops it cleanly; the relay's final checkpoint (CDC mode).
+    fn stop(self) -> Option<BinlogPosition> {
+        match self {
+            Running::Relay(r) => r.stop(),
+            Running::Debezium(d) => {
+                d.stop();
+                None
+            }
+        }
+    }
+}
+
+/// A backlog of events in a database of its own, written while its system was stopped.
+pub struct Backlog {
+    pub pool: mysql_async::Pool,
+    pub url: String,
+    pub topic: String,
+    /// Where a CDC relay starts (before the first event) and what its checkpoint must cover.
+    pub start: BinlogPosition,
+    pub end: BinlogPosition,
+    pub events: usize,
+    /// Debezium's run directory (offsets taken before the backlog was written).
+    debezium_dir: Option<PathBuf>,
+}
+
+/// Everything the runs share.
+pub struct Bench {
+    pub rocketmq: RocketMq,
+    pub database: Database,
+    pub config: Config,
+    pub watched: Watched,
+    pub dir: PathBuf,
+    /// Debezium Server's unpacked distribution, when peers run.
+    pub debezium_home: Option<PathBuf>,
+}
+
+impl Bench {
+    fn watch(&self, running: &Running, role: &'static str) -> Watched {
+        let mut watched = self.watched.clone();
+        watched.pids.insert(role, vec![running.pid()]);
+        watched
+    }
+
+    /// A new database with the outbox tables, and an 8-queue topic of the same name.
+    pub async fn database(&self, name: &str) -> (mysql_async::Pool, String) {
+        let url = self.database.create_database(name).unwrap();
+        let mut config = self.config.clone();
+        config.mysql.url = Some(url.clone());
+        let pool = outbox_relay::db::pool(&config).unwrap();
+        outbox_relay::schema::migrate(&mut pool.get_conn().await.unwrap(), &config.outbox_tables())
+            .await
+            .unwrap();
+        self.rocketmq.create_topic(name, 8).unwrap();
+        (pool, url)
+    }
+
+    fn config_for(&self, url: &str, system: System) -> Config {
+        let mut config = self.config.clone();
+        config.mysql.url = Some(url.to_string());
+        config.relay.mode = system.relay_mode().unwrap_or(RelayMode::Cdc);
+        config.sweeper.enabled = system == System::CdcSweeper;
+        config
+    }
+
+    async fn reader(&self, topic: &str) -> TopicReader {
+        TopicReader::new(&self.rocketmq.namesrv_addr(), topic)
+            .await
+            .unwrap()
+    }
+
+    fn spawn(&self, system: System, url: &str, run_dir: &Path, start: &BinlogPosition) -> Running {
+        match system {
+            System::Debezium => {
+                let database = url.rsplit('/').next().unwrap().to_string();
+                let target = debezium::Target {
+                    database_kind: self.database.kind(),
+                    database_port: self.database.port(),
+                    database: &database,
+                    namesrv: &self.rocketmq.namesrv_addr(),
+                    server_id: 600_000 + std::process::id() % 1000,
+                };
+                let home = self.debezium_home.as_ref().expect("Debezium installed");
+                Running::Debezium(DebeziumChild::spawn(home, run_dir, &target))
+            }
+            relay => {
+                let config = self.config_for(url, relay);
+                let label = run_dir.file_name().unwrap().to_str().unwrap();
+                Running::Relay(RelayChild::spawn(&config, &self.dir, label, Some(start)))
+            }
+        }
+    }
+
+    /// Writes probe events until one reaches the broker (the system is connected and
+    /// streaming: Debezium misses a probe written before its snapshot took its position, so
+    /// one is written again every 10 s), then returns the topic's count once it is quiet.
+    async fn probe(
+        pool: &mysql_async::Pool,
+        topic: &str,
+        reader: &TopicReader,
+        running: &mut Running,
+    ) -> u64 {
+        let waiting = Instant::now();
+        let mut written = None;
+        while reader.stored_count().await.unwrap_or(0) == 0 {
+            if written.is_none_or(|at: Instant| at.elapsed() > Duration::from_secs(10)) {
+                workload::write_backlog(pool, topic, 1).await;
+                written = Some(Instant::now());
+            }
+            running.check_alive();
+            assert!(
+                waiting.elapsed() < Duration::from_secs(180),
+                "no event reached the broker within 180 s: see {}",
+                running.log_path().display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        reader.stored_count().await.unwrap_or(0)
+    }
+
+    /// A database named for `system` with `events` events written while `system` was stopped.
+    /// Debezium runs once before (snapshot of the schema, no rows) until a probe event reaches
+    /// the broker, and is stopped; its offsets then point before the backlog.
+    pub async fn backlog(&self, system: System, events: usize) -> Backlog {
+        let name = format!("bench_drain_{}", system.slug());
+        let (pool, url) = self.database(&name).await;
+        let mut debezium_dir = None;
+        if system == System::Debezium {
+            let dir = self.dir.join(format!("{name}-debezium"));
+            let mut running = self.spawn(system, &url, &dir, &BinlogPosition::default());
+            Self::probe(&pool, &name, &self.reader(&name).await, &mut running).await;
+            running.stop();
+            debezium_dir = Some(dir);
+        }
+        let start = workload::gtid_now(&pool).await;
+        eprintln!(
+            "writing a backlog of {events} events for {} ...",
+            system.label()
+        );
+        let writing = Instant::now();
+        workload::write_backlog(&pool, &name, events).await;
+        eprintln!("  written in {:.1} s", writing.elapsed().as_secs_f64());
+        Backlog {
+            end: workload::gtid_now(&pool).await,
+            pool,
+            url,
+            topic: name,
+            start,
+            events,
+            debezium_dir,
+        }
+    }
+
+    /// Starts `system` on `backlog` and measures until the broker holds every event (and, for
+    /// the relay, every row is SENT).
+    pub async fn drain(&self, system: System, backlog: &Backlog) -> DrainResult {
+        let label = system.label();
+        let reader = self.reader(&backlog.topic).await;
+        let stored_before = reader.stored_count().await.unwrap_or(0);
+        let events = backlog.events as u64;
+        let run_dir = match &backlog.debezium_dir {
+            Some(dir) if system == System::Debezium => dir.clone(),
+            _ => PathBuf::from(format!("drain-{label}")),
+        };
+        let before = self.watched.sample();
+        let began = Instant::now();
+        let mut running = self.spawn(system, &backlog.url, &run_dir, &backlog.start);
+        running.start_profile();
+        let watched = self.watch(&running, system.role());
+        let (mut first_stored, mut all_stored, mut all_sent) = (None, None, None);
+        let mut progress = workload::Progress::new();
+        loop {
+            let stored = reader.stored_count().await.unwrap_or(0) - stored_before;
+            let at = began.elapsed().as_secs_f64();
+            if first_stored.is_none() && stored > 0 {
+                first_stored = Some(at);
+            }
+            if all_stored.is_none() && stored >= events {
+                all_stored = Some(at);
+            }
+            let done = match system {
+                System::Debezium => all_stored.is_some(),
+                _ => {
+                    if all_stored.is_some() && !workload::any_unfinished(&backlog.pool).await {
+                        all_sent = Some(at);
+                    }
+                    all_sent.is_some()
+                }
+            };
+            if done {
+                break;
+            }
+            if progress.due() {
+                let left = match system {
+                    System::Debezium => events.saturating_sub(stored),
+                    _ => workload::unfinished(&backlog.pool).await,
+                };
+                progress.observe(left, &running.log_path());
+                eprintln!("  ... {label}: {left} events left");
+            }
+            running.check_alive();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let secs = began.elapsed().as_secs_f64();
+        let split = before.until(&watched.sample(), secs);
+        let rss_mib = procs::peak_rss_mib(running.pid());
+        let stopping = Instant::now();
+        let checkpoint = running.stop();
+        let stop_secs = stopping.elapsed().as_secs_f64();
+        let stored_after = reader.stored_count().await.unwrap_or(0) - stored_before;
+        reader.close().await;
+        let all_stored = all_stored.unwrap();
+        DrainResult {
+            mode: label,
+            events: backlog.events,
+            secs: all_sent.unwrap_or(all_stored),
+            secs_stored: all_stored,
+            secs_first_stored: first_stored.unwrap_or(0.0),
+            stop_secs,
+            cpu_us_per_event: split.of(system.role()) * 1e6 / events as f64,
+            database_cpu_us_per_event: split.of(self.database_role()) * 1e6 / events as f64,
+            rss_mib,
+            split,
+            checkpoint_ok: (system.relay_mode() == Some(RelayMode::Cdc))
+                .then(|| checkpoint.is_some_and(|c| c.covers(&backlog.end))),
+            failed: workload::failed(&backlog.pool).await,
+            duplicates: stored_after.saturating_sub(events),
+        }
+    }
+
+    /// The database server's role in the CPU split.
+    pub fn database_role(&self) -> &'static str {
+        match self.database.kind() {
+            outbox_relay::devenv::DatabaseKind::MariaDb => "mariadbd",
+            outbox_relay::devenv::DatabaseKind::MySql => "mysqld",
+        }
+    }
+
+    /// One latency run: `system` started on a database of its own, then a writer at `rate` for
+    /// `seconds`. (Poll mode's claim scans past SENT rows, so rows of earlier runs would slow
+    /// it down; see the README.)
+    pub async fn latency(&self, system: System, rate: usize, seconds: u64) -> LatencyResult {
+        let label = system.label();
+        let topic = format!("bench_{}_{rate}", system.slug());
+        let (pool, url) = self.database(&topic).await;
+        let pool = &pool;
+        let start = workload::gtid_now(pool).await;
+        let mut running = self.spawn(
+            system,
+            &url,
+            &self.dir.join(format!("rate-{topic}")),
+            &start,
+        );
+        let watched = self.watch(&running, system.role());
+        let reader = self.reader(&topic).await;
+        let probes = Self::probe(pool, &topic, &reader, &mut running).await;
+        running.start_profile();
+        let before = watched.sample();
+        let began = Instant::now();
+        let written = workload::write_at_rate(pool, &topic, rate, seconds).await;
+        let total = written.committed_at.len();
+        let mut progress = workload::Progress::new();
+        loop {
+            let stored = reader.stored_count().await.unwrap_or(0);
+            let left = (total as u64 + probes).saturating_sub(stored);
+            let relay_done = system == System::Debezium || !workload::any_unfinished(pool).await;
+            if left == 0 && relay_done {
+                break;
+            }
+            if progress.due() {
+                progress.observe(left, &running.log_path());
+            }
+            running.check_alive();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let tail_ms = written.last_commit.elapsed().as_secs_f64() * 1000.0;
+        let split = before.until(&watched.sample(), began.elapsed().as_secs_f64());
+        let rss_mib = procs::peak_rss_mib(running.pid());
+        running.stop();
+        reader.close().await;
+        let mut reader = self.reader(&topic).await;
+        let messages = reader
+            .read_at_least(total + probes as usize, Duration::from_secs(300))
+            .await
+            .unwrap();
+        reader.close().await;
+        let property = system.event_id_property();
+        let mut latencies: Vec<i64> = messages
+            .iter()
+            .filter_map(|m| {
+                // Debezium's header is JSON: the id in quotes.
+                let id = m.properties.get(property)?.trim_matches('"');
+                let committed = written.committed_at.get(id)?;
+                Some(m.store_timestamp - committed)
+            })
+            .collect();
+        assert!(
+            latencies.len() >= total,
+            "{label}: only {} of {total} stored messages carry a known `{property}`",
+            latencies.len()
+        );
+        latencies.sort_unstable();
+        let poll_slack = if system == System::Poll {
+            self.config.poll.interval.as_secs_f64() * 1000.0
+        } else {
+            0.0
+        };
+        let percentile = |p| crate::percentile(&latencies, p);
+        LatencyResult {
+            mode: label,
+            rate,
+            achieved: written.achieved_rate,
+            p50: percentile(50.0),
+            p95: percentile(95.0),
+            p99: percentile(99.0),
+            max: latencies.last().copied().unwrap_or(0),
+            tail_ms,
+            sustained: written.achieved_rate >= 0.95 * rate as f64 && tail_ms < 2000.0 + poll_slack,
+            cpu_us_per_event: split.of(system.role()) * 1e6 / total as f64,
+            rss_mib,
+            split,
+        }
+    }
+}
