@@ -98,6 +98,11 @@ impl DebeziumChild {
         };
         let http_port = outbox_relay::devenv::process::free_port().unwrap();
         let mut properties = std::fs::read_to_string(PROPERTIES).unwrap();
+        // For experiments with Debezium's own knobs (e.g. `debezium.source.poll.interval.ms=10`);
+        // the report names them.
+        if let Some(extra) = extra_properties() {
+            properties += &format!("\n# $DEBEZIUM_EXTRA_PROPERTIES\n{extra}\n");
+        }
         properties += &format!(
             "\n# This run.\n\
              debezium.sink.rocketmq.producer.name.srv.addr={}\n\
@@ -192,6 +197,18 @@ impl Drop for DebeziumChild {
             let _ = self.child.wait();
         }
     }
+}
+
+/// `$DEBEZIUM_EXTRA_PROPERTIES`: property lines (`;`-separated) appended to every instance's
+/// configuration, after the bench's own.
+pub fn extra_properties() -> Option<String> {
+    let extra = std::env::var("DEBEZIUM_EXTRA_PROPERTIES").ok()?;
+    let lines: Vec<&str> = extra
+        .split(';')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
 /// A Java of 21 or newer: `$DEBEZIUM_JAVA_HOME/bin/java`, else the machine's Temurin 25, else

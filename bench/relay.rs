@@ -367,6 +367,9 @@ async fn versions(database: &Database, rocketmq: &RocketMq, peers: bool) -> Stri
             debezium::DEBEZIUM_VERSION,
             debezium::java_version()
         );
+        if let Some(extra) = debezium::extra_properties() {
+            text += &format!(" with {}", extra.replace('\n', ", "));
+        }
     }
     text
 }

@@ -94,7 +94,8 @@ pub struct Report<'a> {
     pub latencies: &'a [LatencyResult],
 }
 
-fn verdict(ok: bool) -> &'static str {
+/// How a goal's row ends: met or not met.
+pub fn verdict(ok: bool) -> &'static str {
     if ok {
         "**met**"
     } else {

@@ -39,26 +39,27 @@ fn event(topic: &str, n: usize) -> NewEvent {
 pub async fn gtid_now(pool: &mysql_async::Pool) -> BinlogPosition {
     let mut conn = pool.get_conn().await.unwrap();
     let version: String = conn.query_first("SELECT VERSION()").await.unwrap().unwrap();
-    if version.contains("MariaDB") {
-        let gtid: String = conn
-            .query_first("SELECT @@GLOBAL.gtid_binlog_pos")
-            .await
-            .unwrap()
-            .unwrap_or_default();
-        BinlogPosition {
+    let mariadb = version.contains("MariaDB");
+    let variable = if mariadb {
+        "gtid_binlog_pos"
+    } else {
+        "gtid_executed"
+    };
+    let gtid: String = conn
+        .query_first(format!("SELECT @@GLOBAL.{variable}"))
+        .await
+        .unwrap()
+        .unwrap_or_default();
+    let gtid = gtid.replace('\n', "");
+    match mariadb {
+        true => BinlogPosition {
             mariadb_gtid: Some(gtid.parse().unwrap()),
             ..BinlogPosition::default()
-        }
-    } else {
-        let gtid: String = conn
-            .query_first("SELECT @@GLOBAL.gtid_executed")
-            .await
-            .unwrap()
-            .unwrap_or_default();
-        BinlogPosition {
-            mysql_gtid_set: Some(gtid.replace('\n', "").parse().unwrap()),
+        },
+        false => BinlogPosition {
+            mysql_gtid_set: Some(gtid.parse().unwrap()),
             ..BinlogPosition::default()
-        }
+        },
     }
 }
 
