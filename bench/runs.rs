@@ -10,7 +10,8 @@ use crate::workload::{self, RelayChild};
 use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::config::{Config, RelayMode};
 use outbox_relay::devenv::{Database, RocketMq, SqlServer, TopicReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// What carries the events from the outbox table to the broker in a run.
@@ -126,8 +127,8 @@ pub struct Backlog {
     pub start: BinlogPosition,
     pub end: BinlogPosition,
     pub events: usize,
-    /// Debezium's run directory (offsets taken before the backlog was written).
-    debezium_dir: Option<PathBuf>,
+    /// Debezium's run label (its offsets were taken before the backlog was written).
+    debezium_label: Option<String>,
 }
 
 /// Everything the runs share.
@@ -175,26 +176,39 @@ impl Bench {
             .unwrap()
     }
 
-    fn spawn(&self, system: System, url: &str, run_dir: &Path, start: &BinlogPosition) -> Running {
+    /// Starts `system` on the database at `url`. `label` names its run directory under the
+    /// bench's: Debezium keeps its offsets there, so a second start with the same label resumes
+    /// where the first stopped.
+    fn spawn(&self, system: System, url: &str, label: &str, start: &BinlogPosition) -> Running {
         match system {
             System::Debezium => {
+                static NEXT: AtomicU32 = AtomicU32::new(0);
                 let database = url.rsplit('/').next().unwrap().to_string();
                 let target = debezium::Target {
                     database_kind: self.database.kind(),
                     database_port: self.database.port(),
                     database: &database,
                     namesrv: &self.rocketmq.namesrv_addr(),
-                    server_id: 600_000 + std::process::id() % 1000,
+                    server_id: 600_000 + NEXT.fetch_add(1, Ordering::Relaxed),
                 };
                 let home = self.debezium_home.as_ref().expect("Debezium installed");
-                Running::Debezium(DebeziumChild::spawn(home, run_dir, &target))
+                Running::Debezium(DebeziumChild::spawn(home, &self.dir.join(label), &target))
             }
             relay => {
                 let config = self.config_for(url, relay);
-                let label = run_dir.file_name().unwrap().to_str().unwrap();
                 Running::Relay(RelayChild::spawn(&config, &self.dir, label, Some(start)))
             }
         }
+    }
+
+    /// The topic's stored count less `before`; 0 while the broker does not answer (a drain
+    /// is then not done yet).
+    async fn stored(reader: &TopicReader, before: u64) -> u64 {
+        reader
+            .stored_count()
+            .await
+            .map(|count| count.saturating_sub(before))
+            .unwrap_or(0)
     }
 
     /// Writes probe events until one reaches the broker (the system is connected and
@@ -222,7 +236,10 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        reader.stored_count().await.unwrap_or(0)
+        reader
+            .stored_count()
+            .await
+            .expect("the broker's stored count")
     }
 
     /// A database named for `system` with `events` events written while `system` was stopped.
@@ -231,13 +248,13 @@ impl Bench {
     pub async fn backlog(&self, system: System, events: usize) -> Backlog {
         let name = format!("bench_drain_{}", system.slug());
         let (pool, url) = self.database(&name).await;
-        let mut debezium_dir = None;
+        let mut debezium_label = None;
         if system == System::Debezium {
-            let dir = self.dir.join(format!("{name}-debezium"));
-            let mut running = self.spawn(system, &url, &dir, &BinlogPosition::default());
+            let label = format!("{name}-debezium");
+            let mut running = self.spawn(system, &url, &label, &BinlogPosition::default());
             Self::probe(&pool, &name, &self.reader(&name).await, &mut running).await;
             running.stop();
-            debezium_dir = Some(dir);
+            debezium_label = Some(label);
         }
         let start = workload::gtid_now(&pool).await;
         eprintln!(
@@ -254,7 +271,7 @@ impl Bench {
             topic: name,
             start,
             events,
-            debezium_dir,
+            debezium_label,
         }
     }
 
@@ -263,21 +280,24 @@ impl Bench {
     pub async fn drain(&self, system: System, backlog: &Backlog) -> DrainResult {
         let label = system.label();
         let reader = self.reader(&backlog.topic).await;
-        let stored_before = reader.stored_count().await.unwrap_or(0);
+        let stored_before = reader
+            .stored_count()
+            .await
+            .expect("the broker's stored count");
         let events = backlog.events as u64;
-        let run_dir = match &backlog.debezium_dir {
-            Some(dir) if system == System::Debezium => dir.clone(),
-            _ => PathBuf::from(format!("drain-{label}")),
+        let run_label = match &backlog.debezium_label {
+            Some(resumed) if system == System::Debezium => resumed.clone(),
+            _ => format!("drain-{}", system.slug()),
         };
         let before = self.watched.sample();
         let began = Instant::now();
-        let mut running = self.spawn(system, &backlog.url, &run_dir, &backlog.start);
+        let mut running = self.spawn(system, &backlog.url, &run_label, &backlog.start);
         running.start_profile();
         let watched = self.watch(&running, system.role());
         let (mut first_stored, mut all_stored, mut all_sent) = (None, None, None);
         let mut progress = workload::Progress::new();
         loop {
-            let stored = reader.stored_count().await.unwrap_or(0) - stored_before;
+            let stored = Self::stored(&reader, stored_before).await;
             let at = began.elapsed().as_secs_f64();
             if first_stored.is_none() && stored > 0 {
                 first_stored = Some(at);
@@ -314,7 +334,7 @@ impl Bench {
         let stopping = Instant::now();
         let checkpoint = running.stop();
         let stop_secs = stopping.elapsed().as_secs_f64();
-        let stored_after = reader.stored_count().await.unwrap_or(0) - stored_before;
+        let stored_after = Self::stored(&reader, stored_before).await;
         reader.close().await;
         let all_stored = all_stored.unwrap();
         DrainResult {
@@ -352,12 +372,7 @@ impl Bench {
         let (pool, url) = self.database(&topic).await;
         let pool = &pool;
         let start = workload::gtid_now(pool).await;
-        let mut running = self.spawn(
-            system,
-            &url,
-            &self.dir.join(format!("rate-{topic}")),
-            &start,
-        );
+        let mut running = self.spawn(system, &url, &format!("rate-{topic}"), &start);
         let watched = self.watch(&running, system.role());
         let reader = self.reader(&topic).await;
         let probes = Self::probe(pool, &topic, &reader, &mut running).await;
