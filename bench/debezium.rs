@@ -14,10 +14,11 @@
 //! sent nothing is skipped by the next start (the bench sends a probe first); a failed send
 //! ends the process with exit code 0 (the bench treats any exit as a failure).
 
+use outbox_relay::devenv::process::ServerProcess;
 use outbox_relay::devenv::{cache_dir, DatabaseKind};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 /// The Debezium release benchmarked; keep it equal to the version in `bench/debezium/pom.xml`.
 pub const DEBEZIUM_VERSION: &str = "3.6.1.Final";
@@ -81,10 +82,9 @@ pub struct Target<'a> {
     pub server_id: u32,
 }
 
-/// A running Debezium Server; killed if dropped running.
+/// A running Debezium Server: a [`ServerProcess`] (dies with the bench, stopped if dropped).
 pub struct DebeziumChild {
-    child: Child,
-    run_dir: PathBuf,
+    process: ServerProcess,
 }
 
 impl DebeziumChild {
@@ -122,15 +122,7 @@ impl DebeziumChild {
             db = target.database,
         );
         std::fs::write(run_dir.join("config/application.properties"), properties).unwrap();
-        let log = std::fs::File::create(run_dir.join("debezium.log")).unwrap();
         let mut command = Command::new(java());
-        // SAFETY: prctl is async-signal-safe; Debezium dies with the bench even on SIGKILL.
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
         // run.sh's class path and main class, without its JMX/metrics agents (off by default);
         // the JVM's defaults otherwise (heap: a quarter of RAM).
         command
@@ -144,58 +136,34 @@ impl DebeziumChild {
             ))
             .arg("io.debezium.server.Main")
             .current_dir(run_dir)
-            .env_remove("NAMESRV_ADDR")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        let child = command.spawn().expect("start Debezium Server (java)");
-        DebeziumChild {
-            child,
-            run_dir: run_dir.to_path_buf(),
-        }
+            .env_remove("NAMESRV_ADDR");
+        let log = run_dir.join("debezium.log");
+        let _ = std::fs::remove_file(&log);
+        let process = ServerProcess::start("Debezium Server", command, &log).unwrap();
+        DebeziumChild { process }
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid().expect("Debezium Server is running")
     }
 
     pub fn log_path(&self) -> PathBuf {
-        self.run_dir.join("debezium.log")
+        self.process.log_path().to_path_buf()
     }
 
-    /// Fails the bench with the log's tail if the process has exited.
+    /// Fails the bench with the log's tail if the process has exited (a failed send ends it,
+    /// with exit code 0).
     pub fn check_alive(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "Debezium Server exited ({status}); its log:\n{}",
-                outbox_relay::devenv::process::log_tail(&self.log_path(), 40)
-            );
+        if let Err(e) = self.process.check_alive() {
+            panic!("{e}");
         }
     }
 
-    /// SIGTERM (Debezium commits its offsets and closes the sink) and wait, at most 60 s.
+    /// SIGTERM (Debezium commits its offsets and closes the sink), up to 60 s, then SIGKILL:
+    /// a Debezium killed before its offsets are written skips the next backlog, which the
+    /// drain's progress check then reports.
     pub fn stop(mut self) {
-        // SAFETY: kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!(
-            "Debezium Server did not stop within 60 s of SIGTERM: see {}",
-            self.log_path().display()
-        );
-    }
-}
-
-impl Drop for DebeziumChild {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        self.process.stop(Duration::from_secs(60));
     }
 }
 
