@@ -35,6 +35,7 @@ mod peers;
 mod procs;
 mod report;
 mod runs;
+mod stages;
 mod workload;
 
 use ceiling::Sample;

@@ -56,6 +56,8 @@ pub struct LatencyResult {
     pub cpu_us_per_event: f64,
     pub rss_mib: f64,
     pub split: CpuSplit,
+    /// Where the latency went (relay runs).
+    pub stages: Option<crate::stages::StageSplit>,
 }
 
 /// A chart line: mode, label, colour, the value plotted.
@@ -213,6 +215,7 @@ impl Report<'_> {
             let _ = writeln!(s, "- {} {}/s: {}", l.mode, l.rate, l.split.describe());
         }
 
+        self.stages(&mut s);
         let _ = writeln!(s, "\n### Targets (ratios from this run)\n");
         let _ = writeln!(s, "| target | measured | verdict |\n| --- | --- | --- |");
         for d in self
@@ -287,6 +290,49 @@ impl Report<'_> {
         let _ = poll5k;
         self.peers(&mut s);
         s
+    }
+
+    /// Where the relay's latency goes: the p99 of each step for every relay run, and the whole
+    /// split of CDC at 5k/s.
+    fn stages(&self, s: &mut String) {
+        let traced: Vec<_> = self
+            .latencies
+            .iter()
+            .filter_map(|l| Some((l, l.stages.as_ref()?)))
+            .collect();
+        if traced.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\n### Where the latency goes (relay stage trace)\n\nEach SENT event's moments, from \
+             `OUTBOX_STAGE_TRACE` (relay clock, µs), joined with the moment its COMMIT returned to \
+             the writer (same machine clock). A binlog read may come before COMMIT returns: that \
+             step then counts 0.\n\np99 of each step (ms):\n"
+        );
+        let _ = write!(s, "| system | rate |");
+        for step in crate::stages::STEPS {
+            let _ = write!(s, " {step} |");
+        }
+        let _ = writeln!(
+            s,
+            " events |\n|{}",
+            " --- |".repeat(crate::stages::STEPS.len() + 3)
+        );
+        for (l, split) in &traced {
+            let _ = write!(s, "| {} | {} |", l.mode, l.rate);
+            for i in 0..crate::stages::STEPS.len() {
+                let _ = write!(s, " {:.2} |", split.step_ms(i, 99.0));
+            }
+            let _ = writeln!(s, " {} |", split.events);
+        }
+        for (l, split) in traced
+            .iter()
+            .filter(|(l, _)| l.mode == "cdc" && l.rate == 5000)
+        {
+            let _ = writeln!(s, "\n{} at {}/s, every percentile (ms):\n", l.mode, l.rate);
+            split.table(s);
+        }
     }
 
     /// Latency (log scale) against committed rate: p50 and p99 of each mode.

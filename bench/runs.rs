@@ -6,6 +6,7 @@
 use crate::debezium::{self, DebeziumChild};
 use crate::procs::{self, Watched};
 use crate::report::{DrainResult, LatencyResult};
+use crate::stages::StageSplit;
 use crate::workload::{self, RelayChild};
 use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::config::{Config, RelayMode};
@@ -84,6 +85,14 @@ impl Running {
         match self {
             Running::Relay(r) => r.pid(),
             Running::Debezium(d) => d.pid(),
+        }
+    }
+
+    /// The relay's stage trace; `None` for Debezium.
+    fn stage_trace(&self) -> Option<PathBuf> {
+        match self {
+            Running::Relay(r) => Some(r.stage_trace()),
+            Running::Debezium(_) => None,
         }
     }
 
@@ -398,7 +407,13 @@ impl Bench {
         let tail_ms = written.last_commit.elapsed().as_secs_f64() * 1000.0;
         let split = before.until(&watched.sample(), began.elapsed().as_secs_f64());
         let rss_mib = procs::peak_rss_mib(running.pid());
+        let trace = running.stage_trace();
         running.stop();
+        if let (Some(trace), Ok(keep)) = (&trace, std::env::var("BENCH_TRACES_DIR")) {
+            // For a closer look at one run (the scratch directory goes with the bench).
+            let _ = std::fs::create_dir_all(&keep);
+            let _ = std::fs::copy(trace, PathBuf::from(keep).join(format!("{topic}.trace")));
+        }
         reader.close().await;
         let mut reader = self.reader(&topic).await;
         let messages = reader
@@ -407,13 +422,18 @@ impl Bench {
             .unwrap();
         reader.close().await;
         let property = system.event_id_property();
+        let stored_ms = messages
+            .iter()
+            .filter_map(|m| Some((m.properties.get(property)?.as_str(), m.store_timestamp)))
+            .collect();
+        let stages = trace.and_then(|t| StageSplit::read(&t, &written.committed_at, &stored_ms));
         let mut latencies: Vec<i64> = messages
             .iter()
             .filter_map(|m| {
                 // Debezium's header is JSON: the id in quotes.
                 let id = m.properties.get(property)?.trim_matches('"');
                 let committed = written.committed_at.get(id)?;
-                Some(m.store_timestamp - committed)
+                Some(m.store_timestamp - committed / 1000)
             })
             .collect();
         assert!(
@@ -441,6 +461,7 @@ impl Bench {
             cpu_us_per_event: split.of(system.role()) * 1e6 / total as f64,
             rss_mib,
             split,
+            stages,
         }
     }
 }

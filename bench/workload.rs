@@ -10,16 +10,9 @@ use outbox_relay::producer::{NewEvent, Outbox, Payload};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 pub const KEYS: usize = 10_000;
-
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 /// ~1 KiB of JSON: the payload of event `n`.
 pub fn payload_text(n: usize) -> String {
@@ -175,7 +168,7 @@ pub async fn reset_to_pending(pool: &mysql_async::Pool) {
 
 /// What the fixed-rate writer did.
 pub struct Written {
-    /// event_id → wall-clock ms when its COMMIT returned.
+    /// event_id → wall-clock µs when its COMMIT returned.
     pub committed_at: HashMap<String, i64>,
     /// Events per second actually committed.
     pub achieved_rate: f64,
@@ -183,7 +176,7 @@ pub struct Written {
 }
 
 /// Commits `rate` events/s to `topic` for `seconds`: every 10 ms one transaction of `rate/100`
-/// events; records the millisecond each COMMIT returned.
+/// events; records the microsecond each COMMIT returned.
 pub async fn write_at_rate(
     pool: &mysql_async::Pool,
     topic: &str,
@@ -206,7 +199,7 @@ pub async fn write_at_rate(
             .collect();
         let ids = outbox.enqueue_batch(&mut tx, events).await.unwrap();
         tx.commit().await.unwrap();
-        let at = now_ms();
+        let at = outbox_relay::metrics::stages::now_us() as i64;
         n += ids.len();
         committed_at.extend(ids.into_iter().map(|id| (String::from(id), at)));
     }
@@ -262,6 +255,10 @@ impl RelayChild {
         let child = command
             .args(["-c", file.to_str().unwrap(), "--metrics-listen", "", "run"])
             .env("RUST_LOG", "warn")
+            .env(
+                outbox_relay::metrics::stages::TRACE_ENV,
+                run_dir.join("stages.trace"),
+            )
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -307,6 +304,11 @@ impl RelayChild {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The relay's stage trace (see `outbox_relay::metrics::stages`).
+    pub fn stage_trace(&self) -> PathBuf {
+        self.run_dir.join("stages.trace")
     }
 
     /// The relay's log (stderr).
@@ -371,6 +373,7 @@ pub async fn mark_all_sent(config: &Config) -> u64 {
             outcome: Outcome::Sent {
                 msg_id: format!("7F00000100002A9F{id:016X}"),
             },
+            stamps: Default::default(),
         };
         tx.send(completion).await.unwrap();
     }

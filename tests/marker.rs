@@ -46,6 +46,7 @@ fn completion(id: u64, streamed: bool, outcome: Outcome) -> Completion {
         id,
         event_id: format!("mk-{id}"),
         outcome,
+        stamps: Default::default(),
     }
 }
 

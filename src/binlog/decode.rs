@@ -7,17 +7,29 @@
 use super::row_image::RowValues;
 use crate::config::TableName;
 use crate::event::OutboundMessage;
+use crate::metrics::stages::Stamps;
 use crate::producer::validate;
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::Value;
 use std::sync::Arc;
 
 /// An outbox INSERT, ready to publish: where it lives and the message it becomes.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Two rows are equal when they are the same row with the same message, whenever they were read
+/// (the stamps are not compared).
+#[derive(Debug, Clone)]
 pub struct OutboxRow {
     pub table: Arc<TableName>,
     pub id: u64,
     pub message: OutboundMessage,
+    /// When it passed each stage of the relay (read when it was decoded or claimed).
+    pub stamps: Stamps,
+}
+
+impl PartialEq for OutboxRow {
+    fn eq(&self, other: &Self) -> bool {
+        self.table == other.table && self.id == other.id && self.message == other.message
+    }
 }
 
 #[cfg(test)]
@@ -35,6 +47,7 @@ impl OutboxRow {
                 headers: vec![],
                 payload: "{}".into(),
             },
+            stamps: Stamps::default(),
         }
     }
 }
@@ -212,6 +225,7 @@ pub fn decode_row(
             table: Arc::clone(table),
             id,
             message: message_from_text(text_fields, limits)?,
+            stamps: Stamps::read_now(),
         })
     })();
     match fields {

@@ -38,6 +38,7 @@ use mysql_async::prelude::*;
 use mysql_async::{Pool, Value};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -92,6 +93,7 @@ pub async fn run_marker(
 ) -> Result<MarkStats, MarkError> {
     let mut stats = MarkStats::default();
     let policy = RetryPolicy::database();
+    let mut last_sample = None;
     while let Some(first) = completions.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -122,6 +124,12 @@ pub async fn run_marker(
                 }
             }
         }
+        crate::metrics::stages::record(
+            batch
+                .iter()
+                .filter(|c| matches!(c.outcome, Outcome::Sent { .. }))
+                .map(|c| (c.event_id.as_str(), &c.stamps)),
+        );
         let metrics = crate::metrics::relay();
         for completion in &batch {
             match completion.outcome {
@@ -141,8 +149,13 @@ pub async fn run_marker(
                 watermark.complete(seq);
             }
         }
-        // Off the marking loop: the next batch's UPDATE does not wait for a metric's query.
-        tokio::spawn(observe_latencies(pool.clone(), sent_ids(&batch)));
+        // At most one batch a second, off the marking loop: the next batch's UPDATE does not
+        // wait for a metric's query, and a steady trickle of small batches does not double the
+        // statements the database runs per event.
+        if last_sample.is_none_or(|at: Instant| at.elapsed() >= LATENCY_SAMPLE_EVERY) {
+            last_sample = Some(Instant::now());
+            tokio::spawn(observe_latencies(pool.clone(), sent_ids(&batch)));
+        }
     }
     Ok(stats)
 }
@@ -151,6 +164,8 @@ pub async fn run_marker(
 /// keeps its shape while a full 1,000-row read per batch would cost the server more than it is
 /// worth during a catch-up.
 const LATENCY_SAMPLE: usize = 50;
+/// Least time between two batches whose latencies are read back.
+const LATENCY_SAMPLE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The ids of (up to [`LATENCY_SAMPLE`] of) the batch's SENT rows, by table.
 fn sent_ids(batch: &[Completion]) -> BTreeMap<Arc<TableName>, Vec<u64>> {
@@ -308,6 +323,7 @@ mod tests {
                 reason: "`status` unusable".into(),
                 attempts: 0,
             },
+            stamps: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@
 
 pub mod health;
 pub mod server;
+pub mod stages;
 pub mod tables;
 
 pub use health::{health, Role};
@@ -72,6 +73,8 @@ pub struct RelayMetrics {
     pub retries: Counter,
     /// Row created → recorded SENT, in seconds (database clock: `sent_at - created_at`).
     pub commit_to_sent: Histogram,
+    /// Each step of a SENT event through the relay, in seconds (relay clock): see [`stages`].
+    pub stage_seconds: Family<stages::StageLabel, Histogram>,
     /// Seconds between the newest binlog event read and now (0 when caught up).
     pub binlog_lag_seconds: Gauge<f64, AtomicU64>,
     /// Transactions / bytes the mirrored checkpoint is behind the server's end of binlog.
@@ -113,6 +116,9 @@ impl RelayMetrics {
             send_errors: Family::default(),
             retries: Counter::default(),
             commit_to_sent: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            stage_seconds: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
+            }),
             binlog_lag_seconds: Gauge::default(),
             checkpoint_age_seconds: Gauge::default(),
             xa_prepared_transactions: Gauge::default(),
@@ -173,8 +179,20 @@ impl RelayMetrics {
         );
         registry.register(
             "commit_to_sent_seconds",
-            "Outbox row created to recorded SENT (after SEND_OK), database clock; a sample of up to 50 rows per marking batch",
+            "Outbox row created to recorded SENT (after SEND_OK), database clock; a sample of up to 50 rows of one marking batch a second",
             metrics.commit_to_sent.clone(),
+        );
+        for stage in stages::StageLabel::ALL {
+            drop(
+                metrics
+                    .stage_seconds
+                    .get_or_create(&stages::StageLabel { stage }),
+            );
+        }
+        registry.register(
+            "stage_seconds",
+            "Each step of a SENT event through the relay (read_to_dispatched, dispatched_to_sent, sent_to_ack, ack_to_marked), relay clock",
+            metrics.stage_seconds.clone(),
         );
         registry.register(
             "binlog_lag_seconds",

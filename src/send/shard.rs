@@ -16,6 +16,7 @@ use super::{OutboundMessage, SendError, Sink};
 use crate::binlog::OutboxRow;
 use crate::checkpoint::TxSeq;
 use crate::config::TableName;
+use crate::metrics::stages::{now_us, Stamps};
 use crate::retry::RetryPolicy;
 use crate::route::{index_for, java_string_hash};
 use std::sync::Arc;
@@ -39,7 +40,8 @@ pub struct ShardEvent {
 
 impl ShardEvent {
     /// An event of binlog transaction `seq`.
-    pub fn new(seq: TxSeq, row: OutboxRow) -> Self {
+    pub fn new(seq: TxSeq, mut row: OutboxRow) -> Self {
+        row.stamps.dispatched = now_us();
         let key_hash = java_string_hash(&row.message.biz_key);
         ShardEvent {
             seq: Some(seq),
@@ -49,7 +51,8 @@ impl ShardEvent {
     }
 
     /// An event claimed from the table (poll mode, sweeper): no watermark to acknowledge.
-    pub fn claimed(row: OutboxRow) -> Self {
+    pub fn claimed(mut row: OutboxRow) -> Self {
+        row.stamps.dispatched = now_us();
         let key_hash = java_string_hash(&row.message.biz_key);
         ShardEvent {
             seq: None,
@@ -78,6 +81,8 @@ pub struct Completion {
     pub id: u64,
     pub event_id: String,
     pub outcome: Outcome,
+    /// When the event passed each stage before its outcome (default for a row never sent).
+    pub stamps: Stamps,
 }
 
 impl Completion {
@@ -94,6 +99,7 @@ impl Completion {
                 reason: problem.reason,
                 attempts: 0,
             },
+            stamps: Stamps::default(),
         }
     }
 }
@@ -309,6 +315,7 @@ async fn report(
         id: event.row.id,
         event_id: event.row.message.event_id,
         outcome,
+        stamps: event.row.stamps,
     })
     .await
     .map_err(|_| ())
@@ -334,15 +341,21 @@ async fn send_batch<S: Sink>(
 ) -> Result<(), ()> {
     let topic = batch[0].row.message.topic.clone();
     loop {
+        let sent = now_us();
+        for event in &mut batch {
+            event.row.stamps.sent = sent;
+        }
         let messages: Vec<&OutboundMessage> = batch.iter().map(|e| &e.row.message).collect();
         let error = match sink.send(&topic, queue, &messages).await {
             Ok(ids) => {
+                let ack = now_us();
                 // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
                 crate::failpoint::hit("after_send_ok");
                 crate::metrics::health().set_broker(true);
                 crate::metrics::health().set_broker_auth(&topic, true);
                 backoff.broker_answered();
-                for (event, msg_id) in batch.into_iter().zip(ids) {
+                for (mut event, msg_id) in batch.into_iter().zip(ids) {
+                    event.row.stamps.ack = ack;
                     report(done, event, Outcome::Sent { msg_id }).await?;
                 }
                 return Ok(());

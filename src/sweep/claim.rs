@@ -340,6 +340,7 @@ impl Claimer {
                 table: Arc::clone(&self.table),
                 id,
                 message,
+                stamps: crate::metrics::stages::Stamps::read_now(),
             }),
             Err(reason) => Claimed::Problem(RowProblem {
                 table: Arc::clone(&self.table),

@@ -85,7 +85,15 @@ pub fn broker_command(
 ) -> io::Result<Command> {
     let conf = node.dir.join("broker.conf");
     std::fs::write(&conf, broker_conf(node, namesrv, options))?;
-    let flags = tls.map(TlsFiles::server_flags).unwrap_or_default();
+    let mut flags = tls.map(TlsFiles::server_flags).unwrap_or_default();
+    // The store's mlock and buffer cleaner use the JDK's internal buffer class, as the stock
+    // scripts allow.
+    flags.push("--add-exports=java.base/sun.nio.ch=ALL-UNNAMED".into());
+    // Its collections with wall-clock times, to tell a broker pause from the relay's own.
+    flags.push(format!(
+        "-Xlog:gc:file={}:time,uptime",
+        node.dir.join("gc.log").display()
+    ));
     let mut command = java(&node.dir, 384, &flags)?;
     command
         .arg("org.apache.rocketmq.broker.BrokerStartup")
@@ -138,8 +146,18 @@ waitTimeMillsInSendQueue=1000
     if let Some(acl) = &options.acl {
         conf.push_str(&acl_conf(acl));
     }
+    if let Ok(extra) = std::env::var(EXTRA_CONF_ENV) {
+        for line in extra.split(';').filter(|l| !l.trim().is_empty()) {
+            conf.push_str(line.trim());
+            conf.push('\n');
+        }
+    }
     conf
 }
+
+/// Extra `broker.conf` lines for every Apache broker the harness starts, `;`-separated (e.g.
+/// `warmMapedFileEnable=true`): to try a broker setting in a test or a benchmark run.
+pub const EXTRA_CONF_ENV: &str = "OUTBOX_APACHE_BROKER_CONF";
 
 /// ACL 2.0 (authentication and authorization on), with `acl`'s account as the initial super
 /// user that the broker also uses for its own inner clients.

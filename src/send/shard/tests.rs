@@ -117,6 +117,7 @@ fn event(seq: u64, id: u64, key: &str, topic: &str) -> ShardEvent {
                 headers: vec![],
                 payload: "{}".into(),
             },
+            stamps: Default::default(),
         },
     )
 }
