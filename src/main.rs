@@ -15,8 +15,32 @@ const DEFAULT_LOG_FILTER: &str =
      rocketmq_client_rust::factory::route_update=error,\
      rocketmq_client_rust::consumer::consumer_impl::default_lite_pull_consumer_impl=off";
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Worker threads of the relay's runtime unless `TOKIO_WORKER_THREADS` says otherwise: one.
+/// Every stage is I/O-bound (a drain uses about a quarter of a core), and each extra worker
+/// costs a wake-up per hand-off between tasks; see `send::rocketmq::CLIENT_WORKERS` for the
+/// measurement. Blocking work (sled's fsync) runs on the blocking pool, never on the worker.
+const WORKER_THREADS: usize = 1;
+
+fn main() -> ExitCode {
+    let workers = std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(WORKER_THREADS);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build();
+    match runtime {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let cli = cmd::Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -27,9 +27,14 @@ pub struct ClientHost {
 }
 
 impl ClientHost {
-    /// Builds the runtimes; `name` prefixes the runtime's thread names.
+    /// Builds the runtimes with two worker threads; `name` prefixes the runtime's thread names.
     pub fn new(name: &'static str) -> io::Result<Self> {
-        let owner = RuntimeOwner::plan(RuntimeConfig::for_parallelism(name, 2))
+        Self::with_workers(name, 2)
+    }
+
+    /// Builds the runtimes with `workers` worker threads (at least one).
+    pub fn with_workers(name: &'static str, workers: usize) -> io::Result<Self> {
+        let owner = RuntimeOwner::plan(RuntimeConfig::for_parallelism(name, workers))
             .map_err(|e| io::Error::other(format!("invalid RocketMQ client runtime config: {e}")))?
             .build()
             .map_err(|e| {
