@@ -31,6 +31,7 @@
 
 mod ceiling;
 mod debezium;
+mod goals;
 mod peers;
 mod procs;
 mod report;

@@ -216,78 +216,7 @@ impl Report<'_> {
         }
 
         self.stages(&mut s);
-        let _ = writeln!(s, "\n### Targets (ratios from this run)\n");
-        let _ = writeln!(s, "| target | measured | verdict |\n| --- | --- | --- |");
-        for d in self
-            .drains
-            .iter()
-            .filter(|d| d.mode == "cdc" || d.mode == "poll")
-        {
-            let ratio = d.rate() / c.batch_rate;
-            let _ = writeln!(s, "| {} drain ≥ 0.8 × broker batched ingest | {:.0} / {:.0} = {:.2}× (vs parallel batches: {:.2}×) | {} |",
-                d.mode, d.rate(), c.batch_rate, ratio, d.rate() / c.batch_parallel_rate, verdict(ratio >= 0.8));
-            let _ = writeln!(
-                s,
-                "| (context) {} drain vs the database's marking ceiling | {:.0} / {:.0} = {:.2}× | — |",
-                d.mode,
-                d.rate(),
-                self.marking.rate(),
-                d.rate() / self.marking.rate()
-            );
-            let _ = writeln!(
-                s,
-                "| {} drain relay CPU ≤ 10 µs/event | {:.1} µs | {} |",
-                d.mode,
-                d.cpu_us_per_event,
-                verdict(d.cpu_us_per_event <= 10.0)
-            );
-        }
-        let cdc5k = self
-            .latencies
-            .iter()
-            .find(|l| l.mode == "cdc" && l.rate == 5000);
-        let poll5k = self
-            .latencies
-            .iter()
-            .find(|l| l.mode == "poll" && l.rate == 5000);
-        if let Some(l) = cdc5k {
-            let limit = c.single_p50_ms + 1.0;
-            let _ = writeln!(
-                s,
-                "| CDC p50 at 5k/s ≤ client single-send p50 + 1 ms | {} ms vs {:.2} ms | {} |",
-                l.p50,
-                limit,
-                verdict((l.p50 as f64) <= limit)
-            );
-            let _ = writeln!(
-                s,
-                "| CDC p99 at 5k/s ≤ 10 ms | {} ms | {} |",
-                l.p99,
-                verdict(l.p99 <= 10)
-            );
-        }
-        for rate in [1000, 5000] {
-            let cdc = self
-                .latencies
-                .iter()
-                .find(|l| l.mode == "cdc" && l.rate == rate);
-            let poll = self
-                .latencies
-                .iter()
-                .find(|l| l.mode == "poll" && l.rate == rate);
-            if let (Some(cdc), Some(poll)) = (cdc, poll) {
-                let ratio = poll.p50 as f64 / (cdc.p50.max(1)) as f64;
-                let _ = writeln!(
-                    s,
-                    "| CDC p50 ≥ 100× lower than poll at {rate}/s | {} ms vs {} ms = {:.0}× | {} |",
-                    cdc.p50,
-                    poll.p50,
-                    ratio,
-                    verdict(ratio >= 100.0)
-                );
-            }
-        }
-        let _ = poll5k;
+        crate::goals::write(self, &mut s);
         self.peers(&mut s);
         s
     }

@@ -1,0 +1,113 @@
+//! The goals of a run, each a ratio of two figures measured in the same run (so a verdict holds on
+//! any machine), with a met / not met verdict.
+
+use crate::report::{verdict, Report};
+use std::fmt::Write as _;
+
+/// CDC commit → stored p99 at 5k/s, at most this many times the client's single-send p99.
+const P99_OVER_SINGLE_SEND: f64 = 5.0;
+/// Highest sustained CDC rate, at least this share of the database's marking ceiling.
+const SUSTAINED_OVER_CEILING: f64 = 0.8;
+/// CDC drain rate, at least this share of the database's marking ceiling.
+const DRAIN_OVER_CEILING: f64 = 0.9;
+/// Relay CPU per event in the drain, at most this share of the database server's.
+const CPU_OVER_DATABASE: f64 = 0.15;
+/// Relay CPU per event at a steady 1k/s, at most this many times the drain's.
+const STEADY_OVER_DRAIN: f64 = 3.0;
+
+/// Writes the goals table of `report` to `s`.
+pub fn write(report: &Report<'_>, s: &mut String) {
+    let c = report.ceiling;
+    let ceiling = report.marking.rate();
+    let db = report.database_role;
+    let _ = writeln!(
+        s,
+        "\n### Goals (ratios from this run)\n\n| goal | measured | verdict |\n| --- | --- | --- |"
+    );
+    let cdc = |rate| {
+        report
+            .latencies
+            .iter()
+            .find(|l| l.mode == "cdc" && l.rate == rate)
+    };
+    if let Some(l) = cdc(5000) {
+        let ratio = l.p99 as f64 / c.single_p99_ms;
+        let _ = writeln!(
+            s,
+            "| CDC commit → stored p99 at 5k/s ≤ {P99_OVER_SINGLE_SEND}× the client's single-send p99 | {} ms / {:.2} ms = {ratio:.1}× | {} |",
+            l.p99,
+            c.single_p99_ms,
+            verdict(ratio <= P99_OVER_SINGLE_SEND)
+        );
+    }
+    let sustained = report
+        .latencies
+        .iter()
+        .filter(|l| l.mode == "cdc" && l.sustained)
+        .map(|l| l.achieved)
+        .fold(0.0, f64::max);
+    if report.latencies.iter().any(|l| l.mode == "cdc") {
+        let ratio = sustained / ceiling;
+        let _ = writeln!(
+            s,
+            "| highest sustained CDC rate ≥ {SUSTAINED_OVER_CEILING}× the database's marking ceiling | {sustained:.0} / {ceiling:.0} = {ratio:.2}× | {} |",
+            verdict(ratio >= SUSTAINED_OVER_CEILING)
+        );
+    }
+    for d in report.drains.iter().filter(|d| d.mode == "cdc") {
+        let ratio = d.rate() / ceiling;
+        let _ = writeln!(
+            s,
+            "| CDC drain ≥ {DRAIN_OVER_CEILING}× the database's marking ceiling | {:.0} / {ceiling:.0} = {ratio:.2}× | {} |",
+            d.rate(),
+            verdict(ratio >= DRAIN_OVER_CEILING)
+        );
+        let ratio = d.cpu_us_per_event / d.database_cpu_us_per_event;
+        let _ = writeln!(
+            s,
+            "| relay CPU per event in the drain ≤ {CPU_OVER_DATABASE}× {db}'s | {:.1} / {:.1} µs = {ratio:.2}× | {} |",
+            d.cpu_us_per_event,
+            d.database_cpu_us_per_event,
+            verdict(ratio <= CPU_OVER_DATABASE)
+        );
+        if let Some(l) = cdc(1000) {
+            let ratio = l.cpu_us_per_event / d.cpu_us_per_event;
+            let _ = writeln!(
+                s,
+                "| relay CPU per event at a steady 1k/s ≤ {STEADY_OVER_DRAIN}× the drain's | {:.1} / {:.1} µs = {ratio:.1}× | {} |",
+                l.cpu_us_per_event,
+                d.cpu_us_per_event,
+                verdict(ratio <= STEADY_OVER_DRAIN)
+            );
+        }
+    }
+    for d in report
+        .drains
+        .iter()
+        .filter(|d| d.mode != "cdc" && d.mode != "debezium")
+    {
+        let _ = writeln!(
+            s,
+            "| (context) {} drain vs the database's marking ceiling | {:.0} / {ceiling:.0} = {:.2}× | — |",
+            d.mode,
+            d.rate(),
+            d.rate() / ceiling
+        );
+    }
+    for rate in [1000, 5000] {
+        let poll = report
+            .latencies
+            .iter()
+            .find(|l| l.mode == "poll" && l.rate == rate);
+        if let (Some(cdc), Some(poll)) = (cdc(rate), poll) {
+            let ratio = poll.p50 as f64 / (cdc.p50.max(1)) as f64;
+            let _ = writeln!(
+                s,
+                "| CDC p50 ≥ 100× lower than poll at {rate}/s | {} ms vs {} ms = {ratio:.0}× | {} |",
+                cdc.p50,
+                poll.p50,
+                verdict(ratio >= 100.0)
+            );
+        }
+    }
+}
