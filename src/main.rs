@@ -36,11 +36,8 @@ fn disable_transparent_huge_pages() {
 
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
-    let workers = std::env::var("TOKIO_WORKER_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or(WORKER_THREADS);
+    let workers =
+        outbox_relay::config::thread_count_from_env("TOKIO_WORKER_THREADS", WORKER_THREADS);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()

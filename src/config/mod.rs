@@ -562,3 +562,13 @@ fn describe_figment_error(error: figment::Error) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// The thread count in environment variable `name` (a positive integer), else `default`: one
+/// reading for the relay's runtime (`TOKIO_WORKER_THREADS`) and its RocketMQ client's.
+pub fn thread_count_from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(default)
+}

@@ -66,17 +66,10 @@ pub const CLIENT_WORKERS_ENV: &str = "OUTBOX_ROCKETMQ_WORKER_THREADS";
 
 /// Worker threads of the relay's RocketMQ client runtime: one. It only moves bytes between the
 /// shards and the broker connections; a second worker added wake-ups (each send's hand-off woke
-/// an idle thread to steal it), not throughput. Measured in `bench/`: with one worker here and
-/// one for the pipeline, relay CPU per event fell 24 % at a steady 1k/s and 13 % in a drain.
+/// an idle thread to steal it), not throughput. Measured in `bench/`, two back-to-back pairs:
+/// with one worker here and one for the pipeline (was 2 + 2), relay CPU per event fell 36 % at
+/// a steady 1k/s and 20 % in a drain.
 pub const CLIENT_WORKERS: usize = 1;
-
-fn client_workers() -> usize {
-    std::env::var(CLIENT_WORKERS_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(CLIENT_WORKERS)
-}
 
 impl RocketMqSink {
     /// Starts a producer for `config` (its `namesrv_addr` is required), signed with its
@@ -87,7 +80,10 @@ impl RocketMqSink {
             .clone()
             .ok_or_else(|| anyhow::anyhow!("`rocketmq.namesrv_addr` is required to send"))?;
         let security = ClientSecurity::from_config(config)?;
-        let host = ClientHost::with_workers("outbox-relay-mq", client_workers())?;
+        let host = ClientHost::with_workers(
+            "outbox-relay-mq",
+            crate::config::thread_count_from_env(CLIENT_WORKERS_ENV, CLIENT_WORKERS),
+        )?;
         let producer = start_producer(&host, config, &security, &namesrv).await?;
         Ok(RocketMqSink {
             host,
