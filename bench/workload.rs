@@ -6,6 +6,7 @@ use mysql_async::TxOpts;
 use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::{Config, RelayMode};
+use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENDING};
 use outbox_relay::producer::{NewEvent, Outbox, Payload};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -123,7 +124,9 @@ pub async fn unfinished(pool: &mysql_async::Pool) -> u64 {
     pool.get_conn()
         .await
         .unwrap()
-        .query_first("SELECT COUNT(*) FROM outbox_event WHERE status IN (0, 1)")
+        .query_first(format!(
+            "SELECT COUNT(*) FROM outbox_event WHERE status IN ({PENDING}, {SENDING})"
+        ))
         .await
         .unwrap()
         .unwrap_or_default()
@@ -133,7 +136,9 @@ pub async fn failed(pool: &mysql_async::Pool) -> u64 {
     pool.get_conn()
         .await
         .unwrap()
-        .query_first("SELECT COUNT(*) FROM outbox_event WHERE status = 3")
+        .query_first(format!(
+            "SELECT COUNT(*) FROM outbox_event WHERE status = {FAILED}"
+        ))
         .await
         .unwrap()
         .unwrap_or_default()
@@ -159,8 +164,8 @@ pub async fn reset_to_pending(pool: &mysql_async::Pool) {
         .await
         .unwrap()
         .query_drop(
-            "UPDATE outbox_event SET status = 0, msg_id = NULL, sent_at = NULL, owner = NULL, \
-             lease_until = NULL, retry_count = 0, next_retry_at = NOW(3) - INTERVAL 1 SECOND",
+            format!("UPDATE outbox_event SET status = {PENDING}, msg_id = NULL, sent_at = NULL, owner = NULL, \
+             lease_until = NULL, retry_count = 0, next_retry_at = NOW(3) - INTERVAL 1 SECOND"),
         )
         .await
         .unwrap();
@@ -343,8 +348,8 @@ impl Drop for RelayChild {
 /// broker. Returns how many rows it marked.
 pub async fn mark_all_sent(config: &Config) -> u64 {
     use outbox_relay::checkpoint::TxSeq;
-    use outbox_relay::config::TableName;
     use outbox_relay::mark::{run_marker, MarkRule};
+    use outbox_relay::outbox::TableName;
     use outbox_relay::send::{Completion, Outcome};
     use std::sync::Arc;
     let pool = outbox_relay::db::writer_pool(config).await.unwrap();
@@ -352,7 +357,9 @@ pub async fn mark_all_sent(config: &Config) -> u64 {
         .get_conn()
         .await
         .unwrap()
-        .query("SELECT id FROM outbox_event WHERE status = 0 ORDER BY id")
+        .query(format!(
+            "SELECT id FROM outbox_event WHERE status = {PENDING} ORDER BY id"
+        ))
         .await
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(2048);
@@ -365,7 +372,7 @@ pub async fn mark_all_sent(config: &Config) -> u64 {
     let table = Arc::new(TableName::parse("outbox_event").unwrap());
     for id in ids {
         let completion = Completion {
-            // A streamed event's rule (status IN (0, 1)), as in a CDC drain.
+            // A streamed event's rule (PENDING or SENDING), as in a CDC drain.
             seq: Some(TxSeq::default()),
             table: Arc::clone(&table),
             id,

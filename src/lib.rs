@@ -5,7 +5,8 @@
 //! Apache RocketMQ, at least once and in order per `biz_key`; consumers de-duplicate by
 //! `event_id`.
 //!
-//! Modules follow the pipeline: [`config`] and [`schema`] set it up, [`producer`] is the
+//! [`outbox`] is the ground floor: the table's name, its status codes and the message a row
+//! becomes. Modules follow the pipeline: [`config`] and [`schema`] set it up, [`producer`] is the
 //! business-side API, [`db`] holds MySQL connection helpers, and [`devenv`] starts real local
 //! servers for development, tests and benchmarks.
 
@@ -17,12 +18,12 @@ pub mod config;
 pub mod consumer;
 pub mod db;
 pub mod devenv;
-pub mod event;
 pub mod failpoint;
 pub mod leader;
 pub mod mark;
 pub mod metrics;
 pub mod operate;
+pub mod outbox;
 pub mod producer;
 pub mod relay;
 pub mod retry;

@@ -33,7 +33,8 @@ use outbox_relay::devenv::rocketmq::apache::printed_message_ids;
 use outbox_relay::devenv::{
     scratch_dir, AclAccount, BrokerKind, ClientHost, RocketMq, RocketMqOptions, TopicReader,
 };
-use outbox_relay::event::OutboundMessage;
+use outbox_relay::outbox::status::codes::SENT;
+use outbox_relay::outbox::OutboundMessage;
 use outbox_relay::send::{RocketMqSink, SendError, Sink};
 use std::collections::HashSet;
 use std::path::Path;
@@ -437,7 +438,9 @@ async fn rocketmq_tls_delivers_through_a_cluster_that_accepts_tls_only() {
     let ids: Vec<String> = db
         .conn()
         .await
-        .query("SELECT msg_id FROM outbox_event WHERE status = 2 ORDER BY id")
+        .query(format!(
+            "SELECT msg_id FROM outbox_event WHERE status = {SENT} ORDER BY id"
+        ))
         .await
         .unwrap();
     let out = tls_cluster

@@ -21,6 +21,7 @@ use mysql_async::TxOpts;
 use outbox_relay::consumer::{IdempotentProcessor, IdempotentPushConsumer, PushConsumerOptions};
 use outbox_relay::devenv::rocketmq::apache::printed_message_ids;
 use outbox_relay::devenv::ClientHost;
+use outbox_relay::outbox::status::codes::{PENDING, SENT};
 use outbox_relay::producer::{NewEvent, Outbox};
 use serde_json::json;
 use std::collections::HashSet;
@@ -115,7 +116,9 @@ async fn every_sent_row_of_a_batched_drain_is_found_by_its_msg_id() {
     let ids: Vec<String> = db
         .conn()
         .await
-        .query("SELECT msg_id FROM outbox_event WHERE status = 2")
+        .query(format!(
+            "SELECT msg_id FROM outbox_event WHERE status = {SENT}"
+        ))
         .await
         .unwrap();
     assert_eq!(ids.len(), 500);
@@ -161,7 +164,7 @@ async fn a_sent_row_put_back_to_pending_is_sent_again_and_deduplicated_by_the_co
     db.conn()
         .await
         .exec_drop(
-            "UPDATE outbox_event SET status = 0, msg_id = NULL, sent_at = NULL WHERE event_id = ?",
+            format!("UPDATE outbox_event SET status = {PENDING}, msg_id = NULL, sent_at = NULL WHERE event_id = ?"),
             (&event_id,),
         )
         .await

@@ -142,7 +142,7 @@ async fn invalid_json_payload_or_headers_fail_with_the_reason_and_later_events_f
     let (last, last_event) =
         enqueue(&db, t, NewEvent::new(&topic, "same-key", json!({"n": 2}))).await;
 
-    let mut expected: Vec<(u64, u8)> = bad.iter().map(|(id, _)| (*id, FAILED)).collect();
+    let mut expected: Vec<(u64, i8)> = bad.iter().map(|(id, _)| (*id, FAILED)).collect();
     expected.extend([(first, SENT), (odd_but_valid, SENT), (last, SENT)]);
     wait_statuses(&db, t, &expected, Duration::from_secs(30)).await;
     for (id, reason) in &bad {
@@ -235,7 +235,7 @@ async fn empty_overlong_and_illegal_topics_fail_with_the_reason_and_later_events
     let (long_ok, long_event) = enqueue(&db, t, NewEvent::new(&longest, "k", json!({}))).await;
     let (last, last_event) = enqueue(&db, t, NewEvent::new(&topic, "k", json!({}))).await;
 
-    let mut expected: Vec<(u64, u8)> = bad.iter().map(|(id, _)| (*id, FAILED)).collect();
+    let mut expected: Vec<(u64, i8)> = bad.iter().map(|(id, _)| (*id, FAILED)).collect();
     expected.extend([(missing, FAILED), (long_ok, SENT), (last, SENT)]);
     wait_statuses(&db, t, &expected, Duration::from_secs(60)).await;
     for (id, reason) in &bad {
@@ -367,7 +367,7 @@ async fn nulls_in_columns_the_contract_says_are_not_null_fail_with_the_column_na
     let optional = insert_row(&db, t, &optional).await;
     let (last, last_event) = enqueue(&db, t, NewEvent::new(&topic, "k", json!({"n": 1}))).await;
 
-    let mut expected: Vec<(u64, u8)> = bad.iter().map(|(id, _)| (*id, FAILED)).collect();
+    let mut expected: Vec<(u64, i8)> = bad.iter().map(|(id, _)| (*id, FAILED)).collect();
     expected.extend([(null_status, FAILED), (optional, SENT), (last, SENT)]);
     wait_statuses(&db, t, &expected, Duration::from_secs(30)).await;
     for (id, reason) in &bad {

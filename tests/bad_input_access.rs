@@ -350,7 +350,7 @@ async fn a_revoked_update_privilege_stops_the_relay_with_the_grant_to_run_and_lo
         run(&args, &[], Duration::from_secs(90)).await
     });
     let before = enqueue_many(&db, &topic, 0, 5).await;
-    let sent: Vec<(u64, u8)> = before.iter().map(|(id, _)| (*id, SENT)).collect();
+    let sent: Vec<(u64, i8)> = before.iter().map(|(id, _)| (*id, SENT)).collect();
     wait_statuses(&db, "outbox_event", &sent, Duration::from_secs(60)).await;
 
     sql(
@@ -392,7 +392,7 @@ async fn a_revoked_update_privilege_stops_the_relay_with_the_grant_to_run_and_lo
     let handle = RelayHandle::spawn(&config, RunOptions::default(), CancellationToken::new())
         .await
         .expect("the relay starts again");
-    let all: Vec<(u64, u8)> = before
+    let all: Vec<(u64, i8)> = before
         .iter()
         .chain(&after)
         .map(|(id, _)| (*id, SENT))

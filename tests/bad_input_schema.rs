@@ -58,7 +58,7 @@ async fn write(db: &TestDb, topic: &str, label: &str, n: usize) -> Vec<Written> 
 /// Every written event is SENT and arrived once, with its own key, tags, header and payload
 /// (a decoder reading a column by a stale position would mix them up).
 async fn assert_arrived_intact(db: &TestDb, topic: &str, written: &[Written]) {
-    let expected: Vec<(u64, u8)> = written.iter().map(|w| (w.id, SENT)).collect();
+    let expected: Vec<(u64, i8)> = written.iter().map(|w| (w.id, SENT)).collect();
     wait_statuses(db, "outbox_event", &expected, Duration::from_secs(60)).await;
     let arrived = messages_by_event(topic, written.len()).await;
     assert_eq!(arrived.len(), written.len());

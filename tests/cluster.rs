@@ -12,6 +12,7 @@ use common::relay::{
 use common::TestDb;
 use outbox_relay::config::Config;
 use outbox_relay::devenv::{scratch_dir, ReceivedMessage, RocketMq, RocketMqOptions, TopicReader};
+use outbox_relay::outbox::status::codes::{FAILED, SENT};
 use outbox_relay::producer::NewEvent;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
@@ -61,7 +62,7 @@ async fn write(db: &TestDb, topic: &str, from: usize, count: usize, keys: usize)
 /// the stored messages.
 async fn assert_delivered(db: &TestDb, cluster: &RocketMq, topic: &str) -> Vec<ReceivedMessage> {
     use mysql_async::prelude::*;
-    let rows: Vec<(u64, String, String, u8, Option<String>)> = db
+    let rows: Vec<(u64, String, String, i8, Option<String>)> = db
         .conn()
         .await
         .query("SELECT id, event_id, biz_key, status, msg_id FROM outbox_event ORDER BY id")
@@ -84,7 +85,7 @@ async fn assert_delivered(db: &TestDb, cluster: &RocketMq, topic: &str) -> Vec<R
     }
     let id_of_row: HashMap<&str, u64> = rows.iter().map(|r| (r.1.as_str(), r.0)).collect();
     for (id, event_id, _, status, msg_id) in &rows {
-        assert_eq!(*status, 2, "row {id} ({event_id}) is SENT");
+        assert_eq!(*status, SENT, "row {id} ({event_id}) is SENT");
         let msg_id = msg_id.as_deref().unwrap_or_default();
         assert!(
             ids_of
@@ -223,7 +224,9 @@ async fn the_topics_only_broker_down_while_another_is_up_retries_its_events() {
         use mysql_async::prelude::*;
         db.conn()
             .await
-            .query("SELECT event_id, last_error FROM outbox_event WHERE status = 3")
+            .query(format!(
+                "SELECT event_id, last_error FROM outbox_event WHERE status = {FAILED}"
+            ))
             .await
             .unwrap()
     };

@@ -11,14 +11,13 @@ mod support;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::config::TableName;
 use outbox_relay::mark::{run_marker, MarkRule, MarkStats};
+use outbox_relay::outbox::status::codes::SENDING;
+use outbox_relay::outbox::TableName;
 use outbox_relay::send::{Completion, Outcome};
 use std::sync::Arc;
 use support::{insert_row, state, FAILED, PENDING, SENT};
 use tokio_util::sync::CancellationToken;
-
-const SENDING: u8 = 1;
 
 /// Records `completions` with the relay's marker as instance `owner`; returns its counts.
 async fn mark(db: &TestDb, owner: &str, completions: Vec<Completion>) -> MarkStats {
@@ -88,7 +87,7 @@ async fn a_streamed_failure_never_overwrites_a_row_a_sweeper_is_delivering() {
     ] {
         conn.exec_drop(
             format!(
-                "UPDATE outbox_event SET status = 1, owner = 'sweeper-b', \
+                "UPDATE outbox_event SET status = {SENDING}, owner = 'sweeper-b', \
                  lease_until = NOW(3) {lease} WHERE id = ?"
             ),
             (id,),

@@ -8,7 +8,7 @@ use common::rocketmq::{new_topic, rocketmq};
 use outbox_relay::config::RocketMqConfig;
 use outbox_relay::devenv::rocketmq::apache::printed_message_ids;
 use outbox_relay::devenv::TopicReader;
-use outbox_relay::event::OutboundMessage;
+use outbox_relay::outbox::OutboundMessage;
 use outbox_relay::send::{RocketMqSink, Sink};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

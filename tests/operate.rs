@@ -8,7 +8,8 @@ mod rows;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::operate::{Action, Cleanup, Compensation, Outcome, Reconcile, Selection, Status};
+use outbox_relay::operate::{Action, Cleanup, Compensation, Outcome, Reconcile, Selection};
+use outbox_relay::outbox::Status;
 use rows::*;
 use serde_json::Value as Json;
 use std::process::{Command, Output};
@@ -61,10 +62,26 @@ async fn cleanup_deletes_only_old_sent_rows_in_batches() {
     );
     assert_eq!((summary.deleted(), summary.batches()), (2500, 3));
     assert_eq!(count_where(&db, "event_id LIKE 'old-%'").await, 0);
-    assert_eq!(count_where(&db, "status = 0").await, 5, "PENDING kept");
-    assert_eq!(count_where(&db, "status = 1").await, 5, "SENDING kept");
-    assert_eq!(count_where(&db, "status = 3").await, 5, "FAILED kept");
-    assert_eq!(count_where(&db, "status = 2").await, 17, "new SENT kept");
+    assert_eq!(
+        count_where(&db, &format!("status = {PENDING}")).await,
+        5,
+        "PENDING kept"
+    );
+    assert_eq!(
+        count_where(&db, &format!("status = {SENDING}")).await,
+        5,
+        "SENDING kept"
+    );
+    assert_eq!(
+        count_where(&db, &format!("status = {FAILED}")).await,
+        5,
+        "FAILED kept"
+    );
+    assert_eq!(
+        count_where(&db, &format!("status = {SENT}")).await,
+        17,
+        "new SENT kept"
+    );
 
     let again = cleanup
         .run_once(&db.pool, &outbox_tables(), |_| panic!("nothing left"))
@@ -170,15 +187,13 @@ async fn compensation_audits_each_effective_change_once_and_repeats_change_nothi
     assert_eq!(after["retry_count"], 0);
     assert_eq!(result, "changed: FAILED -> PENDING");
     assert_eq!(
-        count_where(
-            &db,
-            "status = 0 AND retry_count = 0 AND last_error IS NULL AND event_id LIKE 'failed-%'"
+        count_where(&db, &format!("status = {PENDING} AND retry_count = 0 AND last_error IS NULL AND event_id LIKE 'failed-%'")
         )
         .await,
         2
     );
     assert_eq!(
-        count_where(&db, "event_id = 'sent-0' AND status = 2").await,
+        count_where(&db, &format!("event_id = 'sent-0' AND status = {SENT}")).await,
         1
     );
 
@@ -211,7 +226,9 @@ async fn compensation_audits_each_effective_change_once_and_repeats_change_nothi
     assert_eq!(
         count_where(
             &db,
-            "event_id = 'sent-0' AND status = 0 AND msg_id IS NULL AND sent_at IS NULL"
+            &format!(
+                "event_id = 'sent-0' AND status = {PENDING} AND msg_id IS NULL AND sent_at IS NULL"
+            )
         )
         .await,
         1
@@ -265,10 +282,13 @@ async fn compensation_by_filter_takes_only_source_status_rows_up_to_the_limit() 
     assert!(third.rows.is_empty());
     assert_eq!(db.count("outbox_audit").await, 5);
     assert_eq!(
-        count_where(&db, "topic = 'payments' AND status = 3").await,
+        count_where(&db, &format!("topic = 'payments' AND status = {FAILED}")).await,
         3
     );
-    assert_eq!(count_where(&db, "topic = 'orders' AND status = 2").await, 4);
+    assert_eq!(
+        count_where(&db, &format!("topic = 'orders' AND status = {SENT}")).await,
+        4
+    );
 
     // created-before excludes newer rows.
     db.conn()
@@ -301,7 +321,7 @@ async fn retry_of_a_sent_row_changes_nothing() {
     assert_eq!(report.rows[0].outcome, Outcome::Skipped);
     assert_eq!(report.rows[0].before, Some(Status::Sent));
     assert_eq!(
-        count_where(&db, "status = 2 AND msg_id = 'msg-x-0'").await,
+        count_where(&db, &format!("status = {SENT} AND msg_id = 'msg-x-0'")).await,
         1
     );
     assert_eq!(db.count("outbox_audit").await, 0);
@@ -317,8 +337,10 @@ async fn mark_failed_waits_for_a_concurrent_relay_mark_and_leaves_it() {
     relay.query_drop("START TRANSACTION").await.unwrap();
     relay
         .exec_drop(
-            "UPDATE outbox_event SET status = 2, msg_id = 'relay-msg', sent_at = NOW(3) \
-             WHERE id = ? AND status IN (0, 1)",
+            format!(
+                "UPDATE outbox_event SET status = {SENT}, msg_id = 'relay-msg', sent_at = NOW(3) \
+             WHERE id = ? AND status IN ({PENDING}, {SENDING})"
+            ),
             (id,),
         )
         .await
@@ -339,7 +361,7 @@ async fn mark_failed_waits_for_a_concurrent_relay_mark_and_leaves_it() {
     assert_eq!(report.rows[0].outcome, Outcome::Skipped);
     assert_eq!(report.rows[0].before, Some(Status::Sent));
     assert_eq!(
-        count_where(&db, "status = 2 AND msg_id = 'relay-msg'").await,
+        count_where(&db, &format!("status = {SENT} AND msg_id = 'relay-msg'")).await,
         1
     );
     assert_eq!(db.count("outbox_audit").await, 0);
@@ -441,7 +463,10 @@ async fn reconcile_finds_exactly_the_withheld_events() {
     );
     assert_ne!(by_topic("orders").hour, by_topic("payments").hour);
     // Reconcile wrote nothing else.
-    assert_eq!(count_where(&producer, "status = 2").await, 51);
+    assert_eq!(
+        count_where(&producer, &format!("status = {SENT}")).await,
+        51
+    );
     assert_eq!(consumer.count("event_dedup").await, 45);
 
     // Again: the same rows, no duplicates.

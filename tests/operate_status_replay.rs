@@ -15,6 +15,7 @@ use common::{database, TestDb};
 use mysql_async::prelude::*;
 use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::devenv::{DatabaseKind, TopicReader};
+use outbox_relay::outbox::status::codes::{FAILED, SENDING};
 use outbox_relay::producer::NewEvent;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -161,9 +162,9 @@ async fn status_counts_rows_names_reasons_and_judges() {
     );
 
     // The FAILED rows are old news: only the PENDING row's age is left.
-    conn.query_drop(
-        "UPDATE outbox_event SET updated_at = NOW(3) - INTERVAL 2 HOUR WHERE status = 3",
-    )
+    conn.query_drop(format!(
+        "UPDATE outbox_event SET updated_at = NOW(3) - INTERVAL 2 HOUR WHERE status = {FAILED}"
+    ))
     .await
     .unwrap();
     let (code, report) = status_json(&url).await;
@@ -186,9 +187,9 @@ async fn status_counts_rows_names_reasons_and_judges() {
     conn.query_drop("UPDATE outbox_relay_state SET checkpoint_at = NOW(3)")
         .await
         .unwrap();
-    conn.query_drop(
-        "UPDATE outbox_event SET lease_until = NOW(3) - INTERVAL 1 SECOND WHERE status = 1",
-    )
+    conn.query_drop(format!(
+        "UPDATE outbox_event SET lease_until = NOW(3) - INTERVAL 1 SECOND WHERE status = {SENDING}"
+    ))
     .await
     .unwrap();
     let (code, report) = status_json(&url).await;

@@ -18,10 +18,11 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use helpers::*;
 use mysql_async::prelude::*;
-use outbox_relay::config::TableName;
 use outbox_relay::devenv::TopicReader;
 use outbox_relay::operate::partitions::{self, Convert, ConvertOutcome};
 use outbox_relay::operate::{Action, Compensation, Selection};
+use outbox_relay::outbox::status::codes::PENDING;
+use outbox_relay::outbox::TableName;
 use outbox_relay::producer::NewEvent;
 use serde_json::json;
 use std::collections::HashMap;
@@ -132,7 +133,7 @@ async fn a_past_day_with_an_unfinished_row_is_kept_and_each_clean_day_dropped_is
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The operator's change commits while maintenance waits (here: the held row is resent).
     tx.exec_drop(
-        "UPDATE outbox_event SET status = 0, msg_id = NULL, sent_at = NULL WHERE event_id = ?",
+        format!("UPDATE outbox_event SET status = {PENDING}, msg_id = NULL, sent_at = NULL WHERE event_id = ?"),
         (&racing[0],),
     )
     .await

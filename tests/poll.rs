@@ -12,7 +12,8 @@ use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use outbox_relay::binlog::decode::RowLimits;
-use outbox_relay::config::TableName;
+use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENDING, SENT};
+use outbox_relay::outbox::TableName;
 use outbox_relay::producer::NewEvent;
 use outbox_relay::relay::RunOptions;
 use outbox_relay::sweep::{ClaimStrategy, Claimed, Claimer};
@@ -59,16 +60,16 @@ async fn expired_leases_return_to_pending_and_are_published_live_ones_and_bad_ro
     write_events(&db, &topic, 1, 20, 5).await;
     let mut conn = db.conn().await;
     // A crashed owner's rows (lease expired), another live owner's row (lease in the future).
-    conn.query_drop(
-        "UPDATE outbox_event SET status = 1, owner = 'dead', \
-         lease_until = NOW(3) - INTERVAL 1 SECOND WHERE id <= 19",
-    )
+    conn.query_drop(format!(
+        "UPDATE outbox_event SET status = {SENDING}, owner = 'dead', \
+         lease_until = NOW(3) - INTERVAL 1 SECOND WHERE id <= 19"
+    ))
     .await
     .unwrap();
-    conn.query_drop(
-        "UPDATE outbox_event SET status = 1, owner = 'alive', \
-         lease_until = NOW(3) + INTERVAL 1 HOUR WHERE id = 20",
-    )
+    conn.query_drop(format!(
+        "UPDATE outbox_event SET status = {SENDING}, owner = 'alive', \
+         lease_until = NOW(3) + INTERVAL 1 HOUR WHERE id = 20"
+    ))
     .await
     .unwrap();
     // A row the producer would refuse (topic with a space): FAILED with its reason.
@@ -100,7 +101,9 @@ async fn expired_leases_return_to_pending_and_are_published_live_ones_and_bad_ro
         "a live lease is left alone"
     );
     let failed: (String, Option<String>, Option<String>) = conn
-        .query_first("SELECT event_id, last_error, owner FROM outbox_event WHERE status = 3")
+        .query_first(format!(
+            "SELECT event_id, last_error, owner FROM outbox_event WHERE status = {FAILED}"
+        ))
         .await
         .unwrap()
         .unwrap();
@@ -163,9 +166,11 @@ async fn mostly_sent_outbox(name: &str) -> (TestDb, mysql_async::Conn, TableName
     write_events(&db, &new_topic(name), 1, 5000, 10).await;
     let mut conn = db.conn().await;
     conn.query_drop("ANALYZE TABLE outbox_event").await.unwrap();
-    conn.query_drop("UPDATE outbox_event SET status = 2 WHERE id <= 4900")
-        .await
-        .unwrap();
+    conn.query_drop(format!(
+        "UPDATE outbox_event SET status = {SENT} WHERE id <= 4900"
+    ))
+    .await
+    .unwrap();
     let table = TableName::parse(&format!("{}.outbox_event", db.name())).unwrap();
     (db, conn, table)
 }
@@ -226,9 +231,11 @@ async fn a_claim_never_takes_a_row_while_an_older_row_of_its_key_waits() {
         ["a", "b", "c"][i % 3].into()
     })
     .await;
-    conn.query_drop("UPDATE outbox_event SET status = 1, owner = 'reader' WHERE id = 2")
-        .await
-        .unwrap();
+    conn.query_drop(format!(
+        "UPDATE outbox_event SET status = {SENDING}, owner = 'reader' WHERE id = 2"
+    ))
+    .await
+    .unwrap();
     let mut holder = db.conn().await;
     let mut held = holder.start_transaction(TxOpts::default()).await.unwrap();
     held.query_drop("SELECT id FROM outbox_event WHERE id = 1 FOR UPDATE")
@@ -246,9 +253,11 @@ async fn lease_upkeep_reads_sending_rows_only() {
     use outbox_relay::sweep::lease;
 
     let (_db, mut conn, table) = mostly_sent_outbox("poll_lease_reads").await;
-    conn.query_drop("UPDATE outbox_event SET status = 1, owner = 'gone' WHERE id > 4950")
-        .await
-        .unwrap();
+    conn.query_drop(format!(
+        "UPDATE outbox_event SET status = {SENDING}, owner = 'gone' WHERE id > 4950"
+    ))
+    .await
+    .unwrap();
     conn.query_drop("FLUSH STATUS").await.unwrap();
     let held = lease::HeldRows::default();
     held.add(&table, 4951..=5000);
@@ -276,14 +285,16 @@ async fn only_the_rows_this_process_claimed_have_their_leases_renewed() {
 
     let (_db, mut conn, claimer) = claimable_outbox("poll_lease_own", 6, |i| format!("k{i}")).await;
     conn.query_drop(
-        "UPDATE outbox_event SET status = 1, owner = 'reader', lease_until = NOW(3) WHERE id <= 3",
+        format!("UPDATE outbox_event SET status = {SENDING}, owner = 'reader', lease_until = NOW(3) WHERE id <= 3"),
     )
     .await
     .unwrap();
     assert_eq!(claim_ids(&claimer, &mut conn).await, [4, 5, 6]);
-    conn.query_drop("UPDATE outbox_event SET status = 2 WHERE id = 6")
-        .await
-        .unwrap();
+    conn.query_drop(format!(
+        "UPDATE outbox_event SET status = {SENT} WHERE id = 6"
+    ))
+    .await
+    .unwrap();
     let renewed = lease::renew(
         &mut conn,
         &claimer.table,
@@ -300,7 +311,7 @@ async fn only_the_rows_this_process_claimed_have_their_leases_renewed() {
         "row 6 is SENT: forgotten"
     );
     let expired: Vec<u64> = conn
-        .query("SELECT id FROM outbox_event WHERE status = 1 AND lease_until < NOW(3) ORDER BY id")
+        .query(format!("SELECT id FROM outbox_event WHERE status = {SENDING} AND lease_until < NOW(3) ORDER BY id"))
         .await
         .unwrap();
     assert_eq!(
@@ -332,7 +343,9 @@ async fn a_row_put_back_behind_the_claim_cursor_is_claimed_once_a_batch_comes_ba
     assert_eq!(claim_ids(&claimer, &mut conn).await, ids(1..=100, 0));
     db.conn()
         .await
-        .query_drop("UPDATE outbox_event SET status = 0, owner = NULL WHERE id = 5")
+        .query_drop(format!(
+            "UPDATE outbox_event SET status = {PENDING}, owner = NULL WHERE id = 5"
+        ))
         .await
         .unwrap();
     let next = claim_ids(&claimer, &mut conn).await;

@@ -9,6 +9,7 @@ use common::relay::{
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
+use outbox_relay::outbox::status::codes::SENDING;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,7 +121,9 @@ async fn a_restart_under_the_same_instance_id_delivers_the_dead_process_rows_wit
         use mysql_async::prelude::*;
         db.conn()
             .await
-            .query_first("SELECT COUNT(*) FROM outbox_event WHERE status = 1 AND owner = 'steady'")
+            .query_first(format!(
+                "SELECT COUNT(*) FROM outbox_event WHERE status = {SENDING} AND owner = 'steady'"
+            ))
             .await
             .unwrap()
             .unwrap()

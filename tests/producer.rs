@@ -6,7 +6,7 @@ mod common;
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::config::TableName;
+use outbox_relay::outbox::TableName;
 use outbox_relay::producer::{EnqueueError, NewEvent, Outbox, Payload};
 use serde_json::json;
 

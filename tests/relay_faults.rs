@@ -15,6 +15,7 @@ use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::devenv::{scratch_dir, RocketMq};
+use outbox_relay::outbox::status::codes::FAILED;
 use outbox_relay::producer::{NewEvent, Outbox};
 use serde_json::json;
 use std::time::Duration;
@@ -139,7 +140,9 @@ async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
     let failed: Vec<(String, Option<String>)> = db
         .conn()
         .await
-        .query("SELECT event_id, last_error FROM outbox_event WHERE status = 3")
+        .query(format!(
+            "SELECT event_id, last_error FROM outbox_event WHERE status = {FAILED}"
+        ))
         .await
         .unwrap();
     assert!(

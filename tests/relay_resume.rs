@@ -14,6 +14,7 @@ use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use outbox_relay::binlog::BinlogPosition;
 use outbox_relay::devenv::TopicReader;
+use outbox_relay::outbox::status::codes::FAILED;
 use outbox_relay::producer::{NewEvent, Outbox};
 use serde_json::json;
 use std::collections::HashMap;
@@ -68,7 +69,7 @@ async fn bad_rows_fail_with_reasons_while_big_transactions_and_rotations_flow() 
     )
     .await;
     let failed: Vec<(String, u8, Option<String>, Option<String>)> = conn
-        .query("SELECT event_id, status, last_error, msg_id FROM outbox_event WHERE status = 3 ORDER BY id")
+        .query(format!("SELECT event_id, status, last_error, msg_id FROM outbox_event WHERE status = {FAILED} ORDER BY id"))
         .await
         .unwrap();
     assert_eq!(failed[0].0, "bad-json");

@@ -266,7 +266,7 @@ async fn an_undecodable_row_fails_alone_and_its_neighbours_stream() {
         .await
         .unwrap();
     assert_eq!(ids.len(), 4);
-    let expected: Vec<(u64, u8)> = ids
+    let expected: Vec<(u64, i8)> = ids
         .iter()
         .enumerate()
         .map(|(i, id)| {

@@ -14,6 +14,7 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
+use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENT};
 use outbox_relay::producer::{NewEvent, Outbox};
 use serde_json::json;
 use std::time::Duration;
@@ -52,13 +53,13 @@ async fn rows_the_stream_never_saw_and_rows_put_back_by_hand_are_swept() {
     let mut conn = db.conn().await;
     let (id, event_id, first_msg): (u64, String, String) = conn
         .query_first(
-            "SELECT id, event_id, msg_id FROM outbox_event WHERE status = 2 ORDER BY id LIMIT 1",
+            format!("SELECT id, event_id, msg_id FROM outbox_event WHERE status = {SENT} ORDER BY id LIMIT 1"),
         )
         .await
         .unwrap()
         .unwrap();
     conn.exec_drop(
-        "UPDATE outbox_event SET status = 0, msg_id = NULL, sent_at = NULL WHERE id = ?",
+        format!("UPDATE outbox_event SET status = {PENDING}, msg_id = NULL, sent_at = NULL WHERE id = ?"),
         (id,),
     )
     .await
@@ -125,7 +126,9 @@ async fn a_topic_the_broker_rejects_is_failed_with_its_reason_while_other_keys_f
     let (event_id, last_error): (String, String) = db
         .conn()
         .await
-        .query_first("SELECT event_id, last_error FROM outbox_event WHERE status = 3")
+        .query_first(format!(
+            "SELECT event_id, last_error FROM outbox_event WHERE status = {FAILED}"
+        ))
         .await
         .unwrap()
         .unwrap();

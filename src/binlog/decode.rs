@@ -5,10 +5,10 @@
 //! it was not inserted as PENDING. Decoding never panics on bad data.
 
 use super::row_image::RowValues;
-use crate::config::TableName;
-use crate::event::OutboundMessage;
 use crate::metrics::stages::Stamps;
-use crate::producer::validate;
+use crate::outbox::OutboundMessage;
+use crate::outbox::TableName;
+use crate::outbox::rules;
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::Value;
 use std::sync::Arc;
@@ -262,11 +262,11 @@ pub fn message_from_text(row: RowText, limits: RowLimits) -> Result<OutboundMess
     let biz_key = biz_key.ok_or("`biz_key` is NULL")?;
     let topic = topic.ok_or("`topic` is NULL")?;
     let payload = payload.ok_or("`payload` is NULL")?;
-    validate::event_id(&event_id).map_err(|e| e.to_string())?;
-    validate::topic(&topic).map_err(|e| e.to_string())?;
-    validate::biz_key(&biz_key).map_err(|e| e.to_string())?;
+    rules::event_id(&event_id).map_err(|e| e.to_string())?;
+    rules::topic(&topic).map_err(|e| e.to_string())?;
+    rules::biz_key(&biz_key).map_err(|e| e.to_string())?;
     if let Some(t) = &tags {
-        validate::tags(t).map_err(|e| e.to_string())?;
+        rules::tags(t).map_err(|e| e.to_string())?;
     }
     serde_json::from_str::<serde::de::IgnoredAny>(&payload)
         .map_err(|e| format!("payload is not valid JSON: {e}"))?;
@@ -282,7 +282,7 @@ pub fn message_from_text(row: RowText, limits: RowLimits) -> Result<OutboundMess
         None => Vec::new(),
     };
     let map: std::collections::BTreeMap<String, String> = headers.iter().cloned().collect();
-    validate::headers(&map).map_err(|e| e.to_string())?;
+    rules::headers(&map).map_err(|e| e.to_string())?;
     Ok(OutboundMessage {
         event_id,
         biz_key,

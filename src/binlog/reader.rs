@@ -12,7 +12,7 @@ use super::gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 use super::position::{BinlogPosition, TxEnd, TxGtid};
 use super::row_image::{RowImage, TableShape};
 use super::xid::Xid;
-use crate::config::TableName;
+use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
 use futures_util::StreamExt;
 use mysql_async::binlog::events::{Event, EventData, RowsEventData, TableMapEvent};

@@ -82,7 +82,7 @@ fn print_table(report: &CompensationReport) {
             "table", "id", "event_id", "topic", "before", "after"
         );
     }
-    let status = |s: Option<outbox_relay::operate::Status>| s.map_or("-", |s| s.name());
+    let status = |s: Option<outbox_relay::outbox::Status>| s.map_or("-", |s| s.name());
     for row in &report.rows {
         let outcome = serde_json::to_value(row.outcome)
             .ok()

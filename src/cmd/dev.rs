@@ -242,7 +242,8 @@ async fn wait_until_sent(pool: &mysql_async::Pool, event_ids: &[String]) -> anyh
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let placeholders = vec!["?"; event_ids.len()].join(", ");
     let sql = format!(
-        "SELECT COUNT(*) FROM outbox_event WHERE status = 2 AND event_id IN ({placeholders})"
+        "SELECT COUNT(*) FROM outbox_event WHERE {} AND event_id IN ({placeholders})",
+        outbox_relay::outbox::Status::Sent.sql()
     );
     loop {
         let sent: u64 = pool

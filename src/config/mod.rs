@@ -5,11 +5,10 @@
 //! required value are errors that name the key; nothing is silently ignored.
 
 mod secret;
-mod table;
 
 pub use secret::{Credentials, Secret};
-pub use table::TableName;
 
+use crate::outbox::TableName;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
@@ -120,8 +119,8 @@ pub struct OutboxConfig {
 impl Default for OutboxConfig {
     fn default() -> Self {
         Self {
-            tables: vec!["outbox_event".to_string()],
-            max_payload_bytes: crate::producer::DEFAULT_MAX_PAYLOAD_BYTES,
+            tables: vec![crate::outbox::DEFAULT_TABLE.to_string()],
+            max_payload_bytes: crate::outbox::DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
 }

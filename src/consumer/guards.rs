@@ -13,7 +13,7 @@
 //! without writing: the event is then marked processed and ACKed, as it should be.
 
 use super::metrics::ConsumerMetrics;
-use crate::config::TableName;
+use crate::outbox::TableName;
 use mysql_async::prelude::*;
 use mysql_async::{Transaction, Value};
 use std::collections::HashSet;

@@ -5,8 +5,8 @@
 //! the table, the server's own words, and the fix (the `GRANT` statement for the relay's
 //! account, `outbox-relay migrate`, or the column definitions to restore).
 
-use crate::config::TableName;
 use crate::db::PermanentFault;
+use crate::outbox::TableName;
 use mysql_async::prelude::*;
 use mysql_async::Pool;
 use std::fmt;

@@ -14,14 +14,14 @@
 //! Which rows an UPDATE may touch depends on where the event came from (one marker serves both
 //! when the sweeper runs beside the stream):
 //! - An event read from the binlog (it has a watermark `seq`) marks its row SENT while still
-//!   PENDING or SENDING (`status IN (0, 1)`, or a NULL status in a hand-made table, which the
-//!   decoder fails): it was delivered, so it also settles a row a sweeper claimed meanwhile.
+//!   PENDING or SENDING (or with a NULL status, in a hand-made table, which the decoder
+//!   fails): it was delivered, so it also settles a row a sweeper claimed meanwhile.
 //! - Its FAILED mark never touches a row that a sweeper (of any instance, this one included)
-//!   holds under a live lease (`status = 1` and `lease_until` not yet past): that sweeper is
+//!   holds under a live lease (SENDING and `lease_until` not yet past): that sweeper is
 //!   delivering the row at this moment and records its own outcome. A FAILED row is therefore
 //!   never one that was delivered (an operator's `retry` of it would duplicate it).
 //! - An event claimed under a lease (poll mode, sweeper) marks its row only while this instance
-//!   still owns it (`status = 1 AND owner = ?`). A claimed row whose lease expired and was taken
+//!   still owns it (SENDING with its `owner`). A claimed row whose lease expired and was taken
 //!   back (PENDING again, claimed by another instance, or already SENT by the stream) is not
 //!   overwritten: whoever holds it now records that outcome. That costs a duplicate, never a loss.
 
@@ -30,14 +30,14 @@ mod fault;
 pub use fault::MarkError;
 
 use crate::checkpoint::Watermark;
-use crate::config::TableName;
+use crate::outbox::{Status, TableName};
 use crate::retry::RetryPolicy;
 use crate::send::{Completion, Outcome};
 use fault::WriteFailure;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, Value};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -71,14 +71,26 @@ impl MarkRule {
     /// see the module documentation.
     fn condition(&self, completion: &Completion) -> (&'static str, Option<&str>) {
         // NULL status: a hand-made table without the NOT NULL; the decoder fails such a row.
+        static STREAMED_SENT: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "({} OR status IS NULL)",
+                Status::sql_in(&Status::UNDELIVERED)
+            )
+        });
+        static STREAMED_FAILED: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "({} OR status IS NULL \
+                  OR ({} AND (lease_until IS NULL OR lease_until < NOW(3))))",
+                Status::Pending.sql(),
+                Status::Sending.sql()
+            )
+        });
+        static CLAIMED: LazyLock<String> =
+            LazyLock::new(|| format!("{} AND owner = ?", Status::Sending.sql()));
         match (completion.seq, &completion.outcome) {
-            (Some(_), Outcome::Sent { .. }) => ("(status IN (0, 1) OR status IS NULL)", None),
-            (Some(_), Outcome::Failed { .. }) => (
-                "(status = 0 OR status IS NULL \
-                  OR (status = 1 AND (lease_until IS NULL OR lease_until < NOW(3))))",
-                None,
-            ),
-            (None, _) => ("status = 1 AND owner = ?", Some(&self.owner)),
+            (Some(_), Outcome::Sent { .. }) => (STREAMED_SENT.as_str(), None),
+            (Some(_), Outcome::Failed { .. }) => (STREAMED_FAILED.as_str(), None),
+            (None, _) => (CLAIMED.as_str(), Some(&self.owner)),
         }
     }
 }
@@ -189,9 +201,10 @@ async fn observe_latencies(pool: Pool, sent: BTreeMap<Arc<TableName>, Vec<u64>>)
     for (table, ids) in sent {
         let sql = format!(
             "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) FROM {} \
-             WHERE id IN ({}) AND status = 2",
+             WHERE id IN ({}) AND {}",
             table.sql(),
-            crate::db::id_list(ids)
+            crate::db::id_list(ids),
+            Status::Sent.sql()
         );
         let micros: Result<Vec<Option<i64>>, _> = crate::db::bounded(async {
             let mut conn = pool.get_conn().await?;
@@ -232,9 +245,10 @@ async fn write(pool: &Pool, batch: &[Completion], rule: &MarkRule) -> Result<(),
                 params.extend(owner.map(Value::from));
                 conn.exec_drop(
                     format!(
-                        "UPDATE {} SET status = 3, last_error = ?, retry_count = ?, owner = NULL, \
+                        "UPDATE {} SET {}, last_error = ?, retry_count = ?, owner = NULL, \
                          lease_until = NULL WHERE id = ? AND {condition}",
-                        completion.table.sql()
+                        completion.table.sql(),
+                        Status::Failed.sql()
                     ),
                     params,
                 )
@@ -260,10 +274,11 @@ async fn write(pool: &Pool, batch: &[Completion], rule: &MarkRule) -> Result<(),
         params.extend(owner.map(Value::from));
         conn.exec_drop(
             format!(
-                "UPDATE {} SET status = 2, msg_id = CASE id{cases} END, sent_at = NOW(3), \
+                "UPDATE {} SET {}, msg_id = CASE id{cases} END, sent_at = NOW(3), \
                  owner = NULL, lease_until = NULL, last_error = NULL \
                  WHERE id IN ({ids}) AND {condition}",
-                table.sql()
+                table.sql(),
+                Status::Sent.sql()
             ),
             params,
         )
@@ -300,10 +315,11 @@ fn inline_sent_update(
         None => condition.to_string(),
     };
     Some(format!(
-        "UPDATE {} SET status = 2, msg_id = CASE id{cases} END, sent_at = NOW(3), \
+        "UPDATE {} SET {}, msg_id = CASE id{cases} END, sent_at = NOW(3), \
          owner = NULL, lease_until = NULL, last_error = NULL \
          WHERE id IN ({ids}) AND {condition}",
-        table.sql()
+        table.sql(),
+        Status::Sent.sql()
     ))
 }
 
@@ -331,15 +347,18 @@ mod tests {
     fn the_inline_sent_update_binds_nothing_unsafe() {
         let table = TableName::parse("outbox_event").unwrap();
         let rows = [(7, "C0A8000100002A9F"), (9, "C0A8000100002AA0")];
-        let sql =
-            inline_sent_update(&table, "status = 1 AND owner = ?", Some("host-1"), &rows).unwrap();
+        let sending = Status::Sending.sql();
+        let claimed = format!("{sending} AND owner = ?");
+        let sql = inline_sent_update(&table, &claimed, Some("host-1"), &rows).unwrap();
         assert!(sql.contains("WHEN 7 THEN 'C0A8000100002A9F' WHEN 9 THEN 'C0A8000100002AA0'"));
         assert!(
-            sql.contains("WHERE id IN (7, 9) AND status = 1 AND owner = 'host-1'"),
+            sql.contains(&format!(
+                "WHERE id IN (7, 9) AND {sending} AND owner = 'host-1'"
+            )),
             "{sql}"
         );
         // Anything that would need escaping goes through the prepared statement instead.
-        assert!(inline_sent_update(&table, "status = 1", None, &[(1, "a'b")]).is_none());
+        assert!(inline_sent_update(&table, sending, None, &[(1, "a'b")]).is_none());
         assert!(inline_sent_update(&table, "owner = ?", Some("x\\"), &[(1, "A")]).is_none());
     }
 
@@ -370,10 +389,14 @@ mod tests {
         };
         let (failed, owner) = rule.condition(&completion(Some(TxSeq::default())));
         assert!(
-            failed.contains("status = 1 AND (lease_until IS NULL OR lease_until < NOW(3))"),
+            failed.contains(&format!(
+                "{} AND (lease_until IS NULL OR lease_until < NOW(3))",
+                Status::Sending.sql()
+            )),
             "{failed}"
         );
-        assert!(!failed.contains("IN (0, 1)"), "{failed}");
+        let undelivered = Status::sql_in(&Status::UNDELIVERED);
+        assert!(!failed.contains(&undelivered), "{failed}");
         assert_eq!(
             owner, None,
             "whoever holds the lease, this instance included"
@@ -383,6 +406,6 @@ mod tests {
             msg_id: "C0A8000100002A9F".into(),
         };
         let (sent, _) = rule.condition(&sent);
-        assert!(sent.contains("status IN (0, 1)"), "delivered: {sent}");
+        assert!(sent.contains(&undelivered), "delivered: {sent}");
     }
 }

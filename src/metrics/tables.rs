@@ -2,7 +2,7 @@
 //! and for partitioned tables `outbox_partitions_ahead`), refreshed from MySQL on a timer by
 //! every running instance (leader, standby or poller).
 
-use crate::config::TableName;
+use crate::outbox::{Status, TableName};
 use mysql_async::prelude::*;
 use mysql_async::Pool;
 use std::time::Duration;
@@ -72,25 +72,36 @@ pub async fn refresh(pool: &Pool, tables: &[TableName]) -> Result<(), mysql_asyn
         let label = super::TableLabel {
             table: table.to_string(),
         };
-        let counts: Vec<(u8, i64)> = conn
+        let counts: Vec<(i8, i64)> = conn
             .query(format!(
-                "SELECT status, COUNT(*) FROM {} WHERE status IN (0, 1, 3) GROUP BY status",
-                table.sql()
+                "SELECT status, COUNT(*) FROM {} WHERE {} GROUP BY status",
+                table.sql(),
+                Status::sql_in(&[Status::Pending, Status::Sending, Status::Failed])
             ))
             .await?;
-        let count = |status: u8| {
+        let count = |status: Status| {
             counts
                 .iter()
-                .find(|(s, _)| *s == status)
+                .find(|(s, _)| *s == status.code())
                 .map_or(0, |(_, n)| *n)
         };
-        metrics.pending.get_or_create(&label).set(count(0));
-        metrics.sending.get_or_create(&label).set(count(1));
-        metrics.failed.get_or_create(&label).set(count(3));
+        metrics
+            .pending
+            .get_or_create(&label)
+            .set(count(Status::Pending));
+        metrics
+            .sending
+            .get_or_create(&label)
+            .set(count(Status::Sending));
+        metrics
+            .failed
+            .get_or_create(&label)
+            .set(count(Status::Failed));
         let oldest: Option<Option<i64>> = conn
             .query_first(format!(
-                "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) FROM {} WHERE status = 0",
-                table.sql()
+                "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) FROM {} WHERE {}",
+                table.sql(),
+                Status::Pending.sql()
             ))
             .await?;
         let seconds = oldest.flatten().unwrap_or(0).max(0) as f64 / 1e6;

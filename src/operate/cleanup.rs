@@ -3,14 +3,15 @@
 //! Per table: take the cutoff once (`NOW(3) - retention` on the server); then repeatedly select
 //! the next `batch_size` SENT rows created before it through `idx_status_created (status,
 //! created_at)` in `(created_at, id)` order, continuing after the last row seen, and delete
-//! exactly those ids with `DELETE … WHERE id IN (…) AND status = 2 AND created_at < cutoff`
+//! exactly those ids with `DELETE … WHERE id IN (…) AND <SENT> AND created_at < cutoff`
 //! (a row that stopped being SENT between the two statements, e.g. because an operator ran
 //! `resend`, is not deleted). Each batch is one autocommit statement; between batches the cleanup
 //! sleeps `pause` so replicas and the relay keep up. PENDING, SENDING and FAILED rows are never
 //! deleted, whatever their age.
 
-use super::{db_time_ago, placeholders, Status};
-use crate::config::TableName;
+use super::{db_time_ago, placeholders};
+use crate::outbox::Status;
+use crate::outbox::TableName;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, Value};
 use std::time::Duration;

@@ -22,8 +22,7 @@
 //! retried or resent event may reach consumers after newer events of its `biz_key`.
 
 use super::selection::{Bounds, Selection};
-use super::Status;
-use crate::config::TableName;
+use crate::outbox::{Status, TableName};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool, Row, TxOpts, Value};
 use serde::Serialize;
@@ -78,18 +77,19 @@ impl Action {
     }
 
     /// The `SET` clause of the UPDATE (bind: `last_error` for mark-failed).
-    fn set_clause(self) -> &'static str {
-        match self {
+    fn set_clause(self) -> String {
+        let rest = match self {
             Action::Retry => {
-                "status = 0, retry_count = 0, next_retry_at = NOW(3), owner = NULL, \
-                 lease_until = NULL, last_error = NULL"
+                "retry_count = 0, next_retry_at = NOW(3), owner = NULL, lease_until = NULL, \
+                 last_error = NULL"
             }
             Action::Resend => {
-                "status = 0, retry_count = 0, next_retry_at = NOW(3), owner = NULL, \
-                 lease_until = NULL, last_error = NULL, msg_id = NULL, sent_at = NULL"
+                "retry_count = 0, next_retry_at = NOW(3), owner = NULL, lease_until = NULL, \
+                 last_error = NULL, msg_id = NULL, sent_at = NULL"
             }
-            Action::MarkFailed => "status = 3, owner = NULL, lease_until = NULL, last_error = ?",
-        }
+            Action::MarkFailed => "owner = NULL, lease_until = NULL, last_error = ?",
+        };
+        format!("{}, {rest}", self.to_status().sql())
     }
 }
 

@@ -4,10 +4,10 @@
 //!
 //! Guarantees each command keeps:
 //!
-//! - [`cleanup`]: deletes only SENT rows (`status = 2`) created before a fixed cutoff (now minus
+//! - [`cleanup`]: deletes only SENT rows created before a fixed cutoff (now minus
 //!   the retention, taken once from the database clock). Never PENDING, SENDING or FAILED rows,
 //!   whatever their age. Deletes by primary key in batches of at most `batch_size` rows, each
-//!   batch its own short statement (`DELETE … WHERE id IN (…) AND status = 2`), with a pause
+//!   batch its own short statement (`DELETE … WHERE id IN (…) AND <SENT>`), with a pause
 //!   between batches: never one big DELETE holding locks and flooding replicas. A dry run only
 //!   counts.
 //! - [`compensate`]: every change is one row's `UPDATE`, guarded by the status the row was read
@@ -46,55 +46,9 @@ pub use replay::{Replay, ReplaySummary};
 pub use selection::{Selection, TimeBound};
 pub use status::{StatusOptions, StatusReport, Verdict};
 
-use crate::config::TableName;
+use crate::outbox::TableName;
 use mysql_async::prelude::*;
 use std::time::Duration;
-
-/// The outbox `status` column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Status {
-    Pending,
-    Sending,
-    Sent,
-    Failed,
-}
-
-impl Status {
-    pub fn code(self) -> i8 {
-        match self {
-            Status::Pending => 0,
-            Status::Sending => 1,
-            Status::Sent => 2,
-            Status::Failed => 3,
-        }
-    }
-
-    pub fn from_code(code: i64) -> Option<Self> {
-        match code {
-            0 => Some(Status::Pending),
-            1 => Some(Status::Sending),
-            2 => Some(Status::Sent),
-            3 => Some(Status::Failed),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Status::Pending => "PENDING",
-            Status::Sending => "SENDING",
-            Status::Sent => "SENT",
-            Status::Failed => "FAILED",
-        }
-    }
-}
-
-impl std::fmt::Display for Status {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The outbox tables a command works on: `only` (each must be one of `configured`, given as
 /// `table` or `schema.table`), or all of `configured` when `only` is empty.
@@ -156,19 +110,6 @@ pub fn thousands(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn status_codes_round_trip() {
-        for s in [
-            Status::Pending,
-            Status::Sending,
-            Status::Sent,
-            Status::Failed,
-        ] {
-            assert_eq!(Status::from_code(s.code().into()), Some(s));
-        }
-        assert_eq!(Status::from_code(9), None);
-    }
 
     #[test]
     fn placeholders_and_thousands() {

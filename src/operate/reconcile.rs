@@ -18,8 +18,9 @@
 //! The consumer must keep its `event_dedup` rows longer than `since`, otherwise events whose
 //! rows it purged are reported as missing.
 
-use super::{db_time_ago, placeholders, Status};
-use crate::config::TableName;
+use super::{db_time_ago, placeholders};
+use crate::outbox::Status;
+use crate::outbox::TableName;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool, Value};
 use serde::Serialize;

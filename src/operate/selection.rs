@@ -1,6 +1,7 @@
 //! Which outbox rows a compensation command applies to: ids, event_ids and filters.
 
-use super::{db_time_ago, placeholders, Status};
+use super::{db_time_ago, placeholders};
+use crate::outbox::Status;
 use mysql_async::{Conn, Value};
 use std::str::FromStr;
 use std::time::Duration;

@@ -33,10 +33,11 @@
 //! Cost: the counts read `idx_status_created`; on a very large outbox run `cleanup` (or
 //! partition) so SENT rows do not pile up.
 
-use super::Status;
 use crate::binlog::reader::server_position;
 use crate::binlog::{BinlogPosition, MariaDbGtid};
-use crate::config::{Config, RelayMode, TableName};
+use crate::config::{Config, RelayMode};
+use crate::outbox::Status;
+use crate::outbox::TableName;
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 use serde::Serialize;
@@ -281,7 +282,8 @@ async fn table_status(
         .query_first(format!(
             "SELECT id, event_id, topic, CAST(created_at AS CHAR), \
              TIMESTAMPDIFF(MICROSECOND, created_at, NOW(3)) \
-             FROM {sql} WHERE status = 0 ORDER BY created_at, id LIMIT 1"
+             FROM {sql} WHERE {} ORDER BY created_at, id LIMIT 1",
+            Status::Pending.sql()
         ))
         .await?;
     let oldest = oldest.map(|(id, event_id, topic, created_at, micros)| OldestPending {
@@ -293,7 +295,8 @@ async fn table_status(
     });
     let expired_leases: Option<u64> = conn
         .query_first(format!(
-            "SELECT COUNT(*) FROM {sql} WHERE status = 1 AND lease_until < NOW(3)"
+            "SELECT COUNT(*) FROM {sql} WHERE {} AND lease_until < NOW(3)",
+            Status::Sending.sql()
         ))
         .await?;
     let window = u64::try_from(failing_window.as_micros()).unwrap_or(u64::MAX);
@@ -301,7 +304,8 @@ async fn table_status(
         .exec_first(
             format!(
                 "SELECT COUNT(*) FROM {sql} \
-                 WHERE status = 3 AND updated_at >= NOW(3) - INTERVAL ? MICROSECOND"
+                 WHERE {} AND updated_at >= NOW(3) - INTERVAL ? MICROSECOND",
+                Status::Failed.sql()
             ),
             (window,),
         )
@@ -310,8 +314,9 @@ async fn table_status(
         .exec(
             format!(
                 "SELECT LEFT(COALESCE(last_error, '(no reason recorded)'), 255) AS reason, \
-                 COUNT(*) AS n FROM {sql} WHERE status = 3 \
-                 GROUP BY reason ORDER BY n DESC, reason LIMIT ?"
+                 COUNT(*) AS n FROM {sql} WHERE {} \
+                 GROUP BY reason ORDER BY n DESC, reason LIMIT ?",
+                Status::Failed.sql()
             ),
             (TOP_REASONS,),
         )

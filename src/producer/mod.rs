@@ -20,18 +20,17 @@
 //! SQL runs; a rejected event or batch writes nothing, and a failed batch leaves the caller's
 //! transaction usable (it is rolled back to a savepoint).
 
-pub(crate) mod validate;
 
-pub use validate::{MAX_BIZ_KEY_LEN, MAX_EVENT_ID_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN};
+use crate::outbox::rules;
+pub use crate::outbox::rules::{MAX_BIZ_KEY_LEN, MAX_EVENT_ID_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN};
 
-use crate::config::TableName;
+use crate::outbox::TableName;
 use mysql_async::prelude::*;
 use mysql_async::{Transaction, Value};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
-/// Largest payload accepted by default: RocketMQ's default maximum message size (4 MiB).
-pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 4 * 1024 * 1024;
+pub use crate::outbox::DEFAULT_MAX_PAYLOAD_BYTES;
 
 /// Rows per `INSERT` statement in [`Outbox::enqueue_batch`].
 const ROWS_PER_INSERT: usize = 500;
@@ -61,6 +60,20 @@ pub enum EnqueueError {
     DuplicateEventId { event_id: String },
     #[error("database error while enqueueing: {0}")]
     Database(#[from] mysql_async::Error),
+}
+
+impl From<rules::RuleViolation> for EnqueueError {
+    fn from(violation: rules::RuleViolation) -> Self {
+        use rules::RuleViolation as V;
+        match violation {
+            V::InvalidTopic { topic, reason } => EnqueueError::InvalidTopic { topic, reason },
+            V::BizKeyTooLong { len, max } => EnqueueError::BizKeyTooLong { len, max },
+            V::InvalidBizKey { reason } => EnqueueError::InvalidBizKey { reason },
+            V::InvalidEventId { event_id } => EnqueueError::InvalidEventId { event_id },
+            V::InvalidTags { tags, reason } => EnqueueError::InvalidTags { tags, reason },
+            V::InvalidHeader { name, reason } => EnqueueError::InvalidHeader { name, reason },
+        }
+    }
 }
 
 /// The id of an enqueued event: a UUIDv7 unless the caller chose one. Consumers de-duplicate
@@ -190,7 +203,7 @@ impl Default for Outbox {
     /// Table `outbox_event` in the connection's database, payloads up to 4 MiB.
     fn default() -> Self {
         Self::new(
-            TableName::parse(crate::schema::DEFAULT_OUTBOX_TABLE).expect("valid name"),
+            TableName::parse(crate::outbox::DEFAULT_TABLE).expect("valid name"),
             DEFAULT_MAX_PAYLOAD_BYTES,
         )
     }
@@ -263,15 +276,15 @@ impl Outbox {
     }
 
     fn prepare(&self, event: NewEvent) -> Result<Row, EnqueueError> {
-        validate::topic(&event.topic)?;
-        validate::biz_key(&event.biz_key)?;
+        rules::topic(&event.topic)?;
+        rules::biz_key(&event.biz_key)?;
         if let Some(id) = &event.event_id {
-            validate::event_id(id)?;
+            rules::event_id(id)?;
         }
         if let Some(tags) = &event.tags {
-            validate::tags(tags)?;
+            rules::tags(tags)?;
         }
-        validate::headers(&event.headers)?;
+        rules::headers(&event.headers)?;
         let payload = event.payload.into_text()?;
         if payload.len() > self.max_payload_bytes {
             return Err(EnqueueError::PayloadTooLarge {

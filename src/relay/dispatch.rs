@@ -20,7 +20,7 @@
 use super::key_order::{self, KeyOrder};
 use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, StreamClock, TxEnd, Xid};
 use crate::checkpoint::{TxSeq, Watermark};
-use crate::config::TableName;
+use crate::outbox::{Status, TableName};
 use crate::route::Router;
 use crate::send::{Completion, ShardEvent};
 use mysql_async::prelude::*;
@@ -156,11 +156,16 @@ impl CatchUp {
                     .push(row.id);
             }
         }
-        let statuses = if self.skip_claimed { "1, 2, 3" } else { "2, 3" };
+        // Already recorded: SENT or FAILED, and SENDING too when a sweeper's claim counts.
+        let statuses = if self.skip_claimed {
+            Status::sql_in(&[Status::Sending, Status::Sent, Status::Failed])
+        } else {
+            Status::sql_in(&[Status::Sent, Status::Failed])
+        };
         let mut recorded = HashSet::new();
         for (table, ids) in by_table {
             let sql = format!(
-                "SELECT id FROM {} WHERE id IN ({}) AND status IN ({statuses})",
+                "SELECT id FROM {} WHERE id IN ({}) AND {statuses}",
                 table.sql(),
                 crate::db::id_list(ids)
             );

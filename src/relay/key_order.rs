@@ -23,7 +23,7 @@
 
 use crate::binlog::DecodedRow;
 use crate::checkpoint::{TxSeq, Watermark};
-use crate::config::TableName;
+use crate::outbox::TableName;
 use crate::route::Router;
 use crate::send::ShardEvent;
 use crate::sweep::waiting::waiting_rows_of_keys;

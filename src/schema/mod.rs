@@ -7,7 +7,7 @@
 //! is already gone) is accepted, so a half-applied migration (DDL is not transactional in MySQL)
 //! can be run again.
 
-use crate::config::TableName;
+use crate::outbox::{TableName, DEFAULT_TABLE};
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 use sha2::{Digest, Sha256};
@@ -44,9 +44,6 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(10, "0010_outbox_drop_lease_index"),
     migration!(11, "0011_relay_state_stream_at"),
 ];
-
-/// The table every configured outbox table is shaped like.
-pub const DEFAULT_OUTBOX_TABLE: &str = "outbox_event";
 
 const HISTORY_TABLE: &str = "outbox_schema_history";
 const LOCK_NAME: &str = "outbox_relay.migrate";
@@ -216,7 +213,7 @@ async fn migrate_locked(
         report.applied.push((migration.version, migration.name));
     }
     for table in outbox_tables {
-        if table.schema.is_none() && table.table == DEFAULT_OUTBOX_TABLE {
+        if table.schema.is_none() && table.table == DEFAULT_TABLE {
             continue;
         }
         let exists: Option<i64> = conn
@@ -227,11 +224,8 @@ async fn migrate_locked(
             )
             .await?;
         if exists.unwrap_or(0) == 0 {
-            conn.query_drop(format!(
-                "CREATE TABLE {} LIKE {DEFAULT_OUTBOX_TABLE}",
-                table.sql()
-            ))
-            .await?;
+            conn.query_drop(format!("CREATE TABLE {} LIKE {DEFAULT_TABLE}", table.sql()))
+                .await?;
             report.created_tables.push(table.to_string());
         }
     }

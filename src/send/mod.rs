@@ -17,7 +17,7 @@ pub use client_security::ClientSecurity;
 pub use rocketmq::RocketMqSink;
 pub use shard::{run_shard, Completion, Outcome, ShardEvent, ShardOptions};
 
-pub use crate::event::OutboundMessage;
+pub use crate::outbox::OutboundMessage;
 
 use std::future::Future;
 

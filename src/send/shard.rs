@@ -15,8 +15,8 @@
 use super::{OutboundMessage, SendError, Sink};
 use crate::binlog::OutboxRow;
 use crate::checkpoint::TxSeq;
-use crate::config::TableName;
 use crate::metrics::stages::{now_us, Stamps};
+use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
 use crate::route::{index_for, java_string_hash};
 use std::sync::Arc;

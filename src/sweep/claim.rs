@@ -13,14 +13,14 @@
 //!   Concurrent claimers skip each other's locked rows instead of waiting. The transaction runs
 //!   at READ COMMITTED (no gap locks), so producers' INSERTs are never blocked by a claim.
 //! - [`ClaimStrategy::Optimistic`] (older servers): a plain `SELECT`, then per row
-//!   `UPDATE … WHERE id = ? AND status = 0`; a row is ours only if exactly one row was affected.
+//!   `UPDATE … WHERE id = ? AND <PENDING>`; a row is ours only if exactly one row was affected.
 
 use super::cursor::ClaimCursor;
 use super::lease::HeldRows;
 use super::waiting::{on_pending_index, waiting_rows_of_keys};
 use crate::binlog::decode::{message_from_text, RowLimits, RowText};
 use crate::binlog::{OutboxRow, RowProblem};
-use crate::config::TableName;
+use crate::outbox::{Status, TableName};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, IsolationLevel, Row, TxOpts, Value};
 use std::sync::Arc;
@@ -31,7 +31,7 @@ use std::time::Duration;
 pub enum ClaimStrategy {
     /// `FOR UPDATE SKIP LOCKED` and one UPDATE per batch.
     SkipLocked,
-    /// One `UPDATE … WHERE id = ? AND status = 0` per row; affected rows = 1 means claimed.
+    /// One `UPDATE … WHERE id = ? AND <PENDING>` per row; affected rows = 1 means claimed.
     Optimistic,
 }
 
@@ -154,8 +154,9 @@ impl Claimer {
         };
         format!(
             "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {}{hint} \
-             WHERE status = 0 AND id > ? AND next_retry_at <= NOW(3){age} ORDER BY id LIMIT ?{lock}",
-            self.table.sql()
+             WHERE {} AND id > ? AND next_retry_at <= NOW(3){age} ORDER BY id LIMIT ?{lock}",
+            self.table.sql(),
+            Status::Pending.sql()
         )
     }
 
@@ -167,9 +168,10 @@ impl Claimer {
         };
         format!(
             "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {} \
-             WHERE id IN ({}) AND status = 0 AND next_retry_at <= NOW(3) ORDER BY id{lock}",
+             WHERE id IN ({}) AND {} AND next_retry_at <= NOW(3) ORDER BY id{lock}",
             self.table.sql(),
-            crate::db::id_list(ids.iter().copied())
+            crate::db::id_list(ids.iter().copied()),
+            Status::Pending.sql()
         )
     }
 
@@ -216,12 +218,13 @@ impl Claimer {
     pub fn update_sql(&self, rows: usize) -> String {
         let which = match self.strategy {
             ClaimStrategy::SkipLocked => format!("id IN ({})", vec!["?"; rows].join(", ")),
-            ClaimStrategy::Optimistic => "id = ? AND status = 0".to_string(),
+            ClaimStrategy::Optimistic => format!("id = ? AND {}", Status::Pending.sql()),
         };
         format!(
-            "UPDATE {} SET status = 1, owner = ?, lease_until = NOW(3) + INTERVAL ? MICROSECOND \
+            "UPDATE {} SET {}, owner = ?, lease_until = NOW(3) + INTERVAL ? MICROSECOND \
              WHERE {which}",
-            self.table.sql()
+            self.table.sql(),
+            Status::Sending.sql()
         )
     }
 
@@ -487,17 +490,22 @@ mod tests {
     #[test]
     fn claim_sql_locks_skips_and_leases() {
         let c = claimer(ClaimStrategy::SkipLocked);
+        let (pending, sending) = (Status::Pending.sql(), Status::Sending.sql());
         assert_eq!(
             c.select_sql(true),
-            "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM `app`.`outbox_event` \
-             FORCE INDEX (idx_pending) WHERE status = 0 AND id > ? AND next_retry_at <= NOW(3) \
-             ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
+            format!(
+                "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM \
+                 `app`.`outbox_event` FORCE INDEX (idx_pending) WHERE {pending} AND id > ? AND \
+                 next_retry_at <= NOW(3) ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
+            )
         );
         assert!(!c.select_sql(false).contains("FORCE INDEX"));
         assert_eq!(
             c.update_sql(3),
-            "UPDATE `app`.`outbox_event` SET status = 1, owner = ?, lease_until = NOW(3) + \
-             INTERVAL ? MICROSECOND WHERE id IN (?, ?, ?)"
+            format!(
+                "UPDATE `app`.`outbox_event` SET {sending}, owner = ?, lease_until = NOW(3) + \
+                 INTERVAL ? MICROSECOND WHERE id IN (?, ?, ?)"
+            )
         );
         assert_eq!(c.lease_micros(), 1_500_000);
         let aged = Claimer {
@@ -517,7 +525,9 @@ mod tests {
         );
         let o = claimer(ClaimStrategy::Optimistic);
         assert!(!o.select_sql(true).contains("FOR UPDATE"));
-        assert!(o.update_sql(1).ends_with("WHERE id = ? AND status = 0"));
+        assert!(o
+            .update_sql(1)
+            .ends_with(&format!("WHERE id = ? AND {pending}")));
     }
 
     #[test]

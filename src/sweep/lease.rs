@@ -11,7 +11,7 @@
 //! lease and are claimed again. On shutdown an instance releases its owner's SENDING rows at
 //! once instead of waiting for their leases.
 
-use crate::config::TableName;
+use crate::outbox::{Status, TableName};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
 use std::collections::{BTreeMap, BTreeSet};
@@ -77,9 +77,11 @@ pub async fn recover_expired(
     table: &TableName,
 ) -> Result<u64, mysql_async::Error> {
     conn.query_drop(format!(
-        "UPDATE {} SET status = 0, owner = NULL, lease_until = NULL \
-         WHERE status = 1 AND lease_until < NOW(3)",
-        table.sql()
+        "UPDATE {} SET {}, owner = NULL, lease_until = NULL \
+         WHERE {} AND lease_until < NOW(3)",
+        table.sql(),
+        Status::Pending.sql(),
+        Status::Sending.sql()
     ))
     .await?;
     Ok(conn.affected_rows())
@@ -102,8 +104,9 @@ pub async fn renew(
         let still: Vec<u64> = conn
             .exec(
                 format!(
-                    "SELECT id FROM {} WHERE id IN ({list}) AND status = 1 AND owner = ?",
-                    table.sql()
+                    "SELECT id FROM {} WHERE id IN ({list}) AND {} AND owner = ?",
+                    table.sql(),
+                    Status::Sending.sql()
                 ),
                 (owner,),
             )
@@ -115,9 +118,10 @@ pub async fn renew(
         conn.exec_drop(
             format!(
                 "UPDATE {} SET lease_until = NOW(3) + INTERVAL ? MICROSECOND \
-                 WHERE id IN ({}) AND status = 1 AND owner = ?",
+                 WHERE id IN ({}) AND {} AND owner = ?",
                 table.sql(),
-                crate::db::id_list(still)
+                crate::db::id_list(still),
+                Status::Sending.sql()
             ),
             (micros, owner),
         )
@@ -135,9 +139,11 @@ pub async fn release(
 ) -> Result<u64, mysql_async::Error> {
     conn.exec_drop(
         format!(
-            "UPDATE {} SET status = 0, owner = NULL, lease_until = NULL \
-             WHERE status = 1 AND owner = ?",
-            table.sql()
+            "UPDATE {} SET {}, owner = NULL, lease_until = NULL \
+             WHERE {} AND owner = ?",
+            table.sql(),
+            Status::Pending.sql(),
+            Status::Sending.sql()
         ),
         (owner,),
     )

@@ -19,7 +19,7 @@
 //!   shutdown, or by lease recovery when its owner crashed or stalled past its lease. The relay
 //!   never deletes a row, FAILED ones included.
 //! - **At-least-once.** The marker only updates rows this instance still owns
-//!   (`status = 1 AND owner = ?`); a row taken back after its lease expired is sent again by its
+//!   (SENDING with its `owner`); a row taken back after its lease expired is sent again by its
 //!   next owner. Duplicates happen only after a crash, a stall longer than the lease, or a lost
 //!   SENT mark; consumers de-duplicate by `event_id`.
 //! - **Per-`biz_key` order.** A row is claimed only when no older row of its key waits
@@ -31,7 +31,7 @@
 //!   second copy only: a row recovered after an expired lease whose first send had in fact
 //!   succeeded is sent again (a duplicate).
 //! - **Claim conflicts.** With SKIP LOCKED, concurrent instances claim disjoint batches without
-//!   waiting; with the optimistic claim, a row is claimed only if its `UPDATE … AND status = 0`
+//!   waiting; with the optimistic claim, a row is claimed only if its `UPDATE … AND <PENDING>`
 //!   affected it.
 
 pub mod claim;

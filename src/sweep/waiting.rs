@@ -6,7 +6,7 @@
 //! go only when no older row of the key waits, except the rows the asker itself is carrying
 //! ahead of it in the same ordered sender.
 
-use crate::config::TableName;
+use crate::outbox::{Status, TableName};
 use mysql_async::prelude::*;
 use mysql_async::Value;
 
@@ -74,13 +74,13 @@ pub async fn waiting_rows_of_keys<Q: Queryable>(
     let mut params = vec![Value::from(below)];
     params.extend(keys.iter().map(|k| Value::from(*k)));
     let sql = |hinted| waiting_rows_sql(table, hinted, keys.len());
-    let rows: Vec<(u64, String, u8)> = on_pending_index(q, table, sql, params).await?;
+    let rows: Vec<(u64, String, i8)> = on_pending_index(q, table, sql, params).await?;
     Ok(rows
         .into_iter()
         .map(|(id, key, status)| WaitingRow {
             id,
             key,
-            sending: status == 1,
+            sending: status == Status::Sending.code(),
         })
         .collect())
 }
@@ -93,9 +93,10 @@ pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize) -> String 
         ""
     };
     format!(
-        "SELECT id, biz_key, status FROM {}{hint} WHERE status IN (0, 1) AND id < ? \
+        "SELECT id, biz_key, status FROM {}{hint} WHERE {} AND id < ? \
          AND biz_key IN ({}) ORDER BY id",
         table.sql(),
+        Status::sql_in(&Status::UNDELIVERED),
         vec!["?"; keys].join(", ")
     )
 }
@@ -109,8 +110,11 @@ mod tests {
         let table = TableName::parse("app.outbox_event").unwrap();
         assert_eq!(
             waiting_rows_sql(&table, true, 2),
-            "SELECT id, biz_key, status FROM `app`.`outbox_event` FORCE INDEX (idx_pending) \
-             WHERE status IN (0, 1) AND id < ? AND biz_key IN (?, ?) ORDER BY id"
+            format!(
+                "SELECT id, biz_key, status FROM `app`.`outbox_event` FORCE INDEX (idx_pending) \
+                 WHERE {} AND id < ? AND biz_key IN (?, ?) ORDER BY id",
+                Status::sql_in(&Status::UNDELIVERED)
+            )
         );
         assert!(!waiting_rows_sql(&table, false, 1).contains("FORCE INDEX"));
     }

@@ -6,23 +6,23 @@ use crate::common::rocketmq::rocketmq;
 use crate::common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::{TxOpts, Value};
-use outbox_relay::config::{Config, TableName};
+use outbox_relay::config::Config;
 use outbox_relay::devenv::{ReceivedMessage, TopicReader};
+use outbox_relay::outbox::TableName;
 use outbox_relay::producer::{NewEvent, Outbox};
 use outbox_relay::relay::{RelayHandle, RunOptions, RunSummary};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-pub const PENDING: u8 = 0;
-pub const SENT: u8 = 2;
-pub const FAILED: u8 = 3;
+#[allow(unused_imports)] // each test binary that includes this module uses some of them
+pub use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENT};
 
 /// One outbox row as the relay left it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowState {
     /// NULL only in a test table that allows it.
-    pub status: Option<u8>,
+    pub status: Option<i8>,
     pub event_id: Option<String>,
     pub last_error: Option<String>,
     pub retry_count: u32,
@@ -71,7 +71,7 @@ pub async fn enqueue(db: &TestDb, table: &str, event: NewEvent) -> (u64, String)
 
 /// status, event_id, last_error, retry_count, msg_id.
 type StateColumns = (
-    Option<u8>,
+    Option<i8>,
     Option<String>,
     Option<String>,
     u32,
@@ -104,7 +104,7 @@ pub async fn state(db: &TestDb, table: &str, id: u64) -> RowState {
 
 /// Waits until every `(id, status)` of `table` holds; panics with the rows' states after
 /// `timeout`.
-pub async fn wait_statuses(db: &TestDb, table: &str, expected: &[(u64, u8)], timeout: Duration) {
+pub async fn wait_statuses(db: &TestDb, table: &str, expected: &[(u64, i8)], timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
         let mut states = Vec::new();

@@ -12,9 +12,10 @@ pub mod rocketmq;
 
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
-use outbox_relay::config::{Config, TableName};
+use outbox_relay::config::Config;
 use outbox_relay::devenv::SqlServer;
 use outbox_relay::devenv::{scratch_dir, Database, DatabaseKind};
+use outbox_relay::outbox::TableName;
 use std::sync::OnceLock;
 
 /// The binary's SQL server, of `$OUTBOX_TEST_DB`'s kind. Tests must not stop it; a test that

@@ -9,6 +9,7 @@ use outbox_relay::binlog::{BinlogPosition, MariaDbGtidPos};
 use outbox_relay::checkpoint::{CheckpointStore, SledStore};
 use outbox_relay::config::Config;
 use outbox_relay::devenv::{DatabaseKind, ReceivedMessage, TopicReader};
+use outbox_relay::outbox::status::codes::SENT;
 use outbox_relay::producer::{EnqueueError, NewEvent, Outbox};
 use outbox_relay::relay::{RelayHandle, RunOptions, RunSummary};
 use serde_json::json;
@@ -393,10 +394,10 @@ pub async fn sent_latencies_ms(db: &TestDb) -> Vec<f64> {
     let mut micros: Vec<i64> = db
         .conn()
         .await
-        .query(
+        .query(format!(
             "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) FROM outbox_event \
-             WHERE status = 2",
-        )
+             WHERE status = {SENT}"
+        ))
         .await
         .unwrap();
     micros.sort();

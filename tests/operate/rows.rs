@@ -3,12 +3,9 @@
 
 use super::common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::config::TableName;
+use outbox_relay::outbox::TableName;
 
-pub const PENDING: i8 = 0;
-pub const SENDING: i8 = 1;
-pub const SENT: i8 = 2;
-pub const FAILED: i8 = 3;
+pub use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENDING, SENT};
 
 /// Inserts `n` rows `{prefix}-{i}` on `topic` with `status` (SENT rows get a msg_id and
 /// sent_at, FAILED rows a last_error), in multi-row INSERTs.

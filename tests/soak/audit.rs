@@ -6,6 +6,7 @@ use super::faults::FaultKind;
 use super::servers::{Servers, TOPIC};
 use super::workload::WriteLog;
 use outbox_relay::consumer::Disposition;
+use outbox_relay::outbox::status::codes::{FAILED, SENT};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -64,7 +65,7 @@ pub async fn audit(
     let mut failures = Vec::new();
     let mut fail = |f: String| failures.push(f);
     // The table: (id, event_id, biz_key, topic, status, msg_id).
-    let rows: Vec<(u64, String, String, String, u8, Option<String>)> = servers
+    let rows: Vec<(u64, String, String, String, i8, Option<String>)> = servers
         .query("SELECT id, event_id, biz_key, topic, status, msg_id FROM outbox_event ORDER BY id")
         .await;
     let in_table: HashMap<&str, usize> = rows
@@ -111,12 +112,12 @@ pub async fn audit(
         }
         if topic != TOPIC {
             poison += 1;
-            if *status != 3 {
+            if *status != FAILED {
                 fail(format!(
                     "poison event {event_id} is status {status}, not FAILED"
                 ));
             }
-        } else if *status != 2 || msg_id.as_deref().is_none_or(str::is_empty) {
+        } else if *status != SENT || msg_id.as_deref().is_none_or(str::is_empty) {
             fail(format!(
                 "event {event_id} is status {status} (msg_id {msg_id:?}), not SENT"
             ));

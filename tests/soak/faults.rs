@@ -11,6 +11,7 @@ use super::rng::Rng;
 use super::servers::{Servers, RELAY_USER};
 use mysql_async::prelude::*;
 use outbox_relay::devenv::SqlServer;
+use outbox_relay::outbox::status::codes::{PENDING, SENDING};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -140,8 +141,8 @@ async fn purge_while_down(servers: &Servers, relays: &Mutex<Relays>, hold: Durat
     relays.lock().unwrap().kill_all_and_hold();
     let first_unsent: Vec<u64> = servers
         .query(
-            "SELECT COALESCE((SELECT MIN(id) FROM outbox_event WHERE status IN (0, 1)), \
-             (SELECT COALESCE(MAX(id), 0) + 1 FROM outbox_event))",
+            &format!("SELECT COALESCE((SELECT MIN(id) FROM outbox_event WHERE status IN ({PENDING}, {SENDING})), \
+             (SELECT COALESCE(MAX(id), 0) + 1 FROM outbox_event))"),
         )
         .await;
     tokio::time::sleep(hold).await;

@@ -7,6 +7,7 @@ use super::faults::{inject, leader, schedule};
 use super::relays::{soak_config, Relays};
 use super::servers::{Servers, TOPIC};
 use super::workload::{self, WorkloadSpec};
+use outbox_relay::outbox::status::codes::{PENDING, SENDING, SENT};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -233,7 +234,7 @@ async fn drain(servers: &Servers, consumer: &SoakConsumer) {
     while Instant::now() < deadline {
         let counts: Vec<(u64, u64, u64)> = servers
             .query(&format!(
-                "SELECT COALESCE(SUM(status IN (0, 1)), 0), COALESCE(SUM(status = 2 AND topic = '{TOPIC}'), 0), \
+                "SELECT COALESCE(SUM(status IN ({PENDING}, {SENDING})), 0), COALESCE(SUM(status = {SENT} AND topic = '{TOPIC}'), 0), \
                  (SELECT COUNT(DISTINCT event_id) FROM soak_effect) FROM outbox_event"
             ))
             .await;

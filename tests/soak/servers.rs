@@ -10,6 +10,7 @@ use outbox_relay::devenv::SqlServer;
 use outbox_relay::devenv::{
     scratch_dir, Database, DatabaseKind, DatabaseOptions, RocketMq, RocketMqOptions,
 };
+use outbox_relay::outbox::status::codes::{PENDING, SENDING};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -169,10 +170,10 @@ impl Servers {
     /// `None` when there is none or the server cannot be reached.
     pub async fn oldest_unsent_age(&self) -> Result<Option<Duration>, ()> {
         let rows: Vec<Option<i64>> = self
-            .try_query(
+            .try_query(&format!(
                 "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) FROM outbox_event \
-                 WHERE status IN (0, 1) AND biz_key NOT LIKE 'poison-%'",
-            )
+                 WHERE status IN ({PENDING}, {SENDING}) AND biz_key NOT LIKE 'poison-%'"
+            ))
             .await
             .map_err(|_| ())?;
         Ok(rows
@@ -187,7 +188,7 @@ impl Servers {
     pub async fn stale_sending(&self, slack: Duration) -> Result<u64, ()> {
         let rows: Vec<u64> = self
             .try_query(&format!(
-                "SELECT COUNT(*) FROM outbox_event WHERE status = 1 \
+                "SELECT COUNT(*) FROM outbox_event WHERE status = {SENDING} \
                  AND lease_until < NOW(3) - INTERVAL {} MICROSECOND",
                 slack.as_micros()
             ))

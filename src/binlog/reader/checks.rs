@@ -3,7 +3,7 @@
 
 use super::ServerFlavor;
 use crate::binlog::position::BinlogPosition;
-use crate::config::TableName;
+use crate::outbox::TableName;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts, Row};
 

@@ -10,7 +10,7 @@ use super::super::decode::DecodedRow;
 use super::super::position::{TxEnd, TxGtid};
 use super::super::xid::Xid;
 use super::{BinlogItem, BinlogReader, PreparedTx, StreamState};
-use crate::config::TableName;
+use crate::outbox::TableName;
 use std::sync::Arc;
 
 /// Most bytes of rows (payloads and headers, roughly) a transaction holds before its end is read;
@@ -569,7 +569,11 @@ mod tests {
             "INSERT INTO outbox_event_archive SELECT * FROM outbox_event",
             "app"
         ));
-        assert!(!hit("UPDATE outbox_event SET status = 2", "app"));
+        let mark = format!(
+            "UPDATE outbox_event SET {}",
+            crate::outbox::Status::Sent.sql()
+        );
+        assert!(!hit(&mark, "app"));
         assert!(!hit("BEGIN", "app"));
     }
 }

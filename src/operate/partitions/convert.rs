@@ -4,8 +4,8 @@
 
 use super::plan::{self, UniqueKey};
 use super::{check_audited, db_today, read_layout, schema_of, set_lock_wait, PartitionError};
-use crate::config::TableName;
 use crate::operate::compensate::AuditRow;
+use crate::outbox::TableName;
 use chrono::NaiveDate;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};

@@ -7,9 +7,9 @@ use super::{
     check_audited, db_today, lock, read_layout, set_lock_wait, unfinished_rows, unlock, Partition,
     PartitionError,
 };
-use crate::config::TableName;
 use crate::operate::compensate::AuditRow;
 use crate::operate::db_time_ago;
+use crate::outbox::TableName;
 use chrono::{NaiveDate, NaiveDateTime};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};

@@ -28,8 +28,8 @@ pub use maintain::{Dropped, Kept, Maintain, TableMaintain};
 pub use plan::{Layout, Partition};
 
 use super::compensate::CompensateError;
-use super::Status;
-use crate::config::TableName;
+use crate::outbox::Status;
+use crate::outbox::TableName;
 use chrono::NaiveDate;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};

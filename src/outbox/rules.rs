@@ -1,8 +1,26 @@
-//! The rules an event must meet before it is written. Each rule matches what RocketMQ or the
-//! outbox schema would otherwise reject later, when the business transaction is long gone.
+//! The rules an event must meet: checked by the producer before a row is written, and again by
+//! the stream and the sweeper when a row becomes a message (a row written by hand, or by an older
+//! producer, may break them). Each rule matches what RocketMQ or the outbox schema would otherwise
+//! reject later, when the business transaction is long gone.
 
-use super::EnqueueError;
 use std::collections::BTreeMap;
+
+/// A rule an event breaks; the message says which and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleViolation {
+    #[error("invalid topic {topic:?}: {reason}")]
+    InvalidTopic { topic: String, reason: String },
+    #[error("biz_key is {len} characters long; the limit is {max}")]
+    BizKeyTooLong { len: usize, max: usize },
+    #[error("invalid biz_key: {reason}")]
+    InvalidBizKey { reason: String },
+    #[error("invalid event_id {event_id:?}: use 1 to 64 printable ASCII characters, no spaces")]
+    InvalidEventId { event_id: String },
+    #[error("invalid tags {tags:?}: {reason}")]
+    InvalidTags { tags: String, reason: String },
+    #[error("invalid header {name:?}: {reason}")]
+    InvalidHeader { name: String, reason: String },
+}
 
 /// Longest topic RocketMQ accepts.
 pub const MAX_TOPIC_LEN: usize = 127;
@@ -56,9 +74,9 @@ const RESERVED_HEADERS: &[&str] = &[
 ];
 
 /// RocketMQ topic names: 1–127 of `[A-Za-z0-9_-]`, not a system topic.
-pub fn topic(topic: &str) -> Result<(), EnqueueError> {
+pub fn topic(topic: &str) -> Result<(), RuleViolation> {
     let invalid = |reason: &str| {
-        Err(EnqueueError::InvalidTopic {
+        Err(RuleViolation::InvalidTopic {
             topic: topic.to_string(),
             reason: reason.to_string(),
         })
@@ -84,21 +102,21 @@ pub fn topic(topic: &str) -> Result<(), EnqueueError> {
 }
 
 /// `biz_key`: 1–64 characters, no control characters.
-pub fn biz_key(key: &str) -> Result<(), EnqueueError> {
+pub fn biz_key(key: &str) -> Result<(), RuleViolation> {
     let len = key.chars().count();
     if len == 0 {
-        return Err(EnqueueError::InvalidBizKey {
+        return Err(RuleViolation::InvalidBizKey {
             reason: "it is empty".into(),
         });
     }
     if len > MAX_BIZ_KEY_LEN {
-        return Err(EnqueueError::BizKeyTooLong {
+        return Err(RuleViolation::BizKeyTooLong {
             len,
             max: MAX_BIZ_KEY_LEN,
         });
     }
     if key.chars().any(char::is_control) {
-        return Err(EnqueueError::InvalidBizKey {
+        return Err(RuleViolation::InvalidBizKey {
             reason: "it contains control characters".into(),
         });
     }
@@ -107,20 +125,20 @@ pub fn biz_key(key: &str) -> Result<(), EnqueueError> {
 
 /// A caller-chosen `event_id`: 1–64 printable ASCII characters without spaces (it is a message
 /// key and the consumers' de-duplication key).
-pub fn event_id(id: &str) -> Result<(), EnqueueError> {
+pub fn event_id(id: &str) -> Result<(), RuleViolation> {
     let ok =
         !id.is_empty() && id.len() <= MAX_EVENT_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic());
     if ok {
         Ok(())
     } else {
-        Err(EnqueueError::InvalidEventId {
+        Err(RuleViolation::InvalidEventId {
             event_id: id.to_string(),
         })
     }
 }
 
 /// Tags: 1–128 characters, no `|` (RocketMQ's tag-expression separator), no control characters.
-pub fn tags(tags: &str) -> Result<(), EnqueueError> {
+pub fn tags(tags: &str) -> Result<(), RuleViolation> {
     let reason = if tags.is_empty() {
         Some("it is empty (leave tags unset instead)")
     } else if tags.chars().count() > MAX_TAGS_LEN {
@@ -131,7 +149,7 @@ pub fn tags(tags: &str) -> Result<(), EnqueueError> {
         None
     };
     match reason {
-        Some(reason) => Err(EnqueueError::InvalidTags {
+        Some(reason) => Err(RuleViolation::InvalidTags {
             tags: tags.to_string(),
             reason: reason.to_string(),
         }),
@@ -141,7 +159,7 @@ pub fn tags(tags: &str) -> Result<(), EnqueueError> {
 
 /// Headers become message properties: names are non-empty, not reserved, and neither names
 /// nor values contain control characters (RocketMQ separates properties with `\u{1}`/`\u{2}`).
-pub fn headers(headers: &BTreeMap<String, String>) -> Result<(), EnqueueError> {
+pub fn headers(headers: &BTreeMap<String, String>) -> Result<(), RuleViolation> {
     for (name, value) in headers {
         let reason = if name.is_empty() {
             Some("the name is empty")
@@ -153,7 +171,7 @@ pub fn headers(headers: &BTreeMap<String, String>) -> Result<(), EnqueueError> {
             None
         };
         if let Some(reason) = reason {
-            return Err(EnqueueError::InvalidHeader {
+            return Err(RuleViolation::InvalidHeader {
                 name: name.clone(),
                 reason: reason.to_string(),
             });

@@ -1,0 +1,22 @@
+//! The outbox itself, the ground floor every stage stands on: the table's name, the `status`
+//! column's codes, the message a row becomes and the rules it must meet, and the defaults the producer and the relay share.
+//!
+//! Guarantee: this module depends on no other module of the crate. Each rule about the table is
+//! written here once, so the producer that writes rows, the stream and the sweeper that read them,
+//! and the operator commands that repair them cannot disagree on it.
+
+pub mod message;
+pub mod rules;
+pub mod status;
+pub mod table;
+
+pub use message::OutboundMessage;
+pub use rules::RuleViolation;
+pub use status::Status;
+pub use table::TableName;
+
+/// The table every configured outbox table is shaped like (and the default `outbox.tables`).
+pub const DEFAULT_TABLE: &str = "outbox_event";
+
+/// Largest payload accepted by default: RocketMQ's default maximum message size (4 MiB).
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 4 * 1024 * 1024;
