@@ -25,7 +25,8 @@
 //! (7500,10000,12500,15000,20000,25000,30000; "" for none) `--seconds S` (10) `--shards N` (8)
 //! `--poll-batch N` (100) `--poll-interval-ms N` (500) `--singles N` (3000) `--out DIR`
 //! (bench/results) `--no-poll` (CDC only) `--peers` (Debezium and the sweeper too). `BENCH_PERF="-F 999 -g"` runs `perf record` on the
-//! relay during each drain and latency run (`perf.data` in its run directory). Writes `results.md` and `latency.svg` there and prints the report.
+//! relay during each drain and latency run (`perf.data` in its run directory; `BENCH_PERF_ALL=1`:
+//! the whole machine). Writes `results.md` and `latency.svg` there and prints the report.
 
 #![recursion_limit = "256"] // the RocketMQ client futures are deeply nested
 

@@ -412,7 +412,12 @@ impl Bench {
         if let (Some(trace), Ok(keep)) = (&trace, std::env::var("BENCH_TRACES_DIR")) {
             // For a closer look at one run (the scratch directory goes with the bench).
             let _ = std::fs::create_dir_all(&keep);
-            let _ = std::fs::copy(trace, PathBuf::from(keep).join(format!("{topic}.trace")));
+            let keep = PathBuf::from(keep);
+            let _ = std::fs::copy(trace, keep.join(format!("{topic}.trace")));
+            // The BENCH_PERF profile of this run, when there is one.
+            if let Some(perf) = trace.parent().map(|d| d.join("perf.data")) {
+                let _ = std::fs::copy(perf, keep.join(format!("{topic}.perf.data")));
+            }
         }
         reader.close().await;
         let mut reader = self.reader(&topic).await;

@@ -277,22 +277,27 @@ impl RelayChild {
     }
 
     /// With `BENCH_PERF` set (e.g. `BENCH_PERF="-F 999 --call-graph dwarf"`), samples the relay
-    /// with `perf record` into `<run dir>/perf.data` until [`Self::stop_profile`].
+    /// with `perf record` into `<run dir>/perf.data` until [`Self::stop_profile`]. With
+    /// `BENCH_PERF_ALL=1` it records the whole machine instead (`-a`: the broker and the database
+    /// too, e.g. `BENCH_PERF="-e sched:sched_switch -g -k realtime"` for where their threads
+    /// wait, on the clock of the stage trace).
     pub fn start_profile(&mut self) {
         let Ok(flags) = std::env::var("BENCH_PERF") else {
             return;
         };
         let out = self.run_dir.join("perf.data");
-        eprintln!("  profiling the relay into {}", out.display());
+        let pid = self.child.id().to_string();
+        let target: &[&str] = if std::env::var_os("BENCH_PERF_ALL").is_some() {
+            &["-a"]
+        } else {
+            &["-p", &pid]
+        };
+        eprintln!("  profiling ({}) into {}", target.join(" "), out.display());
         self.perf = Command::new("perf")
             .arg("record")
             .args(flags.split_whitespace())
-            .args([
-                "-p",
-                &self.child.id().to_string(),
-                "-o",
-                out.to_str().unwrap(),
-            ])
+            .args(target)
+            .args(["-o", out.to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
