@@ -68,7 +68,14 @@ async fn invalid_json_payload_or_headers_fail_with_the_reason_and_later_events_f
             &db,
             &outbox,
             NewEvent::new(&topic, "k", json!({})).with_header(name, value),
-            |e| matches!(e, EnqueueError::InvalidHeader { .. }),
+            |e| {
+                matches!(
+                    e,
+                    EnqueueError::Invalid(
+                        outbox_relay::outbox::RuleViolation::InvalidHeader { .. }
+                    )
+                )
+            },
         )
         .await;
     }
@@ -194,7 +201,10 @@ async fn empty_overlong_and_illegal_topics_fail_with_the_reason_and_later_events
     ];
     for bad in illegal {
         assert_refused(&db, &outbox, NewEvent::new(bad, "k", json!({})), |e| {
-            matches!(e, EnqueueError::InvalidTopic { .. })
+            matches!(
+                e,
+                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::InvalidTopic { .. })
+            )
         })
         .await;
     }

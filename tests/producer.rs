@@ -96,13 +96,22 @@ async fn every_bad_input_is_a_typed_error_and_writes_nothing() {
     type IsExpected = fn(&EnqueueError) -> bool;
     let cases: Vec<(NewEvent, IsExpected)> = vec![
         (NewEvent::new("", "k", json!({})), |e| {
-            matches!(e, EnqueueError::InvalidTopic { .. })
+            matches!(
+                e,
+                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::InvalidTopic { .. })
+            )
         }),
         (NewEvent::new("bad topic", "k", json!({})), |e| {
-            matches!(e, EnqueueError::InvalidTopic { .. })
+            matches!(
+                e,
+                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::InvalidTopic { .. })
+            )
         }),
         (NewEvent::new("t", "k".repeat(65), json!({})), |e| {
-            matches!(e, EnqueueError::BizKeyTooLong { .. })
+            matches!(
+                e,
+                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::BizKeyTooLong { .. })
+            )
         }),
         (
             NewEvent::new("t", "k", json!({"big": "x".repeat(2000)})),
@@ -113,7 +122,10 @@ async fn every_bad_input_is_a_typed_error_and_writes_nothing() {
             |e| matches!(e, EnqueueError::InvalidJson(_)),
         ),
         (event("k").with_event_id("not valid"), |e| {
-            matches!(e, EnqueueError::InvalidEventId { .. })
+            matches!(
+                e,
+                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::InvalidEventId { .. })
+            )
         }),
     ];
     for (bad, is_expected) in cases {

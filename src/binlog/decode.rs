@@ -6,9 +6,9 @@
 
 use super::row_image::RowValues;
 use crate::metrics::stages::Stamps;
+use crate::outbox::rules;
 use crate::outbox::OutboundMessage;
 use crate::outbox::TableName;
-use crate::outbox::rules;
 use mysql_async::binlog::value::BinlogValue;
 use mysql_async::Value;
 use std::sync::Arc;

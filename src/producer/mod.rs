@@ -20,7 +20,6 @@
 //! SQL runs; a rejected event or batch writes nothing, and a failed batch leaves the caller's
 //! transaction usable (it is rolled back to a savepoint).
 
-
 use crate::outbox::rules;
 pub use crate::outbox::rules::{MAX_BIZ_KEY_LEN, MAX_EVENT_ID_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN};
 
@@ -40,40 +39,17 @@ const BYTES_PER_INSERT: usize = 8 * 1024 * 1024;
 /// Why an event was not enqueued. Nothing was written when this is returned.
 #[derive(Debug, thiserror::Error)]
 pub enum EnqueueError {
-    #[error("invalid topic {topic:?}: {reason}")]
-    InvalidTopic { topic: String, reason: String },
-    #[error("biz_key is {len} characters long; the limit is {max}")]
-    BizKeyTooLong { len: usize, max: usize },
-    #[error("invalid biz_key: {reason}")]
-    InvalidBizKey { reason: String },
+    /// The event breaks one of the outbox's rules (topic, biz_key, event_id, tags, headers).
+    #[error(transparent)]
+    Invalid(#[from] rules::RuleViolation),
     #[error("payload is {size} bytes; the limit is {limit} (outbox.max_payload_bytes)")]
     PayloadTooLarge { size: usize, limit: usize },
     #[error("payload is not valid JSON: {0}")]
     InvalidJson(#[source] serde_json::Error),
-    #[error("invalid event_id {event_id:?}: use 1 to 64 printable ASCII characters, no spaces")]
-    InvalidEventId { event_id: String },
-    #[error("invalid tags {tags:?}: {reason}")]
-    InvalidTags { tags: String, reason: String },
-    #[error("invalid header {name:?}: {reason}")]
-    InvalidHeader { name: String, reason: String },
     #[error("event_id {event_id:?} already exists in the outbox")]
     DuplicateEventId { event_id: String },
     #[error("database error while enqueueing: {0}")]
     Database(#[from] mysql_async::Error),
-}
-
-impl From<rules::RuleViolation> for EnqueueError {
-    fn from(violation: rules::RuleViolation) -> Self {
-        use rules::RuleViolation as V;
-        match violation {
-            V::InvalidTopic { topic, reason } => EnqueueError::InvalidTopic { topic, reason },
-            V::BizKeyTooLong { len, max } => EnqueueError::BizKeyTooLong { len, max },
-            V::InvalidBizKey { reason } => EnqueueError::InvalidBizKey { reason },
-            V::InvalidEventId { event_id } => EnqueueError::InvalidEventId { event_id },
-            V::InvalidTags { tags, reason } => EnqueueError::InvalidTags { tags, reason },
-            V::InvalidHeader { name, reason } => EnqueueError::InvalidHeader { name, reason },
-        }
-    }
 }
 
 /// The id of an enqueued event: a UUIDv7 unless the caller chose one. Consumers de-duplicate

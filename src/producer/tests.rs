@@ -52,14 +52,17 @@ fn topic_rules() {
     ] {
         let err = prepare(NewEvent::new(bad, "k", json!({}))).unwrap_err();
         assert!(
-            matches!(err, EnqueueError::InvalidTopic { .. }),
+            matches!(
+                err,
+                EnqueueError::Invalid(crate::outbox::RuleViolation::InvalidTopic { .. })
+            ),
             "{bad:?}: {err}"
         );
     }
     let long = "t".repeat(128);
     assert!(matches!(
         prepare(NewEvent::new(long, "k", json!({}))).unwrap_err(),
-        EnqueueError::InvalidTopic { .. }
+        EnqueueError::Invalid(crate::outbox::RuleViolation::InvalidTopic { .. })
     ));
     prepare(NewEvent::new("t".repeat(127), "k", json!({}))).unwrap();
     prepare(NewEvent::new("Order_Events-2", "k", json!({}))).unwrap();
@@ -69,18 +72,21 @@ fn topic_rules() {
 fn biz_key_rules() {
     let err = prepare(NewEvent::new("t", "k".repeat(65), json!({}))).unwrap_err();
     assert!(
-        matches!(err, EnqueueError::BizKeyTooLong { len: 65, max: 64 }),
+        matches!(
+            err,
+            EnqueueError::Invalid(crate::outbox::RuleViolation::BizKeyTooLong { len: 65, max: 64 })
+        ),
         "{err}"
     );
     // 64 characters of multi-byte text fit VARCHAR(64).
     prepare(NewEvent::new("t", "订".repeat(64), json!({}))).unwrap();
     assert!(matches!(
         prepare(NewEvent::new("t", "", json!({}))).unwrap_err(),
-        EnqueueError::InvalidBizKey { .. }
+        EnqueueError::Invalid(crate::outbox::RuleViolation::InvalidBizKey { .. })
     ));
     assert!(matches!(
         prepare(NewEvent::new("t", "a\nb", json!({}))).unwrap_err(),
-        EnqueueError::InvalidBizKey { .. }
+        EnqueueError::Invalid(crate::outbox::RuleViolation::InvalidBizKey { .. })
     ));
 }
 
@@ -133,14 +139,20 @@ fn event_id_tags_and_header_rules() {
     for bad in ["", "has space", "tab\tid", &"e".repeat(65)] {
         let err = prepare(ok_event().with_event_id(bad)).unwrap_err();
         assert!(
-            matches!(err, EnqueueError::InvalidEventId { .. }),
+            matches!(
+                err,
+                EnqueueError::Invalid(crate::outbox::RuleViolation::InvalidEventId { .. })
+            ),
             "{bad:?}: {err}"
         );
     }
     for bad in ["", "a||b", &"g".repeat(129)] {
         let err = prepare(ok_event().with_tags(bad)).unwrap_err();
         assert!(
-            matches!(err, EnqueueError::InvalidTags { .. }),
+            matches!(
+                err,
+                EnqueueError::Invalid(crate::outbox::RuleViolation::InvalidTags { .. })
+            ),
             "{bad:?}: {err}"
         );
     }
@@ -152,7 +164,10 @@ fn event_id_tags_and_header_rules() {
     ] {
         let err = prepare(ok_event().with_header(name, value)).unwrap_err();
         assert!(
-            matches!(err, EnqueueError::InvalidHeader { .. }),
+            matches!(
+                err,
+                EnqueueError::Invalid(crate::outbox::RuleViolation::InvalidHeader { .. })
+            ),
             "{name:?}: {err}"
         );
     }
