@@ -213,7 +213,10 @@ async fn with_the_right_credentials_every_row_is_sent_and_stored_under_its_msg_i
     wait_until_sent(&db, 50, Duration::from_secs(60)).await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
-    assert_eq!(count_status(&db, 3).await, 0);
+    assert_eq!(
+        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        0
+    );
     let mut reader = signed_reader(&topic).await;
     let stored = assert_read_every_event_in_key_order(&db, &mut reader, 50).await;
     reader.close().await;
@@ -251,9 +254,18 @@ async fn refused_until_fixed(
     let (status, body) = get(&addr, "/readyz").unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("\"broker_auth\":false"), "{body}");
-    assert_eq!(count_status(db, 3).await, 0, "nothing FAILED");
-    assert_eq!(count_status(db, 2).await, 0, "nothing SENT");
-    let waiting = count_status(db, 0).await + count_status(db, 1).await;
+    assert_eq!(
+        count_status(db, outbox_relay::outbox::Status::Failed).await,
+        0,
+        "nothing FAILED"
+    );
+    assert_eq!(
+        count_status(db, outbox_relay::outbox::Status::Sent).await,
+        0,
+        "nothing SENT"
+    );
+    let waiting = count_status(db, outbox_relay::outbox::Status::Pending).await
+        + count_status(db, outbox_relay::outbox::Status::Sending).await;
     assert_eq!(
         waiting, 6,
         "every row waits (PENDING, or claimed by the sweeper)"
@@ -285,7 +297,11 @@ async fn refused_until_fixed(
     )
     .await;
     relay.stop();
-    assert_eq!(count_status(db, 3).await, 0, "nothing FAILED");
+    assert_eq!(
+        count_status(db, outbox_relay::outbox::Status::Failed).await,
+        0,
+        "nothing FAILED"
+    );
     assert_read_every_event_in_key_order(db, &mut reader, 6).await;
     reader.close().await;
 }
@@ -432,7 +448,11 @@ async fn rocketmq_tls_delivers_through_a_cluster_that_accepts_tls_only() {
     write_events(&db, &topic, 1, 10, 3).await;
     wait_until_sent(&db, 10, Duration::from_secs(90)).await;
     relay.stop();
-    assert_eq!(count_status(&db, 3).await, 0, "nothing FAILED");
+    assert_eq!(
+        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        0,
+        "nothing FAILED"
+    );
 
     // What the broker stored, asked over TLS by mqadmin: every SENT row's msg_id.
     let ids: Vec<String> = db

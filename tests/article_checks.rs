@@ -78,7 +78,7 @@ async fn a_rolled_back_transaction_publishes_nothing_and_a_stopped_relay_catches
     let rolled_back = one_event(&db, &topic, "rolled-back", false).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        count_status(&db, 0).await,
+        count_status(&db, outbox_relay::outbox::Status::Pending).await,
         3,
         "PENDING while the relay is stopped"
     );

@@ -380,7 +380,7 @@ async fn a_revoked_update_privilege_stops_the_relay_with_the_grant_to_run_and_lo
         "the message names the fix `{grant}`: {last}"
     );
     assert!(!last.contains(&password), "no password in errors: {last}");
-    let pending = common::relay::count_status(&db, 0).await;
+    let pending = common::relay::count_status(&db, outbox_relay::outbox::Status::Pending).await;
     assert!(pending > 0, "the events after the REVOKE are not marked");
 
     // After the grant, a restart from the checkpoint sends and records everything.

@@ -144,18 +144,21 @@ async fn a_frozen_broker_of_two_holds_only_its_keys_for_the_policy_time_then_all
     wait_for(
         "broker-a's keys to flow",
         Duration::from_secs(30),
-        || async { count_status(&db, 2).await >= 150 },
+        || async { count_status(&db, outbox_relay::outbox::Status::Sent).await >= 150 },
     )
     .await;
     // Every SEND_OK on broker-a wakes the shards waiting on broker-b; with wake-ups counted as
     // retries they went FAILED within a second. Hold the freeze for 15 s, half the policy.
     tokio::time::sleep(Duration::from_secs(15).saturating_sub(frozen_at.elapsed())).await;
     assert_eq!(
-        count_status(&db, 3).await,
+        count_status(&db, outbox_relay::outbox::Status::Failed).await,
         0,
         "nothing FAILED while the outage is shorter than the retry policy"
     );
-    assert!(count_status(&db, 2).await < 300, "broker-b's keys waited");
+    assert!(
+        count_status(&db, outbox_relay::outbox::Status::Sent).await < 300,
+        "broker-b's keys waited"
+    );
     mq.thaw_broker_at(b);
     wait_until_sent(&db, 300, Duration::from_secs(60)).await;
     let summary = relay.stop().await;
@@ -188,7 +191,7 @@ async fn a_broker_of_two_killed_mid_stream_loses_nothing_and_fails_nothing() {
     mq.kill_broker_at(b);
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(
-        count_status(&db, 3).await,
+        count_status(&db, outbox_relay::outbox::Status::Failed).await,
         0,
         "nothing FAILED during the outage"
     );
@@ -232,7 +235,7 @@ async fn the_topics_only_broker_down_while_another_is_up_retries_its_events() {
     };
     assert!(failed.is_empty(), "retried, not FAILED: {failed:?}");
     assert_eq!(
-        count_status(&db, 2).await,
+        count_status(&db, outbox_relay::outbox::Status::Sent).await,
         20,
         "nothing SENT while broker-b is down"
     );
@@ -297,15 +300,23 @@ async fn a_sync_master_without_its_slave_is_never_taken_as_sent() {
     write(&db, topic, 10, 10, 5).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(
-        count_status(&db, 2).await,
+        count_status(&db, outbox_relay::outbox::Status::Sent).await,
         10,
         "no SENT on FLUSH_SLAVE_TIMEOUT"
     );
     mq.kill_broker_at(slave);
     write(&db, topic, 20, 10, 5).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(count_status(&db, 2).await, 10, "no SENT without the slave");
-    assert_eq!(count_status(&db, 3).await, 0, "and nothing FAILED");
+    assert_eq!(
+        count_status(&db, outbox_relay::outbox::Status::Sent).await,
+        10,
+        "no SENT without the slave"
+    );
+    assert_eq!(
+        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        0,
+        "and nothing FAILED"
+    );
     mq.start_broker_at(slave).unwrap();
     wait_until_sent(&db, 30, Duration::from_secs(90)).await;
     relay.stop().await;

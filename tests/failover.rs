@@ -92,7 +92,7 @@ async fn killing_the_leader_three_times_loses_nothing() {
         wait_for(
             "events SENT before the next kill",
             Duration::from_secs(120),
-            || async { count_status(&db, 2).await >= threshold },
+            || async { count_status(&db, outbox_relay::outbox::Status::Sent).await >= threshold },
         )
         .await;
         let (current, epoch) = leader(&db, &name).await.unwrap();
@@ -113,8 +113,16 @@ async fn killing_the_leader_three_times_loses_nothing() {
     writer.await.unwrap();
     wait_until_sent(&db, TOTAL as u64, Duration::from_secs(180)).await;
     // Whatever the killed leaders had claimed was recovered within a lease.
-    assert_eq!(count_status(&db, 1).await, 0, "no row is left SENDING");
-    assert_eq!(count_status(&db, 3).await, 0, "no row FAILED");
+    assert_eq!(
+        count_status(&db, outbox_relay::outbox::Status::Sending).await,
+        0,
+        "no row is left SENDING"
+    );
+    assert_eq!(
+        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        0,
+        "no row FAILED"
+    );
     for process in processes.into_values() {
         process.stop();
     }
@@ -165,7 +173,11 @@ async fn a_backlog_written_while_every_instance_was_down_is_not_swept_twice() {
     const TOTAL: usize = FIRST + BACKLOG;
     wait_until_sent(&db, TOTAL as u64, Duration::from_secs(180)).await;
     let took = started.elapsed();
-    assert_eq!(count_status(&db, 1).await, 0, "no row is left SENDING");
+    assert_eq!(
+        count_status(&db, outbox_relay::outbox::Status::Sending).await,
+        0,
+        "no row is left SENDING"
+    );
     for process in processes.into_values() {
         process.stop();
     }

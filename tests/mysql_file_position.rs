@@ -178,16 +178,16 @@ async fn file_positions_resume(compressed: bool) {
         tokio::spawn(async move { write_events(&db, &topic, 4, 500, 40).await })
     };
     wait_for("700 SENT", Duration::from_secs(90), || async {
-        count_status(&db, 2).await >= 700
+        count_status(&db, outbox_relay::outbox::Status::Sent).await >= 700
     })
     .await;
     flush_binary_logs(&db).await;
     wait_for("1,200 SENT", Duration::from_secs(90), || async {
-        count_status(&db, 2).await >= 1_200
+        count_status(&db, outbox_relay::outbox::Status::Sent).await >= 1_200
     })
     .await;
     process.kill();
-    let sent_at_kill = count_status(&db, 2).await;
+    let sent_at_kill = count_status(&db, outbox_relay::outbox::Status::Sent).await;
     writer.await.unwrap();
     // While it is down: another rotation and 100 more events.
     flush_binary_logs(&db).await;
@@ -213,7 +213,11 @@ async fn file_positions_resume(compressed: bool) {
         "the checkpoint's file and offset were found"
     );
     assert_file_position(&saved_checkpoint(&config), "at the end");
-    assert_eq!(count_status(&db, 1).await, 0, "no row is left SENDING");
+    assert_eq!(
+        count_status(&db, outbox_relay::outbox::Status::Sending).await,
+        0,
+        "no row is left SENDING"
+    );
     assert_every_event_arrived_in_key_order(&db, &topic, TOTAL as usize).await;
 
     // 4. Written while down, then every file but the newest purged: the checkpoint's file is

@@ -84,7 +84,7 @@ async fn expired_leases_return_to_pending_and_are_published_live_ones_and_bad_ro
     let relay = RunningRelay::start(&config).await;
     wait_until_sent(&db, 19, Duration::from_secs(60)).await;
     wait_for("the bad row FAILED", Duration::from_secs(30), || async {
-        count_status(&db, 3).await == 1
+        count_status(&db, outbox_relay::outbox::Status::Failed).await == 1
     })
     .await;
     let summary = relay.stop().await;

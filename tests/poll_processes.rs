@@ -31,12 +31,12 @@ async fn sigkill_of_a_poll_relay_then_restart_loses_nothing() {
         tokio::spawn(async move { write_events(&db, &topic, 4, TOTAL / 4, 200).await })
     };
     wait_for("some events SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await >= 300
+        count_status(&db, outbox_relay::outbox::Status::Sent).await >= 300
     })
     .await;
     relay.kill();
-    let sent_at_kill = count_status(&db, 2).await;
-    let held_at_kill = count_status(&db, 1).await;
+    let sent_at_kill = count_status(&db, outbox_relay::outbox::Status::Sent).await;
+    let held_at_kill = count_status(&db, outbox_relay::outbox::Status::Sending).await;
 
     let relay = Relay::spawn(&second);
     writer.await.unwrap();

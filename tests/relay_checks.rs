@@ -167,7 +167,7 @@ async fn dry_run_prints_events_and_changes_nothing() {
     let ids: Vec<String> = ids.into_iter().map(String::from).collect();
     assert_eq!(printed, ids);
     assert_eq!(
-        common::relay::count_status(&db, 0).await,
+        common::relay::count_status(&db, outbox_relay::outbox::Status::Pending).await,
         3,
         "a dry run marks nothing"
     );

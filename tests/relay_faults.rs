@@ -62,12 +62,12 @@ async fn sigkill_mid_stream_then_restart_loses_nothing() {
         )
     };
     wait_for("some events SENT", Duration::from_secs(60), || async {
-        count_status(&db, 2).await >= 300
+        count_status(&db, outbox_relay::outbox::Status::Sent).await >= 300
     })
     .await;
     relay.kill().unwrap(); // SIGKILL
     relay.wait().unwrap();
-    let sent_at_kill = count_status(&db, 2).await;
+    let sent_at_kill = count_status(&db, outbox_relay::outbox::Status::Sent).await;
     assert!(sent_at_kill < TOTAL as u64, "killed mid-stream");
 
     let mut relay = spawn_relay_process(&file);
@@ -122,7 +122,7 @@ async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
     write_slowly(&db, topic, 100, Duration::from_millis(20)).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(
-        count_status(&db, 2).await,
+        count_status(&db, outbox_relay::outbox::Status::Sent).await,
         50,
         "nothing is SENT while the broker is down"
     );
@@ -177,6 +177,10 @@ async fn connections_cut_mid_stream_lose_nothing() {
     assert!(proxy.all_cut(), "{} cuts", proxy.cut());
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
-    assert_eq!(count_status(&db, 3).await, 0, "nothing FAILED");
+    assert_eq!(
+        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        0,
+        "nothing FAILED"
+    );
     assert_every_event_arrived_in_key_order(&db, &topic, 2000).await;
 }

@@ -65,7 +65,10 @@ async fn bad_rows_fail_with_reasons_while_big_transactions_and_rotations_flow() 
     wait_for(
         "1003 SENT and 2 FAILED",
         Duration::from_secs(90),
-        || async { count_status(&db, 2).await == 1003 && count_status(&db, 3).await == 2 },
+        || async {
+            count_status(&db, outbox_relay::outbox::Status::Sent).await == 1003
+                && count_status(&db, outbox_relay::outbox::Status::Failed).await == 2
+        },
     )
     .await;
     let failed: Vec<(String, u8, Option<String>, Option<String>)> = conn

@@ -119,7 +119,7 @@ async fn a_topic_the_broker_rejects_is_failed_with_its_reason_while_other_keys_f
     wait_for(
         "the rejected row FAILED",
         Duration::from_secs(60),
-        || async { count_status(&db, 3).await == 1 },
+        || async { count_status(&db, outbox_relay::outbox::Status::Failed).await == 1 },
     )
     .await;
     wait_until_sent(&db, 200, Duration::from_secs(60)).await;

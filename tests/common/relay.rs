@@ -182,7 +182,7 @@ where
 /// Waits (see [`wait_for`]) until exactly `total` rows of the outbox are SENT.
 pub async fn wait_until_sent(db: &TestDb, total: u64, timeout: Duration) {
     wait_for(&format!("{total} rows SENT"), timeout, || async {
-        count_status(db, 2).await == total
+        count_status(db, outbox_relay::outbox::Status::Sent).await == total
     })
     .await;
 }
@@ -206,12 +206,12 @@ pub async fn stop_when_all_sent(
 }
 
 /// Rows of the outbox with `status`.
-pub async fn count_status(db: &TestDb, status: u8) -> u64 {
+pub async fn count_status(db: &TestDb, status: outbox_relay::outbox::Status) -> u64 {
     db.conn()
         .await
         .exec_first(
             "SELECT COUNT(*) FROM outbox_event WHERE status = ?",
-            (status,),
+            (status.code(),),
         )
         .await
         .unwrap()
