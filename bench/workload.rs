@@ -353,9 +353,9 @@ impl Drop for RelayChild {
 /// broker. Returns how many rows it marked.
 pub async fn mark_all_sent(config: &Config) -> u64 {
     use outbox_relay::checkpoint::TxSeq;
-    use outbox_relay::mark::{run_marker, MarkRule};
+    use outbox_relay::mark::{run_marker, MarkerContext};
     use outbox_relay::outbox::TableName;
-    use outbox_relay::send::{Completion, Outcome};
+    use outbox_relay::send::{Completion, SendOutcome};
     use std::sync::Arc;
     let pool = outbox_relay::db::writer_pool(config).await.unwrap();
     let ids: Vec<u64> = pool
@@ -368,7 +368,7 @@ pub async fn mark_all_sent(config: &Config) -> u64 {
         .await
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(2048);
-    let rule = MarkRule {
+    let rule = MarkerContext {
         watermark: None,
         owner: "bench".into(),
     };
@@ -382,7 +382,7 @@ pub async fn mark_all_sent(config: &Config) -> u64 {
             table: Arc::clone(&table),
             id,
             event_id: String::new(),
-            outcome: Outcome::Sent {
+            outcome: SendOutcome::Sent {
                 msg_id: format!("7F00000100002A9F{id:016X}"),
             },
             stamps: Default::default(),

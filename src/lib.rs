@@ -5,6 +5,10 @@
 //! Apache RocketMQ, at least once and in order per `biz_key`; consumers de-duplicate by
 //! `event_id`.
 //!
+//! Three products, chosen by cargo features: the producer API alone (`default-features =
+//! false`: [`outbox`], [`producer`], [`schema`]), the consumer library (`consumer`), and the
+//! relay (`relay`, the default, everything).
+//!
 //! [`outbox`] is the ground floor: the table's name, its status codes and the message a row
 //! becomes. Modules follow the pipeline: [`config`] and [`schema`] set it up, [`producer`] is the
 //! business-side API, [`db`] holds MySQL connection helpers, and [`devenv`] starts real local
@@ -12,25 +16,52 @@
 
 #![recursion_limit = "256"]
 
-pub mod binlog;
-pub mod checkpoint;
-pub mod config;
-pub mod consumer;
-pub mod db;
-pub mod devenv;
-pub mod failpoint;
-pub mod leader;
-pub mod mark;
-pub mod metrics;
-pub mod operate;
+// The producer API, always compiled (`default-features = false` gives only this).
 pub mod outbox;
 pub mod producer;
-pub mod relay;
-pub mod retry;
-pub mod route;
 pub mod schema;
+
+// The relay's settings and MySQL connection options (feature `config`).
+#[cfg(feature = "config")]
+pub mod config;
+#[cfg(feature = "config")]
+pub mod db;
+
+// The consumer library (feature `consumer`).
+#[cfg(feature = "consumer")]
+pub mod consumer;
+#[cfg(feature = "consumer")]
+pub mod rocketmq_client;
+
+// The relay (feature `relay`, the default): the pipeline's stages, leadership, operations,
+// metrics and the dev servers.
+#[cfg(feature = "relay")]
+pub mod binlog;
+#[cfg(feature = "relay")]
+pub mod checkpoint;
+#[cfg(feature = "relay")]
+pub mod devenv;
+#[cfg(feature = "relay")]
+pub mod failpoint;
+#[cfg(feature = "relay")]
+pub mod leader;
+#[cfg(feature = "relay")]
+pub mod mark;
+#[cfg(feature = "relay")]
+pub mod metrics;
+#[cfg(feature = "relay")]
+pub mod operate;
+#[cfg(feature = "relay")]
+pub mod relay;
+#[cfg(feature = "relay")]
+pub mod retry;
+#[cfg(feature = "relay")]
+pub mod route;
+#[cfg(feature = "relay")]
 pub mod send;
+#[cfg(feature = "relay")]
 pub mod sweep;
 
+#[cfg(feature = "config")]
 pub use config::Config;
 pub use producer::{EnqueueError, EventId, NewEvent, Outbox, Payload};

@@ -11,10 +11,10 @@ mod support;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::mark::{run_marker, MarkRule, MarkStats};
+use outbox_relay::mark::{run_marker, MarkStats, MarkerContext};
 use outbox_relay::outbox::status::codes::SENDING;
 use outbox_relay::outbox::TableName;
-use outbox_relay::send::{Completion, Outcome};
+use outbox_relay::send::{Completion, SendOutcome};
 use std::sync::Arc;
 use support::{insert_row, state, FAILED, PENDING, SENT};
 use tokio_util::sync::CancellationToken;
@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 async fn mark(db: &TestDb, owner: &str, completions: Vec<Completion>) -> MarkStats {
     let pool = outbox_relay::db::writer_pool(&db.config).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(16);
-    let rule = MarkRule {
+    let rule = MarkerContext {
         watermark: None,
         owner: owner.into(),
     };
@@ -38,7 +38,7 @@ async fn mark(db: &TestDb, owner: &str, completions: Vec<Completion>) -> MarkSta
 }
 
 /// The completion of row `id`: streamed (with a watermark entry) or claimed (without).
-fn completion(id: u64, streamed: bool, outcome: Outcome) -> Completion {
+fn completion(id: u64, streamed: bool, outcome: SendOutcome) -> Completion {
     Completion {
         seq: streamed.then_some(1),
         table: Arc::new(TableName::parse("outbox_event").unwrap()),
@@ -49,8 +49,8 @@ fn completion(id: u64, streamed: bool, outcome: Outcome) -> Completion {
     }
 }
 
-fn failed() -> Outcome {
-    Outcome::Failed {
+fn failed() -> SendOutcome {
+    SendOutcome::Failed {
         reason: "retries used up".into(),
         attempts: 9,
     }
@@ -123,7 +123,7 @@ async fn a_streamed_failure_never_overwrites_a_row_a_sweeper_is_delivering() {
     }
 
     // The sweeper delivered it: its SENT mark lands, with its msg_id.
-    let sent = Outcome::Sent {
+    let sent = SendOutcome::Sent {
         msg_id: "7F00000100002A9F0000000000000001".into(),
     };
     let stats = mark(&db, "sweeper-b", vec![completion(live, false, sent)]).await;

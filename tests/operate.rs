@@ -8,7 +8,7 @@ mod rows;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::operate::{Action, Cleanup, Compensation, Outcome, Reconcile, Selection};
+use outbox_relay::operate::{Action, Cleanup, Compensation, Reconcile, RowOutcome, Selection};
 use outbox_relay::outbox::Status;
 use rows::*;
 use serde_json::Value as Json;
@@ -168,8 +168,8 @@ async fn compensation_audits_each_effective_change_once_and_repeats_change_nothi
     // retry: the two FAILED rows change; the SENT row is guarded (skipped, no audit).
     let retry = compensation(Action::Retry, ids(vec![f0, f1, s0, 999_999]));
     let report = retry.run(&db.pool, &outbox_tables()).await.unwrap();
-    assert_eq!(report.count(Outcome::Changed), 2, "{report:?}");
-    assert_eq!(report.count(Outcome::Skipped), 1);
+    assert_eq!(report.count(RowOutcome::Changed), 2, "{report:?}");
+    assert_eq!(report.count(RowOutcome::Skipped), 1);
     assert_eq!(report.not_found, vec!["id 999999".to_string()]);
     let audit = audit_rows(&db).await;
     assert_eq!(audit.len(), 2);
@@ -199,9 +199,9 @@ async fn compensation_audits_each_effective_change_once_and_repeats_change_nothi
 
     // The same command again: nothing changes, no audit row.
     let report = retry.run(&db.pool, &outbox_tables()).await.unwrap();
-    assert_eq!(report.count(Outcome::Changed), 0);
-    assert_eq!(report.count(Outcome::AlreadyInTarget), 2);
-    assert_eq!(report.count(Outcome::Skipped), 1);
+    assert_eq!(report.count(RowOutcome::Changed), 0);
+    assert_eq!(report.count(RowOutcome::AlreadyInTarget), 2);
+    assert_eq!(report.count(RowOutcome::Skipped), 1);
     assert!(report
         .summary_line()
         .starts_with("retry: 0 changed, 2 already in target state"));
@@ -217,7 +217,7 @@ async fn compensation_audits_each_effective_change_once_and_repeats_change_nothi
     );
     for expected_changes in [1, 0] {
         let report = resend.run(&db.pool, &outbox_tables()).await.unwrap();
-        assert_eq!(report.count(Outcome::Changed), expected_changes);
+        assert_eq!(report.count(RowOutcome::Changed), expected_changes);
     }
     let audit = audit_rows(&db).await;
     assert_eq!(audit.len(), 3);
@@ -238,7 +238,7 @@ async fn compensation_audits_each_effective_change_once_and_repeats_change_nothi
     let mark = compensation(Action::MarkFailed, ids(vec![p0]));
     for expected_changes in [1, 0] {
         let report = mark.run(&db.pool, &outbox_tables()).await.unwrap();
-        assert_eq!(report.count(Outcome::Changed), expected_changes);
+        assert_eq!(report.count(RowOutcome::Changed), expected_changes);
     }
     let error: Option<String> = db
         .conn()
@@ -273,10 +273,10 @@ async fn compensation_by_filter_takes_only_source_status_rows_up_to_the_limit() 
         },
     );
     let first = retry.run(&db.pool, &outbox_tables()).await.unwrap();
-    assert_eq!(first.count(Outcome::Changed), 3);
+    assert_eq!(first.count(RowOutcome::Changed), 3);
     assert!(first.limit_reached);
     let second = retry.run(&db.pool, &outbox_tables()).await.unwrap();
-    assert_eq!(second.count(Outcome::Changed), 2);
+    assert_eq!(second.count(RowOutcome::Changed), 2);
     assert!(!second.limit_reached);
     let third = retry.run(&db.pool, &outbox_tables()).await.unwrap();
     assert!(third.rows.is_empty());
@@ -306,7 +306,7 @@ async fn compensation_by_filter_takes_only_source_status_rows_up_to_the_limit() 
         },
     );
     let report = old_only.run(&db.pool, &outbox_tables()).await.unwrap();
-    assert_eq!(report.count(Outcome::Changed), 1);
+    assert_eq!(report.count(RowOutcome::Changed), 1);
     assert_eq!(report.rows[0].event_id, "b-0");
 }
 
@@ -318,7 +318,7 @@ async fn retry_of_a_sent_row_changes_nothing() {
         .run(&db.pool, &outbox_tables())
         .await
         .unwrap();
-    assert_eq!(report.rows[0].outcome, Outcome::Skipped);
+    assert_eq!(report.rows[0].outcome, RowOutcome::Skipped);
     assert_eq!(report.rows[0].before, Some(Status::Sent));
     assert_eq!(
         count_where(&db, &format!("status = {SENT} AND msg_id = 'msg-x-0'")).await,
@@ -358,7 +358,7 @@ async fn mark_failed_waits_for_a_concurrent_relay_mark_and_leaves_it() {
     );
     relay.query_drop("COMMIT").await.unwrap();
     let report = operator.await.unwrap().unwrap();
-    assert_eq!(report.rows[0].outcome, Outcome::Skipped);
+    assert_eq!(report.rows[0].outcome, RowOutcome::Skipped);
     assert_eq!(report.rows[0].before, Some(Status::Sent));
     assert_eq!(
         count_where(&db, &format!("status = {SENT} AND msg_id = 'relay-msg'")).await,

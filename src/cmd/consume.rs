@@ -16,7 +16,7 @@ use outbox_relay::consumer::{
     Transition,
 };
 use outbox_relay::db;
-use outbox_relay::send::ClientHost;
+use outbox_relay::rocketmq_client::ClientHost;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;

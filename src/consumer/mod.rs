@@ -51,7 +51,7 @@ pub mod prefilter;
 pub mod rocketmq;
 mod store;
 
-pub use crate::send::ClientSecurity;
+pub use crate::rocketmq_client::ClientSecurity;
 pub use event::ConsumedEvent;
 pub use guards::{StateGuard, StateMachine, Transition, VersionCheck, VersionGuard};
 pub use idempotent::{Disposition, IdempotentProcessor, Observer, ProcessorError};

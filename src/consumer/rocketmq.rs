@@ -39,7 +39,7 @@
 use super::event::ConsumedEvent;
 use super::idempotent::{Disposition, IdempotentProcessor};
 use super::Handler;
-use crate::send::{ClientHost, ClientSecurity};
+use crate::rocketmq_client::{ClientHost, ClientSecurity};
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, DefaultMQPushConsumer, MQPushConsumer,

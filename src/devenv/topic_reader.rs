@@ -27,7 +27,7 @@ use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::{MessageConst, STRING_HASH_SET};
 
 use super::rocketmq::{AclAccount, ClientHost};
-use crate::send::ClientSecurity;
+use crate::rocketmq_client::ClientSecurity;
 
 /// Messages pulled per request.
 const PULL_BATCH: i32 = 64;

@@ -32,7 +32,7 @@ pub use fault::MarkError;
 use crate::checkpoint::Watermark;
 use crate::outbox::{Status, TableName};
 use crate::retry::RetryPolicy;
-use crate::send::{Completion, Outcome};
+use crate::send::{Completion, SendOutcome};
 use fault::WriteFailure;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, Value};
@@ -58,7 +58,7 @@ pub struct MarkStats {
 
 /// What the marker needs besides the completions.
 #[derive(Debug, Clone)]
-pub struct MarkRule {
+pub struct MarkerContext {
     /// The stream's watermark: each recorded completion with a `seq` is acknowledged to it.
     /// `None` when no stream runs (poll mode, a standby's sweeper).
     pub watermark: Option<Arc<Mutex<Watermark>>>,
@@ -66,7 +66,7 @@ pub struct MarkRule {
     pub owner: String,
 }
 
-impl MarkRule {
+impl MarkerContext {
     /// The WHERE condition after `id …` for `completion`, and the owner to bind for it (if any);
     /// see the module documentation.
     fn condition(&self, completion: &Completion) -> (&'static str, Option<&str>) {
@@ -88,8 +88,8 @@ impl MarkRule {
         static CLAIMED: LazyLock<String> =
             LazyLock::new(|| format!("{} AND owner = ?", Status::Sending.sql()));
         match (completion.seq, &completion.outcome) {
-            (Some(_), Outcome::Sent { .. }) => (STREAMED_SENT.as_str(), None),
-            (Some(_), Outcome::Failed { .. }) => (STREAMED_FAILED.as_str(), None),
+            (Some(_), SendOutcome::Sent { .. }) => (STREAMED_SENT.as_str(), None),
+            (Some(_), SendOutcome::Failed { .. }) => (STREAMED_FAILED.as_str(), None),
             (None, _) => (CLAIMED.as_str(), Some(&self.owner)),
         }
     }
@@ -100,7 +100,7 @@ impl MarkRule {
 pub async fn run_marker(
     pool: Pool,
     mut completions: mpsc::Receiver<Completion>,
-    rule: MarkRule,
+    rule: MarkerContext,
     stop: CancellationToken,
 ) -> Result<MarkStats, MarkError> {
     let mut stats = MarkStats::default();
@@ -139,17 +139,17 @@ pub async fn run_marker(
         crate::metrics::stages::record(
             batch
                 .iter()
-                .filter(|c| matches!(c.outcome, Outcome::Sent { .. }))
+                .filter(|c| matches!(c.outcome, SendOutcome::Sent { .. }))
                 .map(|c| (c.event_id.as_str(), &c.stamps)),
         );
         let metrics = crate::metrics::relay();
         for completion in &batch {
             match completion.outcome {
-                Outcome::Sent { .. } => {
+                SendOutcome::Sent { .. } => {
                     stats.sent += 1;
                     metrics.events_sent.inc();
                 }
-                Outcome::Failed { .. } => {
+                SendOutcome::Failed { .. } => {
                     stats.failed += 1;
                     metrics.events_failed.inc();
                 }
@@ -184,7 +184,7 @@ fn sent_ids(batch: &[Completion]) -> BTreeMap<Arc<TableName>, Vec<u64>> {
     let mut sent: BTreeMap<Arc<TableName>, Vec<u64>> = BTreeMap::new();
     let step = batch.len().div_ceil(LATENCY_SAMPLE).max(1);
     for completion in batch.iter().step_by(step) {
-        if let Outcome::Sent { .. } = completion.outcome {
+        if let SendOutcome::Sent { .. } = completion.outcome {
             sent.entry(Arc::clone(&completion.table))
                 .or_default()
                 .push(completion.id);
@@ -223,7 +223,11 @@ async fn observe_latencies(pool: Pool, sent: BTreeMap<Arc<TableName>, Vec<u64>>)
 }
 
 /// Writes one batch: one UPDATE per table for SENT rows, one per FAILED row.
-async fn write(pool: &Pool, batch: &[Completion], rule: &MarkRule) -> Result<(), WriteFailure> {
+async fn write(
+    pool: &Pool,
+    batch: &[Completion],
+    rule: &MarkerContext,
+) -> Result<(), WriteFailure> {
     let mut conn = pool.get_conn().await.map_err(WriteFailure::connect)?;
     // SENT rows grouped by table and by rule (stream or claimed), one UPDATE per group.
     type Group<'a> = (&'a TableName, (&'static str, Option<&'a str>));
@@ -231,11 +235,11 @@ async fn write(pool: &Pool, batch: &[Completion], rule: &MarkRule) -> Result<(),
     for completion in batch {
         let (condition, owner) = rule.condition(completion);
         match &completion.outcome {
-            Outcome::Sent { msg_id } => sent
+            SendOutcome::Sent { msg_id } => sent
                 .entry((&*completion.table, (condition, owner)))
                 .or_default()
                 .push((completion.id, msg_id.as_str())),
-            Outcome::Failed { reason, attempts } => {
+            SendOutcome::Failed { reason, attempts } => {
                 let reason: String = reason.chars().take(MAX_ERROR_CHARS).collect();
                 let mut params = vec![
                     Value::from(reason),
@@ -335,7 +339,7 @@ mod tests {
             table: Arc::new(TableName::parse("outbox_event").unwrap()),
             id: 1,
             event_id: "e".into(),
-            outcome: Outcome::Failed {
+            outcome: SendOutcome::Failed {
                 reason: "`status` unusable".into(),
                 attempts: 0,
             },
@@ -366,7 +370,7 @@ mod tests {
     fn a_streamed_row_with_a_null_status_can_be_marked() {
         // Found by the bad-input campaign: a row whose status is NULL (a table without the NOT
         // NULL) was "marked FAILED" by an UPDATE that matched nothing.
-        let rule = MarkRule {
+        let rule = MarkerContext {
             watermark: None,
             owner: "me".into(),
         };
@@ -383,7 +387,7 @@ mod tests {
 
     #[test]
     fn a_streamed_failure_spares_rows_under_a_live_lease_and_a_streamed_send_does_not() {
-        let rule = MarkRule {
+        let rule = MarkerContext {
             watermark: None,
             owner: "me".into(),
         };
@@ -402,7 +406,7 @@ mod tests {
             "whoever holds the lease, this instance included"
         );
         let mut sent = completion(Some(TxSeq::default()));
-        sent.outcome = Outcome::Sent {
+        sent.outcome = SendOutcome::Sent {
             msg_id: "C0A8000100002A9F".into(),
         };
         let (sent, _) = rule.condition(&sent);

@@ -122,7 +122,7 @@ pub enum CompensateError {
 /// What happened to one selected row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum RowOutcome {
     /// Updated, with its audit row.
     Changed,
     /// Already in the target status: nothing done.
@@ -142,7 +142,7 @@ pub struct RowReport {
     pub topic: String,
     pub before: Option<Status>,
     pub after: Option<Status>,
-    pub outcome: Outcome,
+    pub outcome: RowOutcome,
 }
 
 /// What a command did.
@@ -157,7 +157,7 @@ pub struct CompensationReport {
 }
 
 impl CompensationReport {
-    pub fn count(&self, outcome: Outcome) -> usize {
+    pub fn count(&self, outcome: RowOutcome) -> usize {
         self.rows.iter().filter(|r| r.outcome == outcome).count()
     }
 
@@ -166,13 +166,13 @@ impl CompensationReport {
         let mut line = format!(
             "{}: {} changed, {} already in target state ({}), {} skipped (not {})",
             self.action.name(),
-            self.count(Outcome::Changed),
-            self.count(Outcome::AlreadyInTarget),
+            self.count(RowOutcome::Changed),
+            self.count(RowOutcome::AlreadyInTarget),
             self.action.to_status(),
-            self.count(Outcome::Skipped),
+            self.count(RowOutcome::Skipped),
             self.action.from_status(),
         );
-        let vanished = self.count(Outcome::Vanished);
+        let vanished = self.count(RowOutcome::Vanished);
         if vanished > 0 {
             line.push_str(&format!(", {vanished} changed concurrently"));
         }
@@ -314,11 +314,11 @@ impl Compensation {
             topic: before.topic.clone(),
             before: before.status,
             after: before.status,
-            outcome: Outcome::Skipped,
+            outcome: RowOutcome::Skipped,
         };
         if before.status != Some(from) {
             if before.status == Some(to) {
-                report.outcome = Outcome::AlreadyInTarget;
+                report.outcome = RowOutcome::AlreadyInTarget;
             }
             tx.rollback().await?;
             return Ok(report);
@@ -345,7 +345,7 @@ impl Compensation {
         .await?;
         if tx.affected_rows() != 1 {
             tx.rollback().await?;
-            report.outcome = Outcome::Vanished;
+            report.outcome = RowOutcome::Vanished;
             return Ok(report);
         }
         let row: Option<Row> = tx.exec_first(state_sql, (id,)).await?;
@@ -363,7 +363,7 @@ impl Compensation {
         audit.insert(&mut tx).await?;
         tx.commit().await?;
         report.after = after.and_then(|a| a.status);
-        report.outcome = Outcome::Changed;
+        report.outcome = RowOutcome::Changed;
         Ok(report)
     }
 }
@@ -433,7 +433,7 @@ fn vanished(table: &TableName, id: i64) -> RowReport {
         topic: String::new(),
         before: None,
         after: None,
-        outcome: Outcome::Vanished,
+        outcome: RowOutcome::Vanished,
     }
 }
 
@@ -564,7 +564,7 @@ mod tests {
         };
         let report = CompensationReport {
             action: Action::Retry,
-            rows: vec![row(Outcome::AlreadyInTarget), row(Outcome::Skipped)],
+            rows: vec![row(RowOutcome::AlreadyInTarget), row(RowOutcome::Skipped)],
             limit_reached: false,
             not_found: vec![],
         };

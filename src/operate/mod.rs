@@ -40,7 +40,7 @@ pub mod selection;
 pub mod status;
 
 pub use cleanup::{Cleanup, CleanupProgress, CleanupSummary};
-pub use compensate::{Action, Compensation, CompensationReport, Outcome, RowReport};
+pub use compensate::{Action, Compensation, CompensationReport, RowOutcome, RowReport};
 pub use reconcile::{Reconcile, ReconcileReport};
 pub use replay::{Replay, ReplaySummary};
 pub use selection::{Selection, TimeBound};

@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::relay::Shards;
 use crate::retry::RetryPolicy;
 use crate::route::Router;
-use crate::send::{Completion, Outcome, ShardEvent, Sink};
+use crate::send::{Completion, SendOutcome, ShardEvent, Sink};
 use mysql_async::prelude::*;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -467,22 +467,22 @@ struct Sending {
 
 impl Sending {
     fn start<S: Sink>(sink: &Arc<S>, config: &Config) -> Self {
-        let (done_tx, mut done) = mpsc::channel::<Completion>(CHANNEL_CAPACITY);
+        let (completions_tx, mut completions) = mpsc::channel::<Completion>(CHANNEL_CAPACITY);
         let (shards, inputs) = Shards::start(
             sink,
             config.relay.shards,
             CHANNEL_CAPACITY,
             RetryPolicy::from_config(&config.retry),
-            &done_tx,
+            &completions_tx,
         );
         let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let tally = Arc::clone(&counts);
         let collector = tokio::spawn(async move {
             let mut failures = Vec::new();
-            while let Some(done) = done.recv().await {
+            while let Some(done) = completions.recv().await {
                 match done.outcome {
-                    Outcome::Sent { .. } => tally.0.fetch_add(1, Ordering::Relaxed),
-                    Outcome::Failed { reason, .. } => {
+                    SendOutcome::Sent { .. } => tally.0.fetch_add(1, Ordering::Relaxed),
+                    SendOutcome::Failed { reason, .. } => {
                         if failures.len() < MAX_LISTED_FAILURES {
                             failures.push(ReplayFailure {
                                 event_id: done.event_id,

@@ -193,7 +193,8 @@ impl Outbox {
         }
     }
 
-    /// The producer for the first outbox table of a configuration.
+    /// The producer for the first outbox table of a configuration (feature `config`).
+    #[cfg(feature = "config")]
     pub fn from_config(config: &crate::config::Config) -> Self {
         Self::new(
             config.outbox_tables().remove(0),

@@ -188,7 +188,7 @@ impl CatchUp {
 pub struct Outputs {
     pub router: Router,
     pub shards: Vec<mpsc::Sender<ShardEvent>>,
-    pub problems: mpsc::Sender<Completion>,
+    pub completions: mpsc::Sender<Completion>,
     /// Per-key order with the sweeper's rows (`None`: no sweeper, events go straight on).
     pub key_order: Option<KeyOrder>,
 }
@@ -204,7 +204,7 @@ pub async fn run(
     let mut d = Dispatcher {
         router: outputs.router,
         shards: outputs.shards,
-        problems: outputs.problems,
+        completions: outputs.completions,
         key_order: outputs.key_order,
         watermark,
         stats: Dispatched::default(),
@@ -327,7 +327,7 @@ fn batch_rows<'a>(
 struct Dispatcher {
     router: Router,
     shards: Vec<mpsc::Sender<ShardEvent>>,
-    problems: mpsc::Sender<Completion>,
+    completions: mpsc::Sender<Completion>,
     key_order: Option<KeyOrder>,
     last_recheck: Instant,
     watermark: Arc<Mutex<Watermark>>,
@@ -406,7 +406,7 @@ impl Dispatcher {
                     order.carry(seq, &problem.table, problem.id);
                 }
                 let completion = Completion::bad_row(Some(seq), problem);
-                return self.problems.send(completion).await.is_ok();
+                return self.completions.send(completion).await.is_ok();
             }
             DecodedRow::NotPending => {}
             DecodedRow::Unidentifiable(reason) => {

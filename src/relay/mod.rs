@@ -24,7 +24,7 @@ use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
 use crate::binlog::{BinlogPosition, StreamClock};
 use crate::checkpoint::{CheckpointStore, MysqlMirror, Watermark};
 use crate::config::{Config, RelayMode};
-use crate::mark::{run_marker, MarkRule, MarkStats};
+use crate::mark::{run_marker, MarkStats, MarkerContext};
 use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
 use crate::route::Router;
@@ -225,18 +225,18 @@ pub async fn run_cdc<S: Sink>(
     }
     let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
 
-    let (done_tx, done_rx) = mpsc::channel(CHANNEL_CAPACITY);
+    let (completions_tx, completions_rx) = mpsc::channel(CHANNEL_CAPACITY);
     let (shards, shard_inputs) = Shards::start(
         &sink,
         config.relay.shards,
         SHARD_CAPACITY,
         RetryPolicy::from_config(&config.retry),
-        &done_tx,
+        &completions_tx,
     );
     let marker_task = tokio::spawn(run_marker(
         pool.clone(),
-        done_rx,
-        MarkRule {
+        completions_rx,
+        MarkerContext {
             watermark: Some(Arc::clone(&watermark)),
             owner: config.instance_id(),
         },
@@ -253,7 +253,7 @@ pub async fn run_cdc<S: Sink>(
         sweeper.spawn(
             Router::new(config.relay.shards),
             shard_inputs.clone(),
-            done_tx.clone(),
+            completions_tx.clone(),
             crate::sweep::SweepGate::beside_stream(Arc::clone(&watermark), clock.clone()),
             Some(nudge_rx),
         )
@@ -272,7 +272,7 @@ pub async fn run_cdc<S: Sink>(
     let outputs = dispatch::Outputs {
         router: Router::new(config.relay.shards),
         shards: shard_inputs,
-        problems: done_tx,
+        completions: completions_tx,
         key_order,
     };
     let dispatched = dispatch::run(items_rx, outputs, Arc::clone(&watermark), catch_up).await;

@@ -16,14 +16,14 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// Starts `count` shards sending through `sink` with `retry`, reporting outcomes to `done`;
+    /// Starts `count` shards sending through `sink` with `retry`, reporting outcomes to `completions`;
     /// returns them and their inputs (each of `capacity` events).
     pub fn start<S: Sink>(
         sink: &Arc<S>,
         count: usize,
         capacity: usize,
         retry: RetryPolicy,
-        done: &mpsc::Sender<Completion>,
+        completions: &mpsc::Sender<Completion>,
     ) -> (Self, Vec<mpsc::Sender<ShardEvent>>) {
         let options = ShardOptions {
             retry,
@@ -42,7 +42,7 @@ impl Shards {
             tasks.push(tokio::spawn(run_shard(
                 Arc::clone(sink),
                 rx,
-                done.clone(),
+                completions.clone(),
                 options,
                 cancel.clone(),
             )));

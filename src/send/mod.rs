@@ -7,15 +7,11 @@
 //! (credentials, permission) is retried without end: it never makes an event `Failed`. An event
 //! is reported exactly once.
 
-mod client_host;
-mod client_security;
 pub mod rocketmq;
 pub mod shard;
 
-pub use client_host::ClientHost;
-pub use client_security::ClientSecurity;
 pub use rocketmq::RocketMqSink;
-pub use shard::{run_shard, Completion, Outcome, ShardEvent, ShardOptions};
+pub use shard::{run_shard, Completion, SendOutcome, ShardEvent, ShardOptions};
 
 pub use crate::outbox::OutboundMessage;
 

@@ -64,7 +64,7 @@ impl ShardEvent {
 
 /// How an event ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum SendOutcome {
     /// The broker answered `SEND_OK`; its message id.
     Sent { msg_id: String },
     /// Given up: the reason and how many attempts were counted (the first and each retry; an
@@ -80,7 +80,7 @@ pub struct Completion {
     pub table: Arc<TableName>,
     pub id: u64,
     pub event_id: String,
-    pub outcome: Outcome,
+    pub outcome: SendOutcome,
     /// When the event passed each stage before its outcome (default for a row never sent).
     pub stamps: Stamps,
 }
@@ -95,7 +95,7 @@ impl Completion {
             table: problem.table,
             id: problem.id,
             event_id: problem.event_id.unwrap_or_default(),
-            outcome: Outcome::Failed {
+            outcome: SendOutcome::Failed {
                 reason: problem.reason,
                 attempts: 0,
             },
@@ -135,12 +135,12 @@ impl Default for ShardOptions {
 }
 
 /// Runs one shard until its input closes (and is drained) or `cancel` fires. Outcomes go to
-/// `done` in the shard's order. A cancelled shard stops between sends; unreported events stay
+/// `completions` in the shard's order. A cancelled shard stops between sends; unreported events stay
 /// unacknowledged, so the checkpoint does not pass them.
 pub async fn run_shard<S: Sink>(
     sink: Arc<S>,
     mut input: mpsc::Receiver<ShardEvent>,
-    done: mpsc::Sender<Completion>,
+    completions: mpsc::Sender<Completion>,
     options: ShardOptions,
     cancel: CancellationToken,
 ) {
@@ -166,7 +166,7 @@ pub async fn run_shard<S: Sink>(
             Ok(queues) => queues[0],
             Err(Stop::Cancelled) => return,
             Err(Stop::Failed(outcome)) => {
-                if report(&done, first, outcome).await.is_err() {
+                if report(&completions, first, outcome).await.is_err() {
                     return;
                 }
                 continue;
@@ -191,7 +191,7 @@ pub async fn run_shard<S: Sink>(
             }
         }
         let backoff = Backoff::new(&options.retry, &options.wake);
-        if send_batch(&*sink, batch, queue, backoff, &done, &cancel)
+        if send_batch(&*sink, batch, queue, backoff, &completions, &cancel)
             .await
             .is_err()
         {
@@ -208,7 +208,7 @@ async fn queue_of<S: Sink>(sink: &S, event: &ShardEvent) -> Option<usize> {
 
 enum Stop {
     Cancelled,
-    Failed(Outcome),
+    Failed(SendOutcome),
 }
 
 /// The queue of each of `events` (all of one topic) under the topic's current route, retrying
@@ -296,29 +296,30 @@ fn refused(topic: &str, reason: &str, backoff: &mut Backoff<'_>) {
     }
 }
 
-fn failed(reason: String, attempts: u32) -> Outcome {
-    Outcome::Failed { reason, attempts }
+fn failed(reason: String, attempts: u32) -> SendOutcome {
+    SendOutcome::Failed { reason, attempts }
 }
 
 async fn report(
-    done: &mpsc::Sender<Completion>,
+    completions: &mpsc::Sender<Completion>,
     event: ShardEvent,
-    outcome: Outcome,
+    outcome: SendOutcome,
 ) -> Result<(), ()> {
-    if let Outcome::Failed { reason, attempts } = &outcome {
+    if let SendOutcome::Failed { reason, attempts } = &outcome {
         tracing::error!(event_id = %event.row.message.event_id, table = %event.row.table, id = event.row.id,
             %reason, attempts, "event FAILED");
     }
-    done.send(Completion {
-        seq: event.seq,
-        table: event.row.table,
-        id: event.row.id,
-        event_id: event.row.message.event_id,
-        outcome,
-        stamps: event.row.stamps,
-    })
-    .await
-    .map_err(|_| ())
+    completions
+        .send(Completion {
+            seq: event.seq,
+            table: event.row.table,
+            id: event.row.id,
+            event_id: event.row.message.event_id,
+            outcome,
+            stamps: event.row.stamps,
+        })
+        .await
+        .map_err(|_| ())
 }
 
 /// Sends `batch` (events of one topic, in the shard's order) to `queue` until every event has an
@@ -336,7 +337,7 @@ async fn send_batch<S: Sink>(
     mut batch: Vec<ShardEvent>,
     mut queue: usize,
     mut backoff: Backoff<'_>,
-    done: &mpsc::Sender<Completion>,
+    completions: &mpsc::Sender<Completion>,
     cancel: &CancellationToken,
 ) -> Result<(), ()> {
     let topic = batch[0].row.message.topic.clone();
@@ -356,7 +357,7 @@ async fn send_batch<S: Sink>(
                 backoff.broker_answered();
                 for (mut event, msg_id) in batch.into_iter().zip(ids) {
                     event.row.stamps.ack = ack;
-                    report(done, event, Outcome::Sent { msg_id }).await?;
+                    report(completions, event, SendOutcome::Sent { msg_id }).await?;
                 }
                 return Ok(());
             }
@@ -367,11 +368,11 @@ async fn send_batch<S: Sink>(
             SendError::Rejected(reason) if batch.len() > 1 => {
                 tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
                 let singles = batch.into_iter().map(|event| (queue, vec![event]));
-                return send_in_turn(sink, singles, &backoff, done, cancel).await;
+                return send_in_turn(sink, singles, &backoff, completions, cancel).await;
             }
             SendError::Rejected(reason) => {
                 let event = batch.into_iter().next().expect("one event");
-                return report(done, event, failed(reason, backoff.attempts())).await;
+                return report(completions, event, failed(reason, backoff.attempts())).await;
             }
             SendError::Unauthorized(reason) => refused(&topic, &reason, &mut backoff),
             SendError::Retryable(reason) => match backoff.failed() {
@@ -384,19 +385,21 @@ async fn send_batch<S: Sink>(
                     tracing::debug!(%topic, queue, %reason, ?left, size = messages.len(),
                         "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
                 }
-                Next::GiveUp => return report_all(done, batch, backoff.gave_up(&reason)).await,
+                Next::GiveUp => {
+                    return report_all(completions, batch, backoff.gave_up(&reason)).await
+                }
             },
         }
         backoff.wait(cancel).await?;
         let queues = match route(sink, &batch, &mut backoff, cancel).await {
             Ok(queues) => queues,
             Err(Stop::Cancelled) => return Err(()),
-            Err(Stop::Failed(outcome)) => return report_all(done, batch, outcome).await,
+            Err(Stop::Failed(outcome)) => return report_all(completions, batch, outcome).await,
         };
         let mut runs = runs(batch, queues);
         if runs.len() > 1 {
             tracing::warn!(%topic, runs = runs.len(), "the route changed; sending the batch as consecutive sub-batches");
-            return send_in_turn(sink, runs, &backoff, done, cancel).await;
+            return send_in_turn(sink, runs, &backoff, completions, cancel).await;
         }
         (queue, batch) = runs.pop().expect("a batch has events");
     }
@@ -407,7 +410,7 @@ async fn send_in_turn<S: Sink>(
     sink: &S,
     sub_batches: impl IntoIterator<Item = (usize, Vec<ShardEvent>)>,
     backoff: &Backoff<'_>,
-    done: &mpsc::Sender<Completion>,
+    completions: &mpsc::Sender<Completion>,
     cancel: &CancellationToken,
 ) -> Result<(), ()> {
     for (queue, events) in sub_batches {
@@ -416,7 +419,7 @@ async fn send_in_turn<S: Sink>(
             events,
             queue,
             backoff.clone(),
-            done,
+            completions,
             cancel,
         ))
         .await?;
@@ -426,12 +429,12 @@ async fn send_in_turn<S: Sink>(
 
 /// Reports `outcome` for every event of `batch`, in order.
 async fn report_all(
-    done: &mpsc::Sender<Completion>,
+    completions: &mpsc::Sender<Completion>,
     batch: Vec<ShardEvent>,
-    outcome: Outcome,
+    outcome: SendOutcome,
 ) -> Result<(), ()> {
     for event in batch {
-        report(done, event, outcome.clone()).await?;
+        report(completions, event, outcome.clone()).await?;
     }
     Ok(())
 }

@@ -136,7 +136,7 @@ impl Claimer {
             .record(after, rows.len(), highest, self.batch_size as usize);
     }
 
-    /// The SELECT of the claimable rows (binds [`Claimer::select_params`]).
+    /// The SELECT of the claimable rows (binds `Claimer::select_params`).
     pub fn select_sql(&self, hinted: bool) -> String {
         let lock = match self.strategy {
             ClaimStrategy::SkipLocked => " FOR UPDATE SKIP LOCKED",

@@ -8,7 +8,8 @@
 //!
 //! Stages: [`claim`] (PENDING → SENDING under a lease, `FOR UPDATE SKIP LOCKED` where the server
 //! has it, else an optimistic per-row claim) → the CDC relay's router and ordered shard senders →
-//! the marker with the owner rule ([`crate::mark::MarkRule::Claimed`]); beside them [`lease`]
+//! the [marker](crate::mark), which marks a claimed row only while it is still SENDING under
+//! this instance's `owner` (a row whose lease ran out and was claimed again is left alone); beside them [`lease`]
 //! renews the leases of the rows this process holds ([`lease::HeldRows`]) and returns expired
 //! ones to PENDING. Beside a stream, the stream's key-order guard asks the sweeper ([`Nudge`])
 //! for the older rows of a key it holds; they are claimed at once, whatever their age.

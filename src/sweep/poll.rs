@@ -7,7 +7,7 @@ use super::sweeper::{SweepSettings, Sweeper};
 use crate::binlog::decode::RowLimits;
 use crate::binlog::BinlogPosition;
 use crate::config::Config;
-use crate::mark::{run_marker, MarkRule};
+use crate::mark::{run_marker, MarkerContext};
 use crate::relay::{qualified_tables, RunOptions, RunSummary, Shards};
 use crate::retry::RetryPolicy;
 use crate::route::Router;
@@ -62,27 +62,27 @@ pub async fn run_sweeper_alone<S: Sink>(
     )
     .await?;
 
-    let (done_tx, done_rx) = mpsc::channel(super::CHANNEL_CAPACITY);
+    let (completions_tx, completions_rx) = mpsc::channel(super::CHANNEL_CAPACITY);
     let router = Router::new(config.relay.shards);
     let (shards, shard_inputs) = Shards::start(
         &sink,
         router.shards(),
         super::CHANNEL_CAPACITY,
         RetryPolicy::from_config(&config.retry),
-        &done_tx,
+        &completions_tx,
     );
     // Cancelled by the marker when it stops for good (a permanent error): the run ends with it.
     let marker_failed = CancellationToken::new();
     let marker_task = tokio::spawn(run_marker(
         pool.clone(),
-        done_rx,
-        MarkRule {
+        completions_rx,
+        MarkerContext {
             watermark: None,
             owner,
         },
         marker_failed.clone(),
     ));
-    let mut running = sweeper.spawn(router, shard_inputs, done_tx, gate, None);
+    let mut running = sweeper.spawn(router, shard_inputs, completions_tx, gate, None);
     tokio::select! {
         _ = cancel.cancelled() => {}
         _ = marker_failed.cancelled() => {}

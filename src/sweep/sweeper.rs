@@ -115,13 +115,13 @@ impl Sweeper {
         })
     }
 
-    /// Starts claiming into `shards` (bad rows go to `problems`, the marker's input), and keeping
+    /// Starts claiming into `shards` (bad rows go to `completions`, the marker's input), and keeping
     /// this process's leases; `nudges` (beside a stream) asks for rows to claim at once.
     pub fn spawn(
         self,
         router: Router,
         shards: Vec<mpsc::Sender<ShardEvent>>,
-        problems: mpsc::Sender<Completion>,
+        completions: mpsc::Sender<Completion>,
         mut gate: SweepGate,
         mut nudges: Option<mpsc::Receiver<Nudge>>,
     ) -> RunningSweeper {
@@ -144,7 +144,7 @@ impl Sweeper {
                 let targets = Targets {
                     router: &router,
                     shards: &shards,
-                    problems: &problems,
+                    completions: &completions,
                 };
                 let rounds = Rounds {
                     gate: &mut gate,
@@ -226,7 +226,7 @@ async fn detect_strategy(pool: &Pool, tables: &[TableName]) -> anyhow::Result<Cl
 struct Targets<'a> {
     router: &'a Router,
     shards: &'a [mpsc::Sender<ShardEvent>],
-    problems: &'a mpsc::Sender<Completion>,
+    completions: &'a mpsc::Sender<Completion>,
 }
 
 /// When the claim loop claims: rounds every `interval` as `gate` allows, and at once for the
@@ -377,7 +377,7 @@ async fn dispatch(
                 }
             }
             Claimed::Problem(problem) => to
-                .problems
+                .completions
                 .send(Completion::bad_row(None, problem))
                 .await
                 .map_err(|_| ()),

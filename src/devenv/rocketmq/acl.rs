@@ -3,7 +3,7 @@
 
 use super::{apache, RocketMq, CLUSTER_NAME};
 use crate::config::Credentials;
-use crate::send::ClientSecurity;
+use crate::rocketmq_client::ClientSecurity;
 use std::io;
 
 /// An account of the broker's ACL 2.0 (Apache only): the initial super user in

@@ -22,11 +22,11 @@ mod probe;
 mod rust_broker;
 mod tls;
 
-pub use crate::send::ClientHost;
+pub use crate::rocketmq_client::ClientHost;
 pub use acl::AclAccount;
 pub use tls::TlsFiles;
 
-use crate::send::ClientSecurity;
+use crate::rocketmq_client::ClientSecurity;
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! against the name server, so "ready" means what a producer will see.
 
 use super::ClientHost;
-use crate::send::ClientSecurity;
+use crate::rocketmq_client::ClientSecurity;
 use rocketmq_client_rust::{
     ClientRuntime, DefaultMQAdminExt, DefaultMQProducer, RouteAdmin, SendStatus, TopicAdmin,
 };

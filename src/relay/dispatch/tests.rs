@@ -8,7 +8,7 @@ fn row(id: u64) -> BinlogItem {
 }
 
 /// The dispatcher's channels and watermark: (items in, items out, handed-on events in,
-/// handed-on events out, problems, watermark). The problems' receiver is dropped.
+/// handed-on events out, completions, watermark). The completions' receiver is dropped.
 #[allow(clippy::type_complexity)]
 fn wiring() -> (
     mpsc::Sender<BinlogItem>,
@@ -20,17 +20,17 @@ fn wiring() -> (
 ) {
     let (items_tx, items) = mpsc::channel(100);
     let (shard, handed) = mpsc::channel(100);
-    let (problems, _) = mpsc::channel(100);
+    let (completions, _) = mpsc::channel(100);
     let watermark = Arc::new(Mutex::new(Watermark::new(BinlogPosition::default())));
-    (items_tx, items, shard, handed, problems, watermark)
+    (items_tx, items, shard, handed, completions, watermark)
 }
 
 /// One shard, no key-order guard.
-fn outputs(shard: mpsc::Sender<ShardEvent>, problems: mpsc::Sender<Completion>) -> Outputs {
+fn outputs(shard: mpsc::Sender<ShardEvent>, completions: mpsc::Sender<Completion>) -> Outputs {
     Outputs {
         router: Router::new(1),
         shards: vec![shard],
-        problems,
+        completions,
         key_order: None,
     }
 }
@@ -46,7 +46,7 @@ fn end(pos: u64) -> BinlogItem {
 
 #[tokio::test]
 async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
-    let (items_tx, items, shard, mut handed, problems, watermark) = wiring();
+    let (items_tx, items, shard, mut handed, completions, watermark) = wiring();
     // The connection is lost after two rows of the first transaction, which is read again
     // whole; then a second transaction.
     let script = [
@@ -69,7 +69,7 @@ async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
     drop(items_tx);
     let stats = run(
         items,
-        outputs(shard, problems),
+        outputs(shard, completions),
         Arc::clone(&watermark),
         None,
     )
@@ -97,7 +97,7 @@ async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
 #[tokio::test]
 async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
     use crate::binlog::PreparedTx;
-    let (items_tx, items, shard, mut handed, problems, watermark) = wiring();
+    let (items_tx, items, shard, mut handed, completions, watermark) = wiring();
     let xid = |name: &str| Xid::parse_statement_id(&format!("X'{name}',X'',1")).unwrap();
     let end_at = |pos| match end(pos) {
         BinlogItem::TxEnd(end) => end,
@@ -129,7 +129,7 @@ async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
     }
     let dispatcher = tokio::spawn(run(
         items,
-        outputs(shard, problems),
+        outputs(shard, completions),
         Arc::clone(&watermark),
         None,
     ));

@@ -7,8 +7,9 @@
 
 mod topics;
 
-use super::{ClientHost, ClientSecurity, OutboundMessage, SendError, Sink};
+use super::{OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
+use crate::rocketmq_client::{ClientHost, ClientSecurity};
 use rocketmq_client_rust::{
     ClientError, DefaultMQProducer, MQClientException, RouteAdmin, SendResult, SendStatus,
     TopicAdmin,

@@ -1,6 +1,6 @@
 //! Waiting out a shard's retry delays, and the wake-up that cuts them short.
 
-use super::{failed, Outcome};
+use super::{failed, SendOutcome};
 use crate::retry::RetryPolicy;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -101,7 +101,7 @@ impl<'a> Backoff<'a> {
     }
 
     /// The outcome once [`Next::GiveUp`] was answered, after a last failure for `reason`.
-    pub(super) fn gave_up(&self, reason: &str) -> Outcome {
+    pub(super) fn gave_up(&self, reason: &str) -> SendOutcome {
         let reason = format!("gave up after {} retries: {reason}", self.retries);
         failed(reason, self.attempts())
     }

@@ -131,14 +131,14 @@ fn start(
 ) -> tokio::task::JoinHandle<Vec<Completion>> {
     tokio::spawn(async move {
         let (tx, rx) = mpsc::channel(100);
-        let (done_tx, mut done_rx) = mpsc::channel(100);
+        let (completions_tx, mut completions_rx) = mpsc::channel(100);
         for e in events {
             tx.send(e).await.unwrap();
         }
         drop(tx);
-        run_shard(sink, rx, done_tx, options, CancellationToken::new()).await;
+        run_shard(sink, rx, completions_tx, options, CancellationToken::new()).await;
         let mut out = Vec::new();
-        while let Some(c) = done_rx.recv().await {
+        while let Some(c) = completions_rx.recv().await {
             out.push(c);
         }
         out
@@ -154,14 +154,14 @@ async fn run(
     start(sink, events, options).await.unwrap()
 }
 
-fn outcomes(done: &[Completion]) -> Vec<(String, Outcome)> {
+fn outcomes(done: &[Completion]) -> Vec<(String, SendOutcome)> {
     done.iter()
         .map(|c| (c.event_id.clone(), c.outcome.clone()))
         .collect()
 }
 
-fn sent(id: &str) -> Outcome {
-    Outcome::Sent {
+fn sent(id: &str) -> SendOutcome {
+    SendOutcome::Sent {
         msg_id: format!("msg-{id}"),
     }
 }
@@ -210,7 +210,7 @@ async fn retryable_errors_end_failed_after_max_retry() {
     )
     .await;
     match &done[0].outcome {
-        Outcome::Failed { reason, attempts } => {
+        SendOutcome::Failed { reason, attempts } => {
             assert_eq!(*attempts, 9, "the first attempt and 8 retries");
             assert!(
                 reason.contains("gave up after 8 retries") && reason.contains("broker unavailable"),
@@ -235,7 +235,9 @@ async fn a_rejected_batch_is_split_so_only_the_poison_event_fails_and_order_hold
     let done = run(Arc::clone(&sink), events, ShardOptions::default()).await;
     let got = outcomes(&done);
     assert_eq!(got[0], ("e1".into(), sent("e1")));
-    assert!(matches!(&got[1].1, Outcome::Failed { reason, .. } if reason.contains("too large")));
+    assert!(
+        matches!(&got[1].1, SendOutcome::Failed { reason, .. } if reason.contains("too large"))
+    );
     assert_eq!(got[2], ("e3".into(), sent("e3")));
     assert_eq!(
         sink.calls()[0].2,
@@ -286,7 +288,7 @@ async fn an_unknown_topic_fails_its_event_and_the_next_one_flows() {
     )
     .await;
     assert!(
-        matches!(&done[0].outcome, Outcome::Failed { reason, .. } if reason.contains("no such topic"))
+        matches!(&done[0].outcome, SendOutcome::Failed { reason, .. } if reason.contains("no such topic"))
     );
     assert_eq!(done[1].outcome, sent("e2"));
 }
@@ -311,13 +313,13 @@ async fn cancellation_during_backoff_reports_nothing_for_the_unsent_event() {
         .collect();
     let sink = Arc::new(ScriptedSink::new(answers));
     let (tx, rx) = mpsc::channel(10);
-    let (done_tx, mut done_rx) = mpsc::channel(10);
+    let (completions_tx, mut completions_rx) = mpsc::channel(10);
     tx.send(event(0, 1, "k", "t")).await.unwrap();
     let cancel = CancellationToken::new();
     let task = tokio::spawn(run_shard(
         sink,
         rx,
-        done_tx,
+        completions_tx,
         ShardOptions::default(),
         cancel.clone(),
     ));
@@ -325,7 +327,7 @@ async fn cancellation_during_backoff_reports_nothing_for_the_unsent_event() {
     cancel.cancel();
     task.await.unwrap();
     assert!(
-        done_rx.recv().await.is_none(),
+        completions_rx.recv().await.is_none(),
         "an unacknowledged event is never reported"
     );
 }
@@ -366,7 +368,7 @@ async fn fails_only_after_the_total_delay_despite_wake_ups(sink: Arc<ScriptedSin
     let elapsed = started.elapsed();
     waker.abort();
     match &done[0].outcome {
-        Outcome::Failed {
+        SendOutcome::Failed {
             reason: got,
             attempts,
         } => {
@@ -536,7 +538,7 @@ async fn the_sub_batches_of_a_split_batch_keep_its_retries() {
         [("e1".into(), sent("e1")), ("e2".into(), sent("e2"))]
     );
     match &got[2] {
-        (id, Outcome::Failed { reason, attempts }) if id == "e3" => {
+        (id, SendOutcome::Failed { reason, attempts }) if id == "e3" => {
             assert_eq!(
                 *attempts, 5,
                 "the batch's first attempt and 4 retries in all"

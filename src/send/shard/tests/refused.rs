@@ -70,7 +70,7 @@ async fn refusals_use_none_of_the_retries_of_an_event_that_then_fails_for_anothe
     let started = tokio::time::Instant::now();
     let done = run(Arc::new(sink), vec![event(0, 1, "k", TOPIC)], options).await;
     match &done[0].outcome {
-        Outcome::Failed { reason, attempts } => {
+        SendOutcome::Failed { reason, attempts } => {
             assert_eq!(
                 *attempts, 5,
                 "the first attempt and 4 retries, not one less"
