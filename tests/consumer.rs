@@ -160,8 +160,8 @@ async fn a_failed_first_delivery_leaves_no_mark_and_the_redelivery_processes_it(
     let topic = new_topic("consume_redeliver");
     let producer = TestProducer::start().await;
     let ledger = Ledger::new("a");
-    // The seed's "180 silently swallowed" case: the business write happens, then an error
-    // escapes. It must roll back with the mark and come back.
+    // An error swallowed after the business write (event 180 of this batch): the write happens,
+    // then an error escapes. It must roll back with the mark and come back.
     ledger.fail("ev-180", 1, Failure::Error);
     let consumer =
         Consumer::start(&db, "redeliver", &topic, ListenerMode::Concurrent, ledger).await;
@@ -466,7 +466,7 @@ async fn a_thousand_events_orderly_every_processed_mark_has_its_result() {
         }
     );
 
-    // The seed's sampling check, over all of them: every PROCESSED mark has its business result,
+    // The audit an operator would sample, over all of them: every PROCESSED mark has its business result,
     // and no business result lacks its mark.
     let mut conn = db.conn().await;
     let marks_without_result: u64 = conn

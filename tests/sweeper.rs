@@ -49,7 +49,7 @@ async fn rows_the_stream_never_saw_and_rows_put_back_by_hand_are_swept() {
         "the sweeper claimed the 5 unlogged rows ({swept})"
     );
 
-    // The seed's step: an operator sets a SENT row back to PENDING; it is sent again.
+    // Resending by hand: an operator sets a SENT row back to PENDING; it is sent again.
     let mut conn = db.conn().await;
     let (id, event_id, first_msg): (u64, String, String) = conn
         .query_first(

@@ -14,7 +14,7 @@
 //!
 //! Guarantees:
 //! - The mark and the business change commit together or not at all, so a failed attempt never
-//!   leaves a mark behind (no "marked but not processed", the seed's scenario 3) and a
+//!   leaves a mark behind (never "marked as processed" for an event whose business change was lost) and a
 //!   committed mark always has its business change.
 //! - The answer is ACK only after a COMMIT succeeded (or for a duplicate of a committed mark).
 //!   Every error, a handler `Err`, a handler panic, a handler that runs past the timeout and a
