@@ -67,6 +67,11 @@ impl StreamClock {
         }
     }
 
+    /// How long ago (our clock) `unix_secs` (server clock) was; zero for a time ahead of ours.
+    pub fn since(unix_secs: u64) -> Duration {
+        Duration::from_secs(unix_now().saturating_sub(unix_secs))
+    }
+
     /// How far behind now the stream is (zero once caught up); `None` before it read anything.
     pub fn behind(&self) -> Option<Duration> {
         if self.0.caught_up.load(Ordering::Relaxed) {

@@ -130,6 +130,31 @@ impl Watermark {
         self.entries.len()
     }
 
+    /// The commit time (the commit event's header: server clock, Unix seconds) of the oldest
+    /// closed transaction with events not yet completed; `None` when there is none. The stream
+    /// holds those events in memory (waiting for the broker, or queued behind their key), so a
+    /// sweeper must leave alone the rows committed since: they are still on their way.
+    pub fn oldest_unfinished_commit(&self) -> Option<u64> {
+        self.entries
+            .iter()
+            .find(|e| e.remaining > 0 && e.end.is_some())
+            .and_then(|e| e.end.as_ref())
+            .map(|end| u64::from(end.timestamp))
+    }
+
+    /// How far the stream is done, in server time (Unix seconds): `read_up_to` (how far it has
+    /// read, [`crate::binlog::StreamClock::read_up_to`]), or earlier if events committed before
+    /// that are still unfinished ([`Watermark::oldest_unfinished_commit`]). Every row committed
+    /// before it has been sent and marked by the stream, or was never seen by it; the sweepers'
+    /// age bound counts from here.
+    pub fn done_up_to(&self, read_up_to: Option<u64>) -> Option<u64> {
+        match (read_up_to, self.oldest_unfinished_commit()) {
+            (Some(read), Some(held)) => Some(read.min(held)),
+            (read, None) => read,
+            (None, Some(_)) => None,
+        }
+    }
+
     /// Transactions passed since the start.
     pub fn advanced(&self) -> u64 {
         self.advanced
@@ -150,6 +175,10 @@ mod tests {
     use proptest::prelude::*;
 
     fn end(seq: u64) -> TxEnd {
+        end_at(seq, 0)
+    }
+
+    fn end_at(seq: u64, timestamp: u32) -> TxEnd {
         TxEnd {
             gtid: Some(TxGtid::MariaDb(crate::binlog::MariaDbGtid {
                 domain: 0,
@@ -158,8 +187,43 @@ mod tests {
             })),
             file: "binlog.000001".into(),
             end_pos: 100 * (seq + 1),
-            timestamp: 0,
+            timestamp,
         }
+    }
+
+    #[test]
+    fn done_up_to_stops_at_the_oldest_transaction_with_events_in_flight() {
+        let mut w = Watermark::new(BinlogPosition::default());
+        assert_eq!(w.done_up_to(None), None, "nothing read");
+        let a = w.begin();
+        w.end(a, end_at(a, 100)); // no events: passes at once
+        assert_eq!(w.done_up_to(Some(100)), Some(100));
+        let b = w.begin();
+        w.add_event(b);
+        w.end(b, end_at(b, 105));
+        let c = w.begin();
+        w.add_event(c);
+        w.end(c, end_at(c, 110));
+        let d = w.begin();
+        w.add_event(d); // open: its commit is not read yet
+        assert_eq!(w.oldest_unfinished_commit(), Some(105));
+        assert_eq!(
+            w.done_up_to(Some(120)),
+            Some(105),
+            "read up to 120, but b (105) is still on its way"
+        );
+        w.complete(b);
+        assert_eq!(w.done_up_to(Some(120)), Some(110), "c is next");
+        w.complete(c);
+        assert_eq!(
+            w.done_up_to(Some(120)),
+            Some(120),
+            "only the open d is left"
+        );
+        w.complete(d);
+        w.end(d, end_at(d, 121));
+        assert_eq!(w.done_up_to(Some(121)), Some(121));
+        assert_eq!(w.oldest_unfinished_commit(), None);
     }
 
     #[test]

@@ -26,7 +26,8 @@ impl Default for CheckpointSettings {
 }
 
 /// Saves until `stop`, then saves and mirrors the final position and returns it. The mirror
-/// also records how far the stream had read (`clock`) for the standbys' sweepers.
+/// also records how far the stream is done ([`Watermark::done_up_to`]: read, and nothing older
+/// still on its way) for the standbys' sweepers.
 pub async fn run(
     watermark: Arc<Mutex<Watermark>>,
     store: Arc<dyn CheckpointStore>,
@@ -59,10 +60,15 @@ pub async fn run(
                 .await??;
             saved = position;
             // Saved locally (fsync'd), not yet mirrored into MySQL.
-            crate::failpoint::hit("after_checkpoint_save");
+            crate::failpoint::hit(crate::failpoint::AFTER_CHECKPOINT_SAVE);
         }
         if saved != mirrored && (stopping || last_mirror.elapsed() >= settings.mirror_every) {
-            match mirror_once(&mirror, &pool, &saved, clock.read_up_to()).await {
+            // The standbys' sweepers count their age bound from here (sweep::gate).
+            let done_up_to = watermark
+                .lock()
+                .expect("not poisoned")
+                .done_up_to(clock.read_up_to());
+            match mirror_once(&mirror, &pool, &saved, done_up_to).await {
                 Ok(()) => mirrored = saved.clone(),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot mirror the checkpoint into MySQL; will retry")

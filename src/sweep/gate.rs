@@ -4,9 +4,10 @@
 //!
 //! - Poll mode: always, rows of any age.
 //! - Beside this process's stream (the leader): rows older than `sweeper.min_age` *before the
-//!   time the stream has read up to* ([`StreamClock`]: the newest commit read, or now once the
-//!   server has nothing more to send), so a stream catching up on a backlog is not raced for the
-//!   rows it is about to read; and only while the stream is idle or made progress (an event
+//!   time the stream is done up to* ([`Watermark::done_up_to`]: the newest commit read
+//!   ([`StreamClock`]), or now once the server has nothing more to send, or earlier: the commit
+//!   of the oldest transaction whose events are still on their way), so a stream catching up on
+//!   a backlog is not raced for the rows it is about to read or still holds; and only while the stream is idle or made progress (an event
 //!   completed) within the last half `min_age`. A stream stalled on the broker holds its rows in
 //!   memory and sends them when the broker returns; sweeping them meanwhile would send them
 //!   twice (and fail the same way while the broker is down).
@@ -59,13 +60,17 @@ impl SweepGate {
                 clock,
                 seen,
             } => {
-                let (in_flight, progress) = {
-                    let w = watermark.lock().expect("not poisoned");
-                    (w.in_flight(), w.progress())
-                };
                 // Before the stream read anything, it may be about to read every PENDING row.
-                let behind = clock.behind()?;
-                stream_allows(in_flight, progress, seen, base).then_some(base + behind)
+                let read_behind = clock.behind()?;
+                let (in_flight, progress, unfinished) = {
+                    let w = watermark.lock().expect("not poisoned");
+                    (w.in_flight(), w.progress(), w.oldest_unfinished_commit())
+                };
+                // Rows the stream read but has not finished (a backlog after a broker stall) are
+                // on their way: the bound counts from the oldest of them.
+                let held_behind = unfinished.map_or(Duration::ZERO, StreamClock::since);
+                stream_allows(in_flight, progress, seen, base)
+                    .then_some(base + read_behind.max(held_behind))
             }
             SweepGate::BehindMirror { relay_name } => {
                 let behind = mirror_behind(pool, relay_name).await?;
