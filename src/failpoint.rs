@@ -14,13 +14,28 @@
 //! flush — a crash, as with SIGKILL), and `panic` panics in the calling task. A hand-written
 //! equivalent of the `fail` crate's `fail_point!`, small enough not to need it.
 //!
-//! Points: `after_send_ok` (`send::shard`), `after_checkpoint_save` (`relay::checkpointer`).
+//! Points: [`AFTER_SEND_OK`] (`send::shard`), [`AFTER_CHECKPOINT_SAVE`]
+//! (`relay::checkpointer`). The code and the tests name them by these constants; `FAILPOINTS`
+//! naming any other point panics, so a typo cannot silently disable a test's fault.
 //!
 //! A third action, `on`, arms a condition instead of a crash: [`is_on`] is true for an armed
-//! name. Conditions: `undecodable_binlog_value` (`binlog::row_image`: a row image value whose
+//! name. Conditions: [`UNDECODABLE_BINLOG_VALUE`] (`binlog::row_image`: a row image value whose
 //! bytes contain `failpoint:undecodable` reads as undecodable, one containing
 //! `failpoint:truncated` as the end of the event's readable data), for what a real server writes
 //! only when something is corrupt or unsupported.
+
+/// After the broker answered `SEND_OK` for a batch, before its outcome goes to the marker.
+pub const AFTER_SEND_OK: &str = "after_send_ok";
+/// After the local checkpoint was saved (fsync'd), before its MySQL mirror.
+pub const AFTER_CHECKPOINT_SAVE: &str = "after_checkpoint_save";
+/// A condition: row image values carrying a marker read as undecodable or truncated.
+pub const UNDECODABLE_BINLOG_VALUE: &str = "undecodable_binlog_value";
+/// Every name `FAILPOINTS` may use.
+pub const ALL: [&str; 3] = [
+    AFTER_SEND_OK,
+    AFTER_CHECKPOINT_SAVE,
+    UNDECODABLE_BINLOG_VALUE,
+];
 
 /// The exit status of an `exit` action, so a test can tell the hook from another crash.
 pub const EXIT_CODE: i32 = 86;
@@ -118,7 +133,11 @@ fn parse(spec: &str) -> Vec<(String, Action, u64)> {
                 "on" => Action::On,
                 other => panic!("FAILPOINTS entry {entry:?}: unknown action {other:?}"),
             };
-            (name.trim().to_string(), action, at)
+            let name = name.trim();
+            if !ALL.contains(&name) {
+                panic!("FAILPOINTS entry {entry:?}: unknown point {name:?} (known: {ALL:?})");
+            }
+            (name.to_string(), action, at)
         })
         .collect()
 }
@@ -146,5 +165,11 @@ mod tests {
     #[should_panic(expected = "unknown action")]
     fn a_typo_is_loud() {
         parse("after_send_ok=exitt");
+    }
+
+    #[test]
+    #[should_panic(expected = "unknown point")]
+    fn an_unknown_point_is_loud() {
+        parse("after_send=exit");
     }
 }

@@ -9,6 +9,7 @@ use common::relay::{
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
+use outbox_relay::failpoint::AFTER_SEND_OK;
 use outbox_relay::outbox::status::codes::SENDING;
 use std::time::Duration;
 
@@ -98,8 +99,12 @@ async fn a_restart_under_the_same_instance_id_delivers_the_dead_process_rows_wit
 
     // The first life crashes right after a SEND_OK, holding its claimed batch SENDING.
     let log = dir.path().join("first.log");
-    let mut first =
-        Relay::spawn_serving(&file, "", &log, &[("FAILPOINTS", "after_send_ok=exit@3")]);
+    let mut first = Relay::spawn_serving(
+        &file,
+        "",
+        &log,
+        &[("FAILPOINTS", &format!("{AFTER_SEND_OK}=exit@3"))],
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(status) = first.exit_status() {

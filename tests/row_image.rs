@@ -243,7 +243,8 @@ async fn an_undecodable_row_fails_alone_and_its_neighbours_stream() {
     seed_checkpoint(&config, &current_position(&db).await);
     let file = write_config_file(&config, dir.path());
     let log = dir.path().join("relay.log");
-    let hook = [("FAILPOINTS", "undecodable_binlog_value=on")];
+    let on = format!("{}=on", outbox_relay::failpoint::UNDECODABLE_BINLOG_VALUE);
+    let hook = [("FAILPOINTS", on.as_str())];
     let relay = RelayProcess::spawn_serving(&file, "", &log, &hook);
 
     // One INSERT, one rows event: good, bad, good, good.

@@ -212,7 +212,7 @@ fn injected(value: &BinlogValue<'_>) -> Result<(), ValueError> {
     let BinlogValue::Value(Value::Bytes(bytes)) = value else {
         return Ok(());
     };
-    if !crate::failpoint::is_on("undecodable_binlog_value") {
+    if !crate::failpoint::is_on(crate::failpoint::UNDECODABLE_BINLOG_VALUE) {
         return Ok(());
     }
     let holds = |marker: &[u8]| bytes.windows(marker.len()).any(|w| w == marker);

@@ -351,7 +351,7 @@ async fn send_batch<S: Sink>(
             Ok(ids) => {
                 let ack = now_us();
                 // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
-                crate::failpoint::hit("after_send_ok");
+                crate::failpoint::hit(crate::failpoint::AFTER_SEND_OK);
                 crate::metrics::health().set_broker(true);
                 crate::metrics::health().set_broker_auth(&topic, true);
                 backoff.broker_answered();

@@ -189,7 +189,10 @@ impl Instance {
         let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
             .args(["-c", self.config_file.to_str().unwrap()])
             .args(["--metrics-listen", "", "run"])
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("SOAK_RELAY_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .env("NO_COLOR", "1")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())

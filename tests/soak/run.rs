@@ -186,6 +186,13 @@ pub async fn run(spec: SoakSpec) -> Audit {
             .report
             .push_str(&relays.lock().unwrap().log_tails(40));
     }
+    // SOAK_KEEP=1 keeps the relays' configs, logs and checkpoints for a look afterwards.
+    if std::env::var_os("SOAK_KEEP").is_some() {
+        result.report.push_str(&format!(
+            "  relay files kept (SOAK_KEEP): {}\n",
+            dir.keep().display()
+        ));
+    }
     result
 }
 
