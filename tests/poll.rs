@@ -11,7 +11,7 @@ use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::binlog::decode::RowLimits;
+use outbox_relay::outbox::message::RowLimits;
 use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENDING, SENT};
 use outbox_relay::outbox::TableName;
 use outbox_relay::producer::NewEvent;

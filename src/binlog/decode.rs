@@ -6,7 +6,7 @@
 
 use super::row_image::RowValues;
 use crate::metrics::stages::Stamps;
-use crate::outbox::rules;
+use crate::outbox::message::{message_from_text, RowLimits, RowText};
 use crate::outbox::OutboundMessage;
 use crate::outbox::TableName;
 use mysql_async::binlog::value::BinlogValue;
@@ -115,12 +115,6 @@ impl ColumnLayout {
             headers: find("headers"),
         })
     }
-}
-
-/// Limits a row must meet.
-#[derive(Debug, Clone, Copy)]
-pub struct RowLimits {
-    pub max_payload_bytes: usize,
 }
 
 /// The primary key of a row inserted as PENDING, or what the row is instead: unidentifiable
@@ -234,65 +228,6 @@ pub fn decode_row(
     }
 }
 
-/// The columns of an outbox row as text, however they were read (binlog row image or SELECT).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RowText {
-    pub event_id: String,
-    pub biz_key: Option<String>,
-    pub topic: Option<String>,
-    pub tags: Option<String>,
-    /// JSON text.
-    pub headers: Option<String>,
-    /// JSON text.
-    pub payload: Option<String>,
-}
-
-/// Checks a row's columns against the producer's rules and `limits` and builds its message: the
-/// one validation shared by the binlog decoder and the claim of poll mode / the sweeper. The
-/// error is the reason the row is marked FAILED.
-pub fn message_from_text(row: RowText, limits: RowLimits) -> Result<OutboundMessage, String> {
-    let RowText {
-        event_id,
-        biz_key,
-        topic,
-        tags,
-        headers,
-        payload,
-    } = row;
-    let biz_key = biz_key.ok_or("`biz_key` is NULL")?;
-    let topic = topic.ok_or("`topic` is NULL")?;
-    let payload = payload.ok_or("`payload` is NULL")?;
-    rules::event_id(&event_id).map_err(|e| e.to_string())?;
-    rules::topic(&topic).map_err(|e| e.to_string())?;
-    rules::biz_key(&biz_key).map_err(|e| e.to_string())?;
-    if let Some(t) = &tags {
-        rules::tags(t).map_err(|e| e.to_string())?;
-    }
-    serde_json::from_str::<serde::de::IgnoredAny>(&payload)
-        .map_err(|e| format!("payload is not valid JSON: {e}"))?;
-    if payload.len() > limits.max_payload_bytes {
-        return Err(format!(
-            "payload is {} bytes; the limit is {} (outbox.max_payload_bytes)",
-            payload.len(),
-            limits.max_payload_bytes
-        ));
-    }
-    let headers = match headers {
-        Some(text) => parse_headers(&text)?,
-        None => Vec::new(),
-    };
-    let map: std::collections::BTreeMap<String, String> = headers.iter().cloned().collect();
-    rules::headers(&map).map_err(|e| e.to_string())?;
-    Ok(OutboundMessage {
-        event_id,
-        biz_key,
-        topic,
-        tags,
-        headers,
-        payload,
-    })
-}
-
 fn integer(value: &BinlogValue<'_>) -> Result<i64, String> {
     match value {
         BinlogValue::Value(Value::NULL) => Err("NULL".into()),
@@ -326,22 +261,6 @@ fn json_text(value: Option<BinlogValue<'_>>, column: &str) -> Result<Option<Stri
             "`{column}` arrived as a partial JSON update: set binlog_row_value_options='' on the server"
         )),
         other => text(other, column),
-    }
-}
-
-fn parse_headers(text: &str) -> Result<Vec<(String, String)>, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("headers are not valid JSON: {e}"))?;
-    match value {
-        serde_json::Value::Null => Ok(Vec::new()),
-        serde_json::Value::Object(map) => Ok(map
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect()),
-        _ => Err("headers must be a JSON object".into()),
     }
 }
 

@@ -7,11 +7,12 @@
 //! [`BinlogItem::Restart`] and read again from its start.
 
 use super::clock::StreamClock;
-use super::decode::{decode_bad_row, decode_row, ColumnLayout, DecodedRow, RowLimits};
+use super::decode::{decode_bad_row, decode_row, ColumnLayout, DecodedRow};
 use super::gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 use super::position::{BinlogPosition, TxEnd, TxGtid};
 use super::row_image::{RowImage, TableShape};
 use super::xid::Xid;
+use crate::outbox::message::RowLimits;
 use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
 use futures_util::StreamExt;

@@ -1,5 +1,7 @@
 //! The outbox itself, the ground floor every stage stands on: the table's name, the `status`
-//! column's codes, the message a row becomes and the rules it must meet, and the defaults the producer and the relay share.
+//! column's codes, the message a row becomes, the rules it must meet and the one check of a
+//! row's columns against them (the stream's decoder and the sweeper's claim both use it), and
+//! the defaults the producer and the relay share.
 //!
 //! Guarantee: this module depends on no other module of the crate. Each rule about the table is
 //! written here once, so the producer that writes rows, the stream and the sweeper that read them,

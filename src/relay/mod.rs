@@ -19,12 +19,12 @@ pub use checkpointer::CheckpointSettings;
 pub use instance::run_instance;
 pub use shards::Shards;
 
-use crate::binlog::decode::RowLimits;
 use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
 use crate::binlog::{BinlogPosition, StreamClock};
 use crate::checkpoint::{CheckpointStore, MysqlMirror, Watermark};
 use crate::config::{Config, RelayMode};
 use crate::mark::{run_marker, MarkStats, MarkerContext};
+use crate::outbox::message::RowLimits;
 use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
 use crate::route::Router;

@@ -18,8 +18,8 @@
 use super::cursor::ClaimCursor;
 use super::lease::HeldRows;
 use super::waiting::{on_pending_index, waiting_rows_of_keys};
-use crate::binlog::decode::{message_from_text, RowLimits, RowText};
 use crate::binlog::{OutboxRow, RowProblem};
+use crate::outbox::message::{message_from_text, RowLimits, RowText};
 use crate::outbox::{Status, TableName};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, IsolationLevel, Row, TxOpts, Value};

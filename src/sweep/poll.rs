@@ -4,10 +4,10 @@
 
 use super::gate::SweepGate;
 use super::sweeper::{SweepSettings, Sweeper};
-use crate::binlog::decode::RowLimits;
 use crate::binlog::BinlogPosition;
 use crate::config::Config;
 use crate::mark::{run_marker, MarkerContext};
+use crate::outbox::message::RowLimits;
 use crate::relay::{qualified_tables, RunOptions, RunSummary, Shards};
 use crate::retry::RetryPolicy;
 use crate::route::Router;

@@ -5,8 +5,8 @@
 use super::claim::{ClaimStrategy, Claimed, Claimer};
 use super::gate::SweepGate;
 use super::lease::{self, HeldRows};
-use crate::binlog::decode::RowLimits;
 use crate::config::Config;
+use crate::outbox::message::RowLimits;
 use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
 use crate::route::Router;

@@ -466,7 +466,7 @@ mod tests {
             server_id: 1,
             heartbeat: std::time::Duration::from_secs(1),
             tables: vec![TableName::parse("app.outbox_event").unwrap()],
-            limits: crate::binlog::decode::RowLimits {
+            limits: crate::outbox::message::RowLimits {
                 max_payload_bytes: 1 << 20,
             },
             flavor: super::super::ServerFlavor::MySqlGtid,
