@@ -12,6 +12,8 @@ mod checkpointer;
 mod dispatch;
 mod instance;
 mod key_order;
+#[cfg(test)]
+mod pipeline_tests;
 mod shards;
 
 pub use crate::sweep::run_poll;
