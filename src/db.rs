@@ -1,6 +1,7 @@
 //! MySQL connection helpers shared by the commands and the relay.
 
 use crate::config::{Config, TlsMode};
+use crate::outbox::TableName;
 use mysql_async::{Opts, OptsBuilder, Pool, SslOpts};
 
 /// Why a database URL could not be used.
@@ -28,6 +29,30 @@ pub fn opts(config: &Config) -> anyhow::Result<Opts> {
         builder = builder.ssl_opts(ssl);
     }
     Ok(builder.into())
+}
+
+/// The database a deployment runs against, resolved once from the config and passed down (to
+/// every stage and task of a run, and to each leadership of an instance): its connection options
+/// and its outbox tables, qualified with the URL's database.
+#[derive(Debug, Clone)]
+pub struct Deployment {
+    /// [`opts`] of `mysql.url`.
+    pub opts: Opts,
+    /// `outbox.tables`, each as `schema.table`.
+    pub tables: Vec<TableName>,
+}
+
+impl Deployment {
+    pub fn resolve(config: &Config) -> anyhow::Result<Self> {
+        let opts = opts(config)?;
+        let database = opts.db_name().unwrap_or_default().to_string();
+        let tables = config
+            .outbox_tables()
+            .into_iter()
+            .map(|t| t.in_schema(&database))
+            .collect();
+        Ok(Deployment { opts, tables })
+    }
 }
 
 /// Two rustls crypto providers are compiled in (ours and a dependency's): picks one for the

@@ -15,7 +15,7 @@
 //! equivalent of the `fail` crate's `fail_point!`, small enough not to need it.
 //!
 //! Points: [`AFTER_SEND_OK`] (`send::shard`), [`AFTER_CHECKPOINT_SAVE`]
-//! (`relay::checkpointer`). The code and the tests name them by these constants; `FAILPOINTS`
+//! (`checkpoint::checkpointer`). The code and the tests name them by these constants; `FAILPOINTS`
 //! naming any other point panics, so a typo cannot silently disable a test's fault.
 //!
 //! A third action, `on`, arms a condition instead of a crash: [`is_on`] is true for an armed

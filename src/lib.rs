@@ -52,6 +52,8 @@ pub mod metrics;
 #[cfg(feature = "relay")]
 pub mod operate;
 #[cfg(feature = "relay")]
+pub mod pipeline;
+#[cfg(feature = "relay")]
 pub mod relay;
 #[cfg(feature = "relay")]
 pub mod retry;

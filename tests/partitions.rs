@@ -413,7 +413,10 @@ async fn the_cleanup_round_inside_run_creates_days_ahead_and_drops_clean_past_da
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
 
-    let table = outbox_relay::relay::qualified_tables(&config).unwrap()[0].to_string();
+    let table = outbox_relay::db::Deployment::resolve(&config)
+        .unwrap()
+        .tables[0]
+        .to_string();
     let label = outbox_relay::metrics::TableLabel { table };
     wait_for("4 days ahead exported", Duration::from_secs(30), || async {
         outbox_relay::metrics::relay()

@@ -9,8 +9,8 @@ use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use outbox_relay::binlog::reader::{check_server, StartupError};
+use outbox_relay::db::Deployment;
 use outbox_relay::producer::{NewEvent, Outbox};
-use outbox_relay::relay::qualified_tables;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 async fn check(db: &TestDb, url: &str) -> Result<(), StartupError> {
     let mut config = db.config.clone();
     config.mysql.url = Some(url.to_string());
-    let opts = outbox_relay::db::opts(&config).unwrap();
-    check_server(&opts, &qualified_tables(&config).unwrap())
+    let deployment = Deployment::resolve(&config).unwrap();
+    check_server(&deployment.opts, &deployment.tables)
         .await
         .map(|_| ())
 }
@@ -116,8 +116,8 @@ async fn start_up_checks_name_what_to_change() {
     // The outbox table is missing.
     let mut missing = db.config.clone();
     missing.outbox.tables = vec!["no_such_outbox".into()];
-    let opts = outbox_relay::db::opts(&missing).unwrap();
-    let err = check_server(&opts, &qualified_tables(&missing).unwrap())
+    let deployment = Deployment::resolve(&missing).unwrap();
+    let err = check_server(&deployment.opts, &deployment.tables)
         .await
         .unwrap_err()
         .to_string();

@@ -280,7 +280,8 @@ async fn kill_relay_connections(admin: &mut mysql_async::Conn, db: &TestDb) -> C
 /// wrong address), not retried for ever like the cut connections above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_at_first_start_stops_the_relay_at_once() {
-    use outbox_relay::relay::{RelayHandle, RunOptions};
+    use outbox_relay::pipeline::RunOptions;
+    use outbox_relay::relay::RelayHandle;
     use tokio_util::sync::CancellationToken;
 
     let db = TestDb::migrated("relay_unreachable").await;

@@ -87,6 +87,28 @@ pub struct ReaderOptions {
     pub clock: StreamClock,
 }
 
+impl ReaderOptions {
+    /// The relay's reader of `tables` over `opts`, as `config` sets it (`mysql.server_id`,
+    /// `mysql.heartbeat`, `outbox.max_payload_bytes`).
+    pub fn from_config(
+        config: &crate::config::Config,
+        opts: Opts,
+        tables: Vec<TableName>,
+        flavor: ServerFlavor,
+        clock: StreamClock,
+    ) -> Self {
+        ReaderOptions {
+            opts,
+            server_id: config.mysql.server_id,
+            heartbeat: config.mysql.heartbeat,
+            tables,
+            limits: config.outbox.row_limits(),
+            flavor,
+            clock,
+        }
+    }
+}
+
 /// Reads the binlog from a position until cancelled. Build with [`BinlogReader::new`].
 pub struct BinlogReader {
     options: ReaderOptions,

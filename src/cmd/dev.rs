@@ -14,8 +14,9 @@ use outbox_relay::devenv::{
     scratch_dir, shared, BrokerKind, Database, DatabaseKind, MariaDb, MariaDbOptions, RocketMq,
     RocketMqOptions, TopicReader,
 };
+use outbox_relay::pipeline::RunOptions;
 use outbox_relay::producer::Outbox;
-use outbox_relay::relay::{self, RelayHandle, RunOptions};
+use outbox_relay::relay::RelayHandle;
 use outbox_relay::{db, schema};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -230,8 +231,8 @@ async fn start_relay(config: &Config) -> anyhow::Result<RelayHandle> {
     {
         let store = SledStore::open(&config.relay.checkpoint_dir)?;
         if store.load()?.is_none() {
-            let tables = relay::qualified_tables(config)?;
-            let server = check_server(&db::opts(config)?, &tables).await?;
+            let deployment = db::Deployment::resolve(config)?;
+            let server = check_server(&deployment.opts, &deployment.tables).await?;
             store.save(&server.current)?;
         }
     }

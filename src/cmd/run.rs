@@ -3,7 +3,8 @@
 use super::GlobalArgs;
 use clap::Args;
 use outbox_relay::config::RelayMode;
-use outbox_relay::relay::{self, RelayHandle, RunOptions};
+use outbox_relay::pipeline::RunOptions;
+use outbox_relay::relay::{self, RelayHandle};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 

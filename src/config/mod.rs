@@ -125,6 +125,16 @@ impl Default for OutboxConfig {
     }
 }
 
+impl OutboxConfig {
+    /// The limits a row must keep to become a message (the stream, the sweeper and the producer
+    /// check the same ones).
+    pub fn row_limits(&self) -> crate::outbox::message::RowLimits {
+        crate::outbox::message::RowLimits {
+            max_payload_bytes: self.max_payload_bytes,
+        }
+    }
+}
+
 /// `[rocketmq]`: where events are published, and as whom.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]

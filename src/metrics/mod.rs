@@ -8,7 +8,6 @@
 pub mod health;
 pub mod server;
 pub mod stages;
-pub mod tables;
 
 pub use health::{health, Role};
 

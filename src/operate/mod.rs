@@ -24,6 +24,8 @@
 //! - [`replay`]: re-publishes the outbox INSERTs of a binlog range through the relay's shard
 //!   senders, with their original `event_id`; it never changes outbox rows and writes one
 //!   `outbox_audit` summary row per run.
+//! - [`table_metrics`]: reads only; refreshes the outbox table gauges of `/metrics` on a timer
+//!   in every running instance.
 //! - [`partitions`]: daily partitions with a catch-all, so an INSERT never lacks a partition; a
 //!   day is dropped only when it is wholly past the retention and holds no PENDING, SENDING or
 //!   FAILED row, checked and dropped under a table lock, one `outbox_audit` row per drop.
@@ -38,6 +40,7 @@ pub mod reconcile;
 pub mod replay;
 pub mod selection;
 pub mod status;
+pub mod table_metrics;
 
 pub use cleanup::{Cleanup, CleanupProgress, CleanupSummary};
 pub use compensate::{Action, Compensation, CompensationReport, RowOutcome, RowReport};

@@ -11,7 +11,7 @@
 //! Guarantees:
 //! - Every outbox INSERT committed in the range is sent once more, whatever its row's status is
 //!   now (replay is an explicit operator action), with its original `event_id`, to the queue of
-//!   its `biz_key`, in commit order per key (the relay's [`Router`] and [`Shards`]); only
+//!   its `biz_key`, in commit order per key (the relay's [`crate::route::Router`] and [`crate::send::Shards`], from the [`PipelineBuilder`]); only
 //!   `SEND_OK` counts as sent, and retryable errors are retried like the relay does.
 //! - Transactions outside the range send nothing: the reader starts after `from`, and a
 //!   transaction past `to` (or past `--to-time`) ends the replay before its events are sent.
@@ -23,13 +23,12 @@
 //! and every real replica's: a second connection with the same id makes the server drop the
 //! first).
 
-use crate::binlog::reader::{check_server, BinlogReader};
+use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
 use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, TxEnd, TxGtid, Xid};
 use crate::config::Config;
-use crate::relay::Shards;
-use crate::retry::RetryPolicy;
-use crate::route::Router;
-use crate::send::{Completion, SendOutcome, ShardEvent, Sink};
+use crate::db::Deployment;
+use crate::pipeline::{PipelineBuilder, SendStage};
+use crate::send::{Completion, SendInputs, SendOutcome, ShardEvent, Sink};
 use mysql_async::prelude::*;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -37,7 +36,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 mod bounds;
@@ -217,8 +215,12 @@ impl Replay {
         cancel: CancellationToken,
     ) -> anyhow::Result<ReplaySummary> {
         self.validate(config, false)?;
-        let sending = Sending::start(&sink, config);
-        let summary = self.execute(config, Some(sending), observer, cancel).await;
+        let deployment = Deployment::resolve(config)?;
+        let pipeline = PipelineBuilder::new(config, &deployment, sink);
+        let sending = Sending::start(&pipeline.shard_capacity(CHANNEL_CAPACITY));
+        let summary = self
+            .execute(config, &deployment, Some(sending), observer, cancel)
+            .await;
         let audited = self.audit(config, &summary).await;
         let summary = summary?; // the replay's own error first
         audited?;
@@ -233,18 +235,20 @@ impl Replay {
         cancel: CancellationToken,
     ) -> anyhow::Result<ReplaySummary> {
         self.validate(config, true)?;
-        self.execute(config, None, observer, cancel).await
+        let deployment = Deployment::resolve(config)?;
+        self.execute(config, &deployment, None, observer, cancel)
+            .await
     }
 
     async fn execute(
         &self,
         config: &Config,
+        deployment: &Deployment,
         sending: Option<Sending>,
         mut observer: impl FnMut(ReplayEvent<'_>),
         cancel: CancellationToken,
     ) -> anyhow::Result<ReplaySummary> {
-        let opts = crate::db::opts(config)?;
-        let tables = crate::relay::qualified_tables(config)?;
+        let Deployment { opts, tables } = deployment.clone();
         let server = check_server(&opts, &tables).await?;
         let mut to = self.to.clone().unwrap_or_else(|| server.current.clone());
         let same_gtids = (self.from.mariadb_gtid.is_some() && to.mariadb_gtid.is_some())
@@ -282,7 +286,7 @@ impl Replay {
             return Ok(summary);
         }
         let mut options =
-            crate::relay::reader_options(config, opts, tables, server.flavor, Default::default());
+            ReaderOptions::from_config(config, opts, tables, server.flavor, Default::default());
         options.server_id = self.server_id;
         let (items_tx, mut items) = mpsc::channel(CHANNEL_CAPACITY);
         let reading = cancel.child_token();
@@ -458,59 +462,43 @@ fn within(to: &BinlogPosition, end: &TxEnd) -> bool {
 /// The sending side of a real replay: the relay's router and shards, and a task counting the
 /// outcomes.
 struct Sending {
-    router: Router,
-    inputs: Vec<mpsc::Sender<ShardEvent>>,
-    shards: Shards,
+    inputs: SendInputs,
+    stage: SendStage<Vec<ReplayFailure>>,
     counts: Arc<(AtomicU64, AtomicU64)>,
-    collector: JoinHandle<Vec<ReplayFailure>>,
 }
 
 impl Sending {
-    fn start<S: Sink>(sink: &Arc<S>, config: &Config) -> Self {
-        let (completions_tx, mut completions) = mpsc::channel::<Completion>(CHANNEL_CAPACITY);
-        let (shards, inputs) = Shards::start(
-            sink,
-            config.relay.shards,
-            CHANNEL_CAPACITY,
-            RetryPolicy::from_config(&config.retry),
-            &completions_tx,
-        );
+    fn start<S: Sink>(pipeline: &PipelineBuilder<'_, S>) -> Self {
         let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
         let tally = Arc::clone(&counts);
-        let collector = tokio::spawn(async move {
-            let mut failures = Vec::new();
-            while let Some(done) = completions.recv().await {
-                match done.outcome {
-                    SendOutcome::Sent { .. } => tally.0.fetch_add(1, Ordering::Relaxed),
-                    SendOutcome::Failed { reason, .. } => {
-                        if failures.len() < MAX_LISTED_FAILURES {
-                            failures.push(ReplayFailure {
-                                event_id: done.event_id,
-                                reason,
-                            });
+        let (stage, inputs) =
+            pipeline.send_stage(|mut completions: mpsc::Receiver<Completion>| async move {
+                let mut failures = Vec::new();
+                while let Some(done) = completions.recv().await {
+                    match done.outcome {
+                        SendOutcome::Sent { .. } => tally.0.fetch_add(1, Ordering::Relaxed),
+                        SendOutcome::Failed { reason, .. } => {
+                            if failures.len() < MAX_LISTED_FAILURES {
+                                failures.push(ReplayFailure {
+                                    event_id: done.event_id,
+                                    reason,
+                                });
+                            }
+                            tally.1.fetch_add(1, Ordering::Relaxed)
                         }
-                        tally.1.fetch_add(1, Ordering::Relaxed)
-                    }
-                };
-            }
-            failures
-        });
+                    };
+                }
+                failures
+            });
         Sending {
-            router: Router::new(config.relay.shards),
             inputs,
-            shards,
+            stage,
             counts,
-            collector,
         }
     }
 
     async fn send(&self, row: OutboxRow) -> anyhow::Result<()> {
-        let event = ShardEvent::claimed(row);
-        let shard = self.router.shard(event.key_hash);
-        self.inputs[shard]
-            .send(event)
-            .await
-            .map_err(|_| anyhow::anyhow!("a shard sender stopped"))
+        Ok(self.inputs.send(ShardEvent::claimed(row)).await?)
     }
 
     fn counts(&self) -> (u64, u64) {
@@ -524,20 +512,18 @@ impl Sending {
     async fn finish(self, summary: &mut ReplaySummary, interrupted: bool) {
         let Sending {
             inputs,
-            shards,
+            stage,
             counts,
-            collector,
-            ..
         } = self;
         drop(inputs);
         let timeout = match interrupted {
             true => INTERRUPT_DRAIN,
             false => Duration::MAX,
         };
-        shards
-            .drain(timeout, "they were not replayed: run the replay again")
-            .await;
-        summary.failures = collector.await.unwrap_or_default();
+        summary.failures = stage
+            .finish(timeout, "they were not replayed: run the replay again")
+            .await
+            .unwrap_or_default();
         summary.sent = counts.0.load(Ordering::Relaxed);
         summary.failed = counts.1.load(Ordering::Relaxed);
     }

@@ -9,9 +9,11 @@
 
 pub mod rocketmq;
 pub mod shard;
+mod shards;
 
 pub use rocketmq::RocketMqSink;
 pub use shard::{run_shard, Completion, SendOutcome, ShardEvent, ShardOptions};
+pub use shards::{SendInputs, Shards, Stopped};
 
 pub use crate::outbox::OutboundMessage;
 

@@ -1,5 +1,5 @@
 //! Sweeping: claiming outbox rows from the table itself instead of reading the binlog. It runs
-//! as **poll mode** ([`run_poll`], `relay.mode = "poll"`: the polling relay on its own, for
+//! as **poll mode** ([`crate::pipeline::run_poll`], `relay.mode = "poll"`: the polling relay on its own, for
 //! servers without binlog access and as the benchmark baseline) and as the **sweeper** beside the
 //! CDC stream ([`Sweeper`]): every `sweeper.interval` it claims rows still PENDING after
 //! `sweeper.min_age` (far behind the stream, so the two do not race in normal operation): rows
@@ -7,7 +7,7 @@
 //! leader streamed), and rows put back to PENDING by hand. Standby instances run it too.
 //!
 //! Stages: [`claim`] (PENDING → SENDING under a lease, `FOR UPDATE SKIP LOCKED` where the server
-//! has it, else an optimistic per-row claim) → the CDC relay's router and ordered shard senders →
+//! has it, else an optimistic per-row claim) → the send stage's router and ordered shard senders ([`crate::send::SendInputs`]) →
 //! the [marker](crate::mark), which marks a claimed row only while it is still SENDING under
 //! this instance's `owner` (a row whose lease ran out and was claimed again is left alone); beside them [`lease`]
 //! renews the leases of the rows this process holds ([`lease::HeldRows`]) and returns expired
@@ -39,14 +39,9 @@ pub mod claim;
 pub mod cursor;
 pub mod gate;
 pub mod lease;
-mod poll;
 mod sweeper;
 pub mod waiting;
 
 pub use claim::{ClaimStrategy, Claimed, Claimer};
 pub use gate::SweepGate;
-pub use poll::{run_poll, run_sweeper_alone};
 pub use sweeper::{Nudge, RunningSweeper, SweepSettings, Sweeper};
-
-/// Capacity of each shard's input: claimed rows waiting to be sent (their leases are renewed).
-const CHANNEL_CAPACITY: usize = 1024;

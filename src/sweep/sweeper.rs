@@ -9,8 +9,7 @@ use crate::config::Config;
 use crate::outbox::message::RowLimits;
 use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
-use crate::route::Router;
-use crate::send::{Completion, ShardEvent};
+use crate::send::{Completion, SendInputs, ShardEvent, Stopped};
 use mysql_async::prelude::*;
 use mysql_async::Pool;
 use std::sync::Arc;
@@ -119,9 +118,7 @@ impl Sweeper {
     /// this process's leases; `nudges` (beside a stream) asks for rows to claim at once.
     pub fn spawn(
         self,
-        router: Router,
-        shards: Vec<mpsc::Sender<ShardEvent>>,
-        completions: mpsc::Sender<Completion>,
+        inputs: SendInputs,
         mut gate: SweepGate,
         mut nudges: Option<mpsc::Receiver<Nudge>>,
     ) -> RunningSweeper {
@@ -141,17 +138,12 @@ impl Sweeper {
             let (pool, claimers, stop) = (self.pool.clone(), self.claimers, claim_stop.clone());
             let interval = self.settings.interval;
             tokio::spawn(async move {
-                let targets = Targets {
-                    router: &router,
-                    shards: &shards,
-                    completions: &completions,
-                };
                 let rounds = Rounds {
                     gate: &mut gate,
                     interval,
                     nudges: &mut nudges,
                 };
-                claim_loop(&pool, &claimers, targets, rounds, &stop).await
+                claim_loop(&pool, &claimers, &inputs, rounds, &stop).await
             })
         };
         RunningSweeper {
@@ -222,13 +214,6 @@ async fn detect_strategy(pool: &Pool, tables: &[TableName]) -> anyhow::Result<Cl
     Ok(strategy)
 }
 
-/// Where claimed rows go.
-struct Targets<'a> {
-    router: &'a Router,
-    shards: &'a [mpsc::Sender<ShardEvent>],
-    completions: &'a mpsc::Sender<Completion>,
-}
-
 /// When the claim loop claims: rounds every `interval` as `gate` allows, and at once for the
 /// rows a stream asks for.
 struct Rounds<'a> {
@@ -241,7 +226,7 @@ struct Rounds<'a> {
 async fn claim_loop(
     pool: &Pool,
     claimers: &[Claimer],
-    to: Targets<'_>,
+    to: &SendInputs,
     rounds: Rounds<'_>,
     stop: &CancellationToken,
 ) {
@@ -258,7 +243,7 @@ async fn claim_loop(
         let mut pause = interval;
         let Some(min_age) = gate.min_age(base, pool).await else {
             tracing::debug!("the stream is stalled: not sweeping beside it this round");
-            if pause_or_nudged(pool, claimers, &to, nudges, interval, stop).await {
+            if pause_or_nudged(pool, claimers, to, nudges, interval, stop).await {
                 return;
             }
             continue;
@@ -282,7 +267,7 @@ async fn claim_loop(
                         tracing::info!(table = %claimer.table, rows = rows.len(),
                             "sweeper claimed PENDING rows the stream has not sent");
                     }
-                    if dispatch(rows, &to, stop).await.is_err() {
+                    if dispatch(rows, to, stop).await.is_err() {
                         return;
                     }
                 }
@@ -294,8 +279,7 @@ async fn claim_loop(
                 }
             }
         }
-        if (!full || failures > 0)
-            && pause_or_nudged(pool, claimers, &to, nudges, pause, stop).await
+        if (!full || failures > 0) && pause_or_nudged(pool, claimers, to, nudges, pause, stop).await
         {
             return;
         }
@@ -307,7 +291,7 @@ async fn claim_loop(
 async fn pause_or_nudged(
     pool: &Pool,
     claimers: &[Claimer],
-    to: &Targets<'_>,
+    to: &SendInputs,
     nudges: &mut Option<mpsc::Receiver<Nudge>>,
     pause: Duration,
     stop: &CancellationToken,
@@ -363,24 +347,18 @@ async fn next_nudge(nudges: &mut Option<mpsc::Receiver<Nudge>>) -> Option<Nudge>
 /// A row not handed on before `stop` stays claimed and is released at the end.
 async fn dispatch(
     rows: Vec<Claimed>,
-    to: &Targets<'_>,
+    to: &SendInputs,
     stop: &CancellationToken,
-) -> Result<(), ()> {
+) -> Result<(), Stopped> {
     for row in rows {
         let sent = match row {
             Claimed::Event(row) => {
-                let event = ShardEvent::claimed(row);
-                let shard = &to.shards[to.router.shard(event.key_hash)];
                 tokio::select! {
-                    _ = stop.cancelled() => return Err(()),
-                    sent = shard.send(event) => sent.map_err(|_| ()),
+                    _ = stop.cancelled() => return Err(Stopped),
+                    sent = to.send(ShardEvent::claimed(row)) => sent,
                 }
             }
-            Claimed::Problem(problem) => to
-                .completions
-                .send(Completion::bad_row(None, problem))
-                .await
-                .map_err(|_| ()),
+            Claimed::Problem(problem) => to.complete(Completion::bad_row(None, problem)).await,
         };
         sent?;
     }

@@ -28,9 +28,7 @@ fn wiring() -> (
 /// One shard, no key-order guard.
 fn outputs(shard: mpsc::Sender<ShardEvent>, completions: mpsc::Sender<Completion>) -> Outputs {
     Outputs {
-        router: Router::new(1),
-        shards: vec![shard],
-        completions,
+        inputs: SendInputs::from_channels(vec![shard], completions),
         key_order: None,
     }
 }

@@ -1,8 +1,8 @@
 //! The checkpointer: persists the watermark to the local store in small groups (never per
 //! event) and mirrors it into MySQL at a lower rate.
 
+use super::{CheckpointStore, MysqlMirror, Watermark};
 use crate::binlog::{BinlogPosition, StreamClock};
-use crate::checkpoint::{CheckpointStore, MysqlMirror, Watermark};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -28,7 +28,7 @@ impl Default for CheckpointSettings {
 /// Saves until `stop`, then saves and mirrors the final position and returns it. The mirror
 /// also records how far the stream is done ([`Watermark::done_up_to`]: read, and nothing older
 /// still on its way) for the standbys' sweepers.
-pub async fn run(
+pub async fn run_checkpointer(
     watermark: Arc<Mutex<Watermark>>,
     store: Arc<dyn CheckpointStore>,
     mirror: MysqlMirror,

@@ -9,13 +9,14 @@
 //! (purged binlogs), the leader logs an ERROR, counts it, restarts from the oldest position the
 //! server has, and the sweeper publishes the PENDING rows of the gap.
 
-use super::{run_cdc, RunOptions, RunSummary};
-use crate::binlog::reader::{check_server, oldest_position, ReaderError};
+use super::{run_cdc, run_sweeper_alone, PipelineBuilder, RunOptions, RunSummary};
+use crate::binlog::reader::{check_server, oldest_position, ReaderError, ServerInfo};
+use crate::binlog::ServerFlavor;
 use crate::checkpoint::{CheckpointStore, MysqlMirror};
-use crate::config::Config;
+use crate::db::Deployment;
 use crate::leader::{Election, Leadership};
 use crate::send::Sink;
-use crate::sweep::{run_sweeper_alone, SweepGate, SweepSettings};
+use crate::sweep::{SweepGate, SweepSettings};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -25,17 +26,19 @@ const MAX_FALLBACKS: u32 = 3;
 /// Runs this instance until `cancel` fires, or a permanent error (a failed start-up check, a
 /// store that cannot be written).
 pub async fn run_instance<S: Sink>(
-    config: &Config,
-    sink: Arc<S>,
+    pipeline: &PipelineBuilder<'_, S>,
     store: Arc<dyn CheckpointStore>,
     options: RunOptions,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
     // Every instance checks the server and its grants first, so a missing privilege is named
     // at start-up (not as a failed election or a refused binlog dump later).
-    let opts = crate::db::opts(config)?;
-    let tables = super::qualified_tables(config)?;
-    let election = Election::new(opts.clone(), &config.relay.name, &config.instance_id());
+    let (config, deployment) = (pipeline.config(), pipeline.deployment());
+    let election = Election::new(
+        deployment.opts.clone(),
+        &config.relay.name,
+        &config.instance_id(),
+    );
     let mut total = RunSummary::default();
     let policy = crate::retry::RetryPolicy::reconnect();
     let mut failures = 0;
@@ -44,7 +47,7 @@ pub async fn run_instance<S: Sink>(
         // A connection lost during start-up or a run (a killed connection, a restarting server)
         // is retried with backoff; a misconfigured server or missing grant stops the instance.
         let round = async {
-            check_server(&opts, &tables).await?;
+            let server = check_server(&deployment.opts, &deployment.tables).await?;
             let leadership = match election.try_lead().await.map_err(|e| {
                 anyhow::anyhow!(
                     "cannot enter the leader election in MySQL (has `outbox-relay migrate` run?): {e}"
@@ -52,13 +55,13 @@ pub async fn run_instance<S: Sink>(
             })? {
                 Some(leadership) => leadership,
                 None => {
-                    match stand_by(config, &sink, &election, &options, &cancel, &mut total).await? {
+                    match stand_by(pipeline, &election, &options, &cancel, &mut total).await? {
                         Some(leadership) => leadership,
                         None => return Ok(None),
                     }
                 }
             };
-            let led = lead(config, &sink, &store, &options, &cancel, &leadership).await;
+            let led = lead(pipeline, server, &store, &options, &cancel, &leadership).await;
             leadership.resign(&election).await;
             led.map(Some)
         };
@@ -117,13 +120,13 @@ fn is_permanent(error: &anyhow::Error, started: bool) -> bool {
 
 /// Sweeps (if enabled) while waiting for leadership; `None` when cancelled first.
 async fn stand_by<S: Sink>(
-    config: &Config,
-    sink: &Arc<S>,
+    pipeline: &PipelineBuilder<'_, S>,
     election: &Election,
     options: &RunOptions,
     cancel: &CancellationToken,
     total: &mut RunSummary,
 ) -> anyhow::Result<Option<Leadership>> {
+    let config = pipeline.config();
     tracing::info!(instance = %config.instance_id(),
         "another instance leads: standing by (sweeping) until it stops");
     crate::metrics::health().set_role(crate::metrics::Role::Standby);
@@ -134,16 +137,9 @@ async fn stand_by<S: Sink>(
             let gate = SweepGate::BehindMirror {
                 relay_name: config.relay.name.clone(),
             };
-            run_sweeper_alone(
-                config,
-                Arc::clone(sink),
-                settings,
-                gate,
-                options.clone(),
-                sweeping.clone(),
-            )
-            .await
-            .map(Some)
+            run_sweeper_alone(pipeline, settings, gate, options.clone(), sweeping.clone())
+                .await
+                .map(Some)
         } else {
             sweeping.cancelled().await;
             Ok(None)
@@ -167,10 +163,11 @@ async fn stand_by<S: Sink>(
     Ok(led)
 }
 
-/// Streams under `leadership` until `cancel` fires or the leadership is lost.
+/// Streams under `leadership` (from `server`, as checked when it began) until `cancel` fires or
+/// the leadership is lost.
 async fn lead<S: Sink>(
-    config: &Config,
-    sink: &Arc<S>,
+    pipeline: &PipelineBuilder<'_, S>,
+    server: ServerInfo,
     store: &Arc<dyn CheckpointStore>,
     options: &RunOptions,
     cancel: &CancellationToken,
@@ -191,10 +188,20 @@ async fn lead<S: Sink>(
     };
     let mut total = RunSummary::default();
     let mut fallbacks = 0;
+    let (flavor, deployment) = (server.flavor, pipeline.deployment());
+    let mut server = Some(server);
     let result = loop {
+        // After a fall-back the server is asked again: its end of binlog has moved on.
+        let server = match server.take() {
+            Some(server) => server,
+            None => match check_server(&deployment.opts, &deployment.tables).await {
+                Ok(server) => server,
+                Err(e) => break Err(e.into()),
+            },
+        };
         let run = run_cdc(
-            config,
-            Arc::clone(sink),
+            pipeline,
+            server,
             Arc::clone(store),
             options.clone(),
             streaming.clone(),
@@ -209,7 +216,7 @@ async fn lead<S: Sink>(
                 tracing::error!(error = %e,
                     "the checkpoint is no longer on the server: restarting from the oldest binlog position; the sweeper publishes the PENDING rows of the gap");
                 crate::metrics::binlog_position_lost();
-                if let Err(e) = fall_back(config, store, leadership.epoch).await {
+                if let Err(e) = fall_back(pipeline, flavor, store, leadership.epoch).await {
                     break Err(e);
                 }
             }
@@ -232,20 +239,19 @@ fn position_gone(error: &anyhow::Error) -> bool {
 }
 
 /// Saves the oldest position the server has as the checkpoint (local and mirror).
-async fn fall_back(
-    config: &Config,
+async fn fall_back<S: Sink>(
+    pipeline: &PipelineBuilder<'_, S>,
+    flavor: ServerFlavor,
     store: &Arc<dyn CheckpointStore>,
     epoch: u64,
 ) -> anyhow::Result<()> {
-    let opts = crate::db::opts(config)?;
-    let tables = super::qualified_tables(config)?;
-    let server = check_server(&opts, &tables).await?;
-    let oldest = oldest_position(&opts, server.flavor).await?;
+    let Deployment { opts, .. } = pipeline.deployment();
+    let oldest = oldest_position(opts, flavor).await?;
     tracing::warn!(position = %oldest, "new checkpoint: the oldest position on the server");
     let (s, p) = (Arc::clone(store), oldest.clone());
     tokio::task::spawn_blocking(move || s.save(&p)).await??;
-    let mut conn = mysql_async::Conn::new(opts).await?;
-    MysqlMirror::new(config.relay.name.clone())
+    let mut conn = mysql_async::Conn::new(opts.clone()).await?;
+    MysqlMirror::new(pipeline.config().relay.name.clone())
         .fenced(epoch)
         .save(&mut conn, &oldest, None)
         .await?;

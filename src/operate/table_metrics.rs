@@ -26,7 +26,7 @@ pub async fn watch(
         if let Err(e) = &refreshed {
             tracing::warn!(error = %e, "cannot read the outbox table metrics");
         }
-        super::health::health().set_mysql(refreshed.is_ok());
+        crate::metrics::health().set_mysql(refreshed.is_ok());
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
@@ -50,7 +50,7 @@ async fn refresh_binlog(
     };
     let lag =
         crate::operate::status::binlog_lag(server.version, &server.current, checkpoint.as_ref());
-    let metrics = super::relay();
+    let metrics = crate::metrics::relay();
     metrics
         .binlog_behind_transactions
         .set(lag.transactions_behind.unwrap_or(0) as i64);
@@ -65,11 +65,11 @@ async fn refresh_binlog(
 /// the day partitions starting after today (database clock; `information_schema.PARTITIONS`).
 pub async fn refresh(pool: &Pool, tables: &[TableName]) -> Result<(), mysql_async::Error> {
     use crate::operate::partitions;
-    let metrics = super::relay();
+    let metrics = crate::metrics::relay();
     let mut conn = pool.get_conn().await?;
     let today = partitions::db_today(&mut conn).await?;
     for table in tables {
-        let label = super::TableLabel {
+        let label = crate::metrics::TableLabel {
             table: table.to_string(),
         };
         let counts: Vec<(i8, i64)> = conn

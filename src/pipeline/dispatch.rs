@@ -21,8 +21,7 @@ use super::key_order::{self, KeyOrder};
 use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, StreamClock, TxEnd, Xid};
 use crate::checkpoint::{TxSeq, Watermark};
 use crate::outbox::{Status, TableName};
-use crate::route::Router;
-use crate::send::{Completion, ShardEvent};
+use crate::send::{Completion, SendInputs, ShardEvent};
 use mysql_async::prelude::*;
 use mysql_async::Pool;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -186,9 +185,7 @@ impl CatchUp {
 
 /// Where the dispatcher hands events on.
 pub struct Outputs {
-    pub router: Router,
-    pub shards: Vec<mpsc::Sender<ShardEvent>>,
-    pub completions: mpsc::Sender<Completion>,
+    pub inputs: SendInputs,
     /// Per-key order with the sweeper's rows (`None`: no sweeper, events go straight on).
     pub key_order: Option<KeyOrder>,
 }
@@ -202,9 +199,7 @@ pub async fn run(
     mut catch_up: Option<CatchUp>,
 ) -> Dispatched {
     let mut d = Dispatcher {
-        router: outputs.router,
-        shards: outputs.shards,
-        completions: outputs.completions,
+        inputs: outputs.inputs,
         key_order: outputs.key_order,
         watermark,
         stats: Dispatched::default(),
@@ -325,9 +320,7 @@ fn batch_rows<'a>(
 
 /// The dispatcher's state between items.
 struct Dispatcher {
-    router: Router,
-    shards: Vec<mpsc::Sender<ShardEvent>>,
-    completions: mpsc::Sender<Completion>,
+    inputs: SendInputs,
     key_order: Option<KeyOrder>,
     last_recheck: Instant,
     watermark: Arc<Mutex<Watermark>>,
@@ -365,9 +358,7 @@ impl Dispatcher {
         }
         self.last_recheck = Instant::now();
         let order = self.key_order.as_mut().expect("holding keys");
-        order
-            .recheck(&self.watermark, &self.router, &self.shards)
-            .await
+        order.recheck(&self.watermark, &self.inputs).await
     }
 
     /// Hands `row` of transaction `seq` on (to its shard, or as a problem); false once the
@@ -395,10 +386,9 @@ impl Dispatcher {
                 self.watermark().add_event(seq);
                 let event = ShardEvent::new(seq, row);
                 if let Some(order) = &mut self.key_order {
-                    return order.route(event, &self.router, &self.shards).await;
+                    return order.route(event, &self.inputs).await;
                 }
-                let shard = self.router.shard(event.key_hash);
-                return self.shards[shard].send(event).await.is_ok();
+                return self.inputs.send(event).await.is_ok();
             }
             DecodedRow::Problem(problem) => {
                 self.watermark().add_event(seq);
@@ -406,7 +396,7 @@ impl Dispatcher {
                     order.carry(seq, &problem.table, problem.id);
                 }
                 let completion = Completion::bad_row(Some(seq), problem);
-                return self.completions.send(completion).await.is_ok();
+                return self.inputs.complete(completion).await.is_ok();
             }
             DecodedRow::NotPending => {}
             DecodedRow::Unidentifiable(reason) => {

@@ -24,8 +24,7 @@
 use crate::binlog::DecodedRow;
 use crate::checkpoint::{TxSeq, Watermark};
 use crate::outbox::TableName;
-use crate::route::Router;
-use crate::send::ShardEvent;
+use crate::send::{SendInputs, ShardEvent};
 use crate::sweep::waiting::waiting_rows_of_keys;
 use crate::sweep::Nudge;
 use mysql_async::Pool;
@@ -157,12 +156,7 @@ impl KeyOrder {
 
     /// Hands `event` (of the stream) to its shard, or queues it behind its held key; false once
     /// the shards are gone.
-    pub async fn route(
-        &mut self,
-        event: ShardEvent,
-        router: &Router,
-        shards: &[mpsc::Sender<ShardEvent>],
-    ) -> bool {
+    pub async fn route(&mut self, event: ShardEvent, inputs: &SendInputs) -> bool {
         if let Some(seq) = event.seq {
             self.carry(seq, &event.row.table, event.row.id);
         }
@@ -181,20 +175,12 @@ impl KeyOrder {
             self.publish();
             return true;
         }
-        shards[router.shard(event.key_hash)]
-            .send(event)
-            .await
-            .is_ok()
+        inputs.send(event).await.is_ok()
     }
 
     /// Looks at the held keys again: hands on, in order, each key's events that no older row
     /// waits for any more, and asks again for the rest. False once the shards are gone.
-    pub async fn recheck(
-        &mut self,
-        watermark: &Mutex<Watermark>,
-        router: &Router,
-        shards: &[mpsc::Sender<ShardEvent>],
-    ) -> bool {
+    pub async fn recheck(&mut self, watermark: &Mutex<Watermark>, inputs: &SendInputs) -> bool {
         if self.held.is_empty() {
             return true;
         }
@@ -233,11 +219,7 @@ impl KeyOrder {
             held.events = stay.into();
             go.sort_by_key(|e| e.row.id);
             for event in go {
-                if shards[router.shard(event.key_hash)]
-                    .send(event)
-                    .await
-                    .is_err()
-                {
+                if inputs.send(event).await.is_err() {
                     return false;
                 }
             }

@@ -5,13 +5,11 @@
 //! reaches the last transaction only once all its events are acknowledged.
 
 use super::dispatch::{self, Outputs};
-use super::shards::Shards;
 use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, TxEnd};
 use crate::checkpoint::{CheckpointStore, MemoryStore, Watermark};
 use crate::outbox::OutboundMessage;
 use crate::retry::RetryPolicy;
-use crate::route::Router;
-use crate::send::{SendError, SendOutcome, Sink};
+use crate::send::{SendError, SendOutcome, Shards, Sink};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -88,12 +86,10 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         max: Duration::from_millis(5),
         max_retries: Some(10),
     };
-    let (shards, inputs) = Shards::start(&broker, 4, 64, retry, &completions_tx);
+    let (shards, inputs) = Shards::start(&broker, 4, 64, retry, completions_tx);
     let (items_tx, items) = mpsc::channel(64);
     let outputs = Outputs {
-        router: Router::new(4),
-        shards: inputs,
-        completions: completions_tx,
+        inputs,
         key_order: None,
     };
     let dispatcher = tokio::spawn(dispatch::run(items, outputs, Arc::clone(&watermark), None));

@@ -1,0 +1,140 @@
+//! The one place the pipeline's parts are put together. CDC ([`super::run_cdc`]), poll mode and
+//! a standby's sweeping ([`super::run_sweeper_alone`]) and `replay` take their send stage from
+//! here, and the relays their sweeper; they differ only in what feeds the shards (the binlog
+//! dispatcher, the claim loop, a replayed range) and in who records the outcomes (the marker, or
+//! replay's tally).
+//!
+//! Guarantee: a [`SendStage`] reports every event handed to its [`SendInputs`] to its recorder
+//! exactly once, unless [`SendStage::finish`]'s timeout stops a shard first (then the event stays
+//! unacknowledged, and so is never counted as done).
+
+use crate::config::Config;
+use crate::db::Deployment;
+use crate::mark::{run_marker, MarkError, MarkStats, MarkerContext};
+use crate::retry::RetryPolicy;
+use crate::send::{Completion, SendInputs, Shards, Sink};
+use crate::sweep::{ClaimStrategy, SweepSettings, Sweeper};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Capacity of the completions channel (the marker takes up to 1,000 at a time).
+const COMPLETIONS_CAPACITY: usize = 2048;
+/// Events waiting per shard: a few sends' worth keeps each shard busy, while more only holds
+/// payloads in memory (a drain once kept 8 × 4,096 in flight, and the relay's CPU went to
+/// faulting in fresh pages for them).
+const SHARD_CAPACITY: usize = 256;
+
+/// Builds the parts of one run against one deployment, publishing through one sink.
+pub struct PipelineBuilder<'a, S> {
+    config: &'a Config,
+    deployment: &'a Deployment,
+    sink: Arc<S>,
+    shard_capacity: usize,
+}
+
+/// Shard senders and the task recording their outcomes (its result is `R`).
+pub struct SendStage<R> {
+    shards: Shards,
+    recorder: JoinHandle<R>,
+}
+
+/// The marker's result: what it recorded, or the error that stopped it.
+pub type Marked = Result<MarkStats, MarkError>;
+
+impl<'a, S: Sink> PipelineBuilder<'a, S> {
+    pub fn new(config: &'a Config, deployment: &'a Deployment, sink: Arc<S>) -> Self {
+        PipelineBuilder {
+            config,
+            deployment,
+            sink,
+            shard_capacity: SHARD_CAPACITY,
+        }
+    }
+
+    /// The same builder, with `capacity` events waiting per shard (default 256).
+    pub fn shard_capacity(&self, capacity: usize) -> Self {
+        PipelineBuilder {
+            config: self.config,
+            deployment: self.deployment,
+            sink: Arc::clone(&self.sink),
+            shard_capacity: capacity,
+        }
+    }
+
+    pub fn config(&self) -> &'a Config {
+        self.config
+    }
+
+    pub fn deployment(&self) -> &'a Deployment {
+        self.deployment
+    }
+
+    /// Starts `relay.shards` shard senders with `[retry]`, whose outcomes go to `record` (it runs
+    /// as a task until every input is dropped and every shard is done).
+    pub fn send_stage<R, F>(
+        &self,
+        record: impl FnOnce(mpsc::Receiver<Completion>) -> F,
+    ) -> (SendStage<R>, SendInputs)
+    where
+        F: Future<Output = R> + Send + 'static,
+        R: Send + 'static,
+    {
+        let (completions_tx, completions_rx) = mpsc::channel(COMPLETIONS_CAPACITY);
+        let (shards, inputs) = Shards::start(
+            &self.sink,
+            self.config.relay.shards,
+            self.shard_capacity,
+            RetryPolicy::from_config(&self.config.retry),
+            completions_tx,
+        );
+        let recorder = tokio::spawn(record(completions_rx));
+        (SendStage { shards, recorder }, inputs)
+    }
+
+    /// A send stage whose outcomes the marker records on the rows (through `pool`); a permanent
+    /// marking error cancels `stop`.
+    pub fn marked_send_stage(
+        &self,
+        pool: mysql_async::Pool,
+        context: MarkerContext,
+        stop: CancellationToken,
+    ) -> (SendStage<Marked>, SendInputs) {
+        self.send_stage(move |completions| run_marker(pool, completions, context, stop))
+    }
+
+    /// A sweeper of the deployment's tables with `settings`, claiming through `pool` as this
+    /// instance (`claim_strategy`: `None` detects it from the server's version).
+    pub async fn sweeper(
+        &self,
+        pool: mysql_async::Pool,
+        settings: SweepSettings,
+        claim_strategy: Option<ClaimStrategy>,
+    ) -> anyhow::Result<Sweeper> {
+        if settings.lease < self.config.rocketmq.send_timeout * 5 {
+            tracing::warn!(lease = ?settings.lease, send_timeout = ?self.config.rocketmq.send_timeout,
+                "sweeper.lease is under 5 × rocketmq.send_timeout: a stalled instance's rows may be taken over (and sent twice) early");
+        }
+        Sweeper::new(
+            pool,
+            self.deployment.tables.clone(),
+            self.config.instance_id(),
+            settings,
+            self.config.outbox.row_limits(),
+            claim_strategy,
+        )
+        .await
+    }
+}
+
+impl<R> SendStage<R> {
+    /// Once every [`SendInputs`] is dropped: lets the shards send what they hold (at most
+    /// `timeout`; `unfinished` says what becomes of the rest), then waits for the recorder.
+    pub async fn finish(self, timeout: Duration, unfinished: &str) -> anyhow::Result<R> {
+        self.shards.drain(timeout, unfinished).await;
+        Ok(self.recorder.await?)
+    }
+}

@@ -1,0 +1,180 @@
+//! CDC: the binlog stream and everything beside it, for one leadership (or one run without an
+//! election). The reader decodes committed outbox INSERTs; the dispatcher counts each in the
+//! watermark and routes it (behind the key-order guard when a sweeper runs); the shards send;
+//! the marker records each outcome and acknowledges it; the checkpointer persists the
+//! watermark. See [`super`] for the guarantees.
+
+use super::builder::PipelineBuilder;
+use super::dispatch;
+use super::key_order::KeyOrder;
+use super::{RunOptions, RunSummary};
+use crate::binlog::reader::{BinlogReader, ReaderOptions, ServerInfo};
+use crate::binlog::{BinlogPosition, StreamClock};
+use crate::checkpoint::{run_checkpointer, CheckpointStore, MysqlMirror, Watermark};
+use crate::mark::MarkerContext;
+use crate::send::Sink;
+use crate::sweep::{SweepGate, SweepSettings};
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Decoded binlog items waiting for the dispatcher (backpressure on the reader bounds memory;
+/// the dispatcher takes up to 1,000 at a time).
+const ITEMS_CAPACITY: usize = 2048;
+/// Requests from the key-order guard to the sweeper not yet taken up (when full, the guard asks
+/// again at its next recheck).
+const NUDGE_CAPACITY: usize = 64;
+
+/// Runs the CDC relay against `server` (checked by the caller: its flavour and current end of
+/// binlog) until `cancel` fires (then drains and writes the final checkpoint) or a permanent
+/// error.
+pub async fn run_cdc<S: Sink>(
+    pipeline: &PipelineBuilder<'_, S>,
+    server: ServerInfo,
+    store: Arc<dyn CheckpointStore>,
+    options: RunOptions,
+    cancel: CancellationToken,
+) -> anyhow::Result<RunSummary> {
+    let (config, deployment) = (pipeline.config(), pipeline.deployment());
+    // The marker's and the sweeper's pools: separate (the sweeper closes its own before the
+    // final checkpoint is mirrored), from one question to the server.
+    let writer_opts = crate::db::writer_opts(config).await?;
+    let pool = mysql_async::Pool::new(writer_opts.clone());
+    let mut mirror = MysqlMirror::new(config.relay.name.clone());
+    if let Some(epoch) = options.leader_epoch {
+        mirror = mirror.fenced(epoch);
+    }
+    let start = start_position(&*store, &mirror, &pool, &server.current).await?;
+    let watermark = Arc::new(Mutex::new(Watermark::new(start.clone())));
+    let sweeper = match config.sweeper.enabled {
+        true => Some(
+            pipeline
+                .sweeper(
+                    mysql_async::Pool::new(writer_opts),
+                    SweepSettings::beside_stream(config),
+                    options.claim_strategy,
+                )
+                .await?,
+        ),
+        false => None,
+    };
+
+    let clock = StreamClock::default();
+    let reader = BinlogReader::new(ReaderOptions::from_config(
+        config,
+        deployment.opts.clone(),
+        deployment.tables.clone(),
+        server.flavor,
+        clock.clone(),
+    ));
+    let (items_tx, items_rx) = mpsc::channel(ITEMS_CAPACITY);
+    let reader_cancel = cancel.child_token();
+    let catch_up = dispatch::CatchUp::new(
+        pool.clone(),
+        &start,
+        &server.current,
+        config.sweeper.enabled,
+        clock.clone(),
+    );
+    if catch_up.is_none() {
+        clock.arm(); // nothing written before the start is left to read
+    }
+    let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
+
+    let (send_stage, inputs) = pipeline.marked_send_stage(
+        pool.clone(),
+        MarkerContext {
+            watermark: Some(Arc::clone(&watermark)),
+            owner: config.instance_id(),
+        },
+        // A permanent marking error stops the reader, and so the whole run.
+        reader_cancel.clone(),
+    );
+    // The sweeper feeds the same shards: a key's swept rows queue behind its streamed ones, and
+    // the stream's key-order guard asks it for the older rows a key waits for.
+    let (nudge_tx, nudge_rx) = mpsc::channel(NUDGE_CAPACITY);
+    let key_order = sweeper
+        .is_some()
+        .then(|| KeyOrder::new(pool.clone(), nudge_tx, config.sweeper.min_age));
+    let mut sweeper = sweeper.map(|sweeper| {
+        sweeper.spawn(
+            inputs.clone(),
+            SweepGate::beside_stream(Arc::clone(&watermark), clock.clone()),
+            Some(nudge_rx),
+        )
+    });
+    let checkpoint_stop = CancellationToken::new();
+    let checkpoint_task = tokio::spawn(run_checkpointer(
+        Arc::clone(&watermark),
+        Arc::clone(&store),
+        mirror,
+        pool.clone(),
+        options.checkpoint.clone(),
+        clock.clone(),
+        checkpoint_stop.clone(),
+    ));
+
+    let outputs = dispatch::Outputs { inputs, key_order };
+    let dispatched = dispatch::run(items_rx, outputs, Arc::clone(&watermark), catch_up).await;
+
+    // The reader stopped (cancelled or failed). Let the shards drain, within the timeout.
+    let reader_result = reader_task.await?;
+    if let Some(sweeper) = &mut sweeper {
+        sweeper.stop_claiming().await;
+    }
+    let marked = send_stage
+        .finish(
+            options.drain_timeout,
+            "they will be sent again after restart",
+        )
+        .await?;
+    if let Some(sweeper) = sweeper {
+        sweeper.finish().await;
+    }
+    checkpoint_stop.cancel();
+    let checkpoint = checkpoint_task.await??;
+    crate::db::close(pool).await;
+    let marked = marked?;
+    reader_result?;
+    Ok(RunSummary {
+        marked,
+        checkpoint,
+        unidentifiable: dispatched.unidentifiable,
+    })
+}
+
+/// Where to start: the furthest of the local (sled) checkpoint and the MySQL mirror (each is safe
+/// on its own; after a failover the mirror is usually ahead of a former leader's local one), else
+/// the server's current end.
+async fn start_position(
+    store: &dyn CheckpointStore,
+    mirror: &MysqlMirror,
+    pool: &mysql_async::Pool,
+    current: &BinlogPosition,
+) -> anyhow::Result<BinlogPosition> {
+    let local = store.load()?;
+    let mut conn = pool.get_conn().await?;
+    let shared = mirror.load(&mut conn).await?;
+    drop(conn);
+    match (local, shared) {
+        (Some(local), Some(shared)) if !local.covers(&shared) => {
+            tracing::info!(position = %shared, local = %local,
+                "resuming from the checkpoint mirror in MySQL (ahead of the local checkpoint)");
+            Ok(shared)
+        }
+        (Some(local), _) => {
+            tracing::info!(position = %local, "resuming from the local checkpoint");
+            Ok(local)
+        }
+        (None, Some(shared)) => {
+            tracing::info!(position = %shared,
+                "no local checkpoint; resuming from the checkpoint mirror in MySQL");
+            Ok(shared)
+        }
+        (None, None) => {
+            tracing::warn!(position = %current,
+                "no checkpoint anywhere: starting at the current end of the binlog; older PENDING rows are left to the sweeper");
+            Ok(current.clone())
+        }
+    }
+}
