@@ -7,6 +7,7 @@
 #   - with --rust-broker (or OUTBOX_BROKER=rust): the rocketmq-rust 1.0.0 namesrv + broker
 #     binaries from crates.io, built once into the same cache: ~15-20 minutes the first time on
 #     2 cores, seconds afterwards.
+#   - with --only-rust-broker: just that (scripts/test.sh builds it in the background).
 #   - with --mysql (or OUTBOX_TEST_DB=mysql): Oracle MySQL (Debian sid's mysql-server-core) in a
 #     debootstrap'd chroot $OUTBOX_DEVENV_CACHE/mysql-chroot, from the Debian mirror this
 #     machine's apt sources name: about 1 minute the first time, seconds afterwards.
@@ -18,12 +19,14 @@ WANT_RUST_BROKER=0
 WANT_MYSQL=0
 [ "${OUTBOX_TEST_DB:-}" = "mysql" ] && WANT_MYSQL=1
 WANT_IMAGE=0
+ONLY_RUST_BROKER=0
 for arg in "$@"; do
   case "$arg" in
     --rust-broker) WANT_RUST_BROKER=1 ;;
+    --only-rust-broker) ONLY_RUST_BROKER=1 ;;
     --mysql) WANT_MYSQL=1 ;;
     --image) WANT_IMAGE=1 ;;
-    *) echo "usage: scripts/setup.sh [--rust-broker] [--mysql] [--image]" >&2; exit 2 ;;
+    *) echo "usage: scripts/setup.sh [--rust-broker] [--mysql] [--image] | --only-rust-broker" >&2; exit 2 ;;
   esac
 done
 
@@ -166,6 +169,10 @@ install_image_base() {
   say "image base: Debian $(cat "$IMAGE_ROOT/etc/debian_version"), user $(chroot "$IMAGE_ROOT" id outbox-relay)"
 }
 
+if [ "$ONLY_RUST_BROKER" = 1 ]; then
+  install_rocketmq
+  exit 0
+fi
 install_mariadb
 install_apache_rocketmq
 if [ "$WANT_MYSQL" = 1 ]; then
