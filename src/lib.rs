@@ -42,6 +42,8 @@ pub mod checkpoint;
 #[cfg(feature = "relay")]
 pub mod devenv;
 #[cfg(feature = "relay")]
+pub mod error;
+#[cfg(feature = "relay")]
 pub mod failpoint;
 #[cfg(feature = "relay")]
 pub mod leader;

@@ -161,6 +161,19 @@ pub enum ReaderError {
     Unsupported(String),
 }
 
+impl crate::error::Classify for ReaderError {
+    /// A purged position is retryable: the instance falls back to the oldest position the server
+    /// has (see [`crate::pipeline::run_instance`]).
+    fn class(&self) -> crate::error::ErrorClass {
+        match self {
+            ReaderError::NotAllowed(_) | ReaderError::Unsupported(_) => {
+                crate::error::ErrorClass::Permanent
+            }
+            ReaderError::PositionGone { .. } => crate::error::ErrorClass::Retryable,
+        }
+    }
+}
+
 const MARIADB_GTID_EVENT: u8 = 162;
 const MARIADB_GTID_STANDALONE: u8 = 1;
 /// MariaDB's GTID event flag of the first part of an XA transaction (up to `XA PREPARE`).

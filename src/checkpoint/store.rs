@@ -25,6 +25,15 @@ pub enum StoreError {
     Fenced(u64),
 }
 
+impl crate::error::Classify for StoreError {
+    fn class(&self) -> crate::error::ErrorClass {
+        match self {
+            StoreError::Sled { .. } | StoreError::Corrupt(_) => crate::error::ErrorClass::Permanent,
+            StoreError::Mysql(_) | StoreError::Fenced(_) => crate::error::ErrorClass::Retryable,
+        }
+    }
+}
+
 /// Durable storage of one checkpoint.
 ///
 /// Guarantee of an implementation: after `save` returns `Ok`, `load` returns that position (or a

@@ -114,3 +114,9 @@ pub struct MarkError {
     message: String,
     fix: String,
 }
+
+impl crate::error::Classify for MarkError {
+    fn class(&self) -> crate::error::ErrorClass {
+        crate::error::ErrorClass::Permanent
+    }
+}

@@ -14,6 +14,7 @@ use crate::binlog::reader::{check_server, oldest_position, ReaderError, ServerIn
 use crate::binlog::ServerFlavor;
 use crate::checkpoint::{CheckpointStore, MysqlMirror};
 use crate::db::Deployment;
+use crate::error::{Classify, ErrorClass};
 use crate::leader::{Election, Leadership};
 use crate::send::Sink;
 use crate::sweep::{SweepGate, SweepSettings};
@@ -92,30 +93,37 @@ pub async fn run_instance<S: Sink>(
     }
 }
 
-/// Errors retrying cannot fix: the server's configuration, missing grants (at start-up, or met
-/// by the marker while running), a refused or unsupported binlog, a broken checkpoint store; and,
-/// before the instance ever ran, a server it cannot connect to (the user must see that at once).
-/// A connection lost mid-way is retried.
+/// Whether a failed round stops the instance: its error's [`ErrorClass`], as the error's own
+/// type states it ([`Classify`]); an error of no classified type (a connection lost mid-way, a
+/// task that panicked) is retried.
 fn is_permanent(error: &anyhow::Error, started: bool) -> bool {
-    if error.downcast_ref::<crate::mark::MarkError>().is_some() {
-        return true;
-    }
+    class_of(error).stops(started)
+}
+
+/// The class of the first error in `error`'s chain whose type classifies itself. The pipeline's
+/// error types are listed here, and only here.
+fn class_of(error: &anyhow::Error) -> ErrorClass {
     use crate::binlog::reader::StartupError;
     use crate::checkpoint::store::StoreError;
-    if let Some(e) = error.downcast_ref::<StartupError>() {
-        return match e {
-            StartupError::Misconfigured(_) | StartupError::Privilege(_) => true,
-            StartupError::Connect(_) => !started,
-            StartupError::Database(_) => false,
-        };
+    use crate::mark::MarkError;
+    fn as_classified<'a>(cause: &'a (dyn std::error::Error + 'static)) -> Option<&'a dyn Classify> {
+        if let Some(e) = cause.downcast_ref::<MarkError>() {
+            return Some(e);
+        }
+        if let Some(e) = cause.downcast_ref::<StartupError>() {
+            return Some(e);
+        }
+        if let Some(e) = cause.downcast_ref::<ReaderError>() {
+            return Some(e);
+        }
+        cause
+            .downcast_ref::<StoreError>()
+            .map(|e| e as &dyn Classify)
     }
-    if let Some(e) = error.downcast_ref::<ReaderError>() {
-        return matches!(e, ReaderError::NotAllowed(_) | ReaderError::Unsupported(_));
-    }
-    if let Some(e) = error.downcast_ref::<StoreError>() {
-        return matches!(e, StoreError::Sled { .. } | StoreError::Corrupt(_));
-    }
-    false
+    error
+        .chain()
+        .find_map(as_classified)
+        .map_or(ErrorClass::Retryable, Classify::class)
 }
 
 /// Sweeps (if enabled) while waiting for leadership; `None` when cancelled first.
@@ -257,4 +265,42 @@ async fn fall_back<S: Sink>(
         .await?;
     conn.disconnect().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binlog::reader::StartupError;
+    use crate::checkpoint::store::StoreError;
+
+    fn unreachable() -> anyhow::Error {
+        let lost = mysql_async::DriverError::PoolDisconnected;
+        StartupError::Connect(mysql_async::Error::Driver(lost)).into()
+    }
+
+    #[test]
+    fn a_round_stops_the_instance_by_the_class_its_error_states() {
+        let misconfigured: anyhow::Error =
+            StartupError::Misconfigured("binlog_format".into()).into();
+        assert!(is_permanent(&misconfigured, true));
+        // A server that cannot be reached stops an instance that never ran, not one that did.
+        assert!(is_permanent(&unreachable(), false));
+        assert!(!is_permanent(&unreachable(), true));
+        // The class is found under added context too.
+        let refused = anyhow::Error::from(ReaderError::NotAllowed("denied".into()))
+            .context("while streaming");
+        assert!(is_permanent(&refused, true));
+        let gone = ReaderError::PositionGone {
+            position: "0-1-5".into(),
+            message: "purged".into(),
+        };
+        assert!(!is_permanent(&gone.into(), true));
+        assert!(!is_permanent(&StoreError::Fenced(3).into(), true));
+        assert!(is_permanent(
+            &StoreError::Corrupt("bad".into()).into(),
+            true
+        ));
+        // An error of no classified type (a connection lost mid-way) is retried.
+        assert!(!is_permanent(&anyhow::anyhow!("connection reset"), false));
+    }
 }

@@ -29,6 +29,17 @@ pub enum StartupError {
     Database(#[from] mysql_async::Error),
 }
 
+impl crate::error::Classify for StartupError {
+    fn class(&self) -> crate::error::ErrorClass {
+        use crate::error::ErrorClass;
+        match self {
+            StartupError::Misconfigured(_) | StartupError::Privilege(_) => ErrorClass::Permanent,
+            StartupError::Connect(_) => ErrorClass::Unreachable,
+            StartupError::Database(_) => ErrorClass::Retryable,
+        }
+    }
+}
+
 fn misconfigured(text: String) -> StartupError {
     StartupError::Misconfigured(text)
 }
