@@ -11,7 +11,7 @@ mod common;
 
 use common::ledger::{ledger_db, Ledger};
 use common::relay::{
-    count_status, current_position, relay_config, seed_checkpoint, sweeping_config,
+    count_status, current_position, relay_fixture, seed_checkpoint, sweeping_config,
     wait_until_sent, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
@@ -67,8 +67,7 @@ async fn one_event(db: &TestDb, topic: &str, key: &str, commit: bool) -> String 
 async fn a_rolled_back_transaction_publishes_nothing_and_a_stopped_relay_catches_up_once() {
     let db = TestDb::migrated("article_rollback").await;
     let topic = new_topic("article_rollback");
-    let (config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).at_current_end().await;
 
     // Committed while no relay runs: they wait PENDING.
     let mut committed = Vec::new();
@@ -106,8 +105,7 @@ async fn a_rolled_back_transaction_publishes_nothing_and_a_stopped_relay_catches
 async fn every_sent_row_of_a_batched_drain_is_found_by_its_msg_id() {
     let db = TestDb::migrated("article_drain").await;
     let topic = new_topic("article_drain");
-    let (config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).at_current_end().await;
     // A backlog written before the relay starts drains in batches.
     write_events(&db, &topic, 2, 250, 20).await;
     let relay = RunningRelay::start(&config).await;

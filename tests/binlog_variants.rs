@@ -7,7 +7,7 @@
 mod common;
 
 use common::relay::{
-    current_position, relay_config, seed_checkpoint, wait_until_sent, RunningRelay,
+    current_position, relay_fixture, seed_checkpoint, wait_until_sent, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::{database, TestDb};
@@ -20,8 +20,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 fn stream_only(db: &TestDb) -> (Config, tempfile::TempDir) {
-    let (mut config, dir) = relay_config(db);
-    config.sweeper.enabled = false;
+    let (config, dir) = relay_fixture(db).stream_only().build();
     (config, dir)
 }
 

@@ -6,7 +6,7 @@
 mod common;
 
 use common::relay::{
-    commit_events, count_status, current_position, relay_config, seed_checkpoint, wait_for,
+    commit_events, count_status, current_position, relay_fixture, seed_checkpoint, wait_for,
     wait_until_sent, RunningRelay,
 };
 use common::TestDb;
@@ -37,12 +37,15 @@ fn two_groups(label: &str) -> RocketMq {
 /// A relay config on `cluster` whose retry policy is 1 s doubling to 4 s, so `max_retry` 8
 /// waits 1 + 2 + 4 × 6 = 27 s before an event is FAILED.
 fn config_on(db: &TestDb, cluster: &RocketMq) -> (Config, tempfile::TempDir) {
-    let (mut config, dir) = relay_config(db);
-    config.rocketmq.namesrv_addr = Some(cluster.namesrv_addr());
-    config.rocketmq.send_timeout = Duration::from_secs(1);
-    config.retry.initial_backoff = Duration::from_secs(1);
-    config.retry.max_backoff = Duration::from_secs(4);
-    config.retry.max_retry = 8;
+    let (config, dir) = relay_fixture(db)
+        .on(&cluster.namesrv_addr())
+        .broker_retries(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Duration::from_secs(4),
+            8,
+        )
+        .build();
     (config, dir)
 }
 

@@ -6,7 +6,7 @@ mod common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, assert_read_every_event_in_key_order, count_status,
-    current_position, deliveries, duplicates, relay_config, seed_checkpoint, wait_for,
+    current_position, deliveries, duplicates, relay_fixture, seed_checkpoint, wait_for,
     wait_until_sent, write_config_file, write_events, RelayProcess,
 };
 use common::rocketmq::{new_topic, rocketmq};
@@ -73,10 +73,13 @@ async fn start_all(
 async fn killing_the_leader_three_times_loses_nothing() {
     let db = TestDb::migrated("failover").await;
     let topic = new_topic("failover");
-    let (mut config, _base_dir) = relay_config(&db);
-    config.sweeper.interval = Duration::from_secs(1);
-    config.sweeper.min_age = Duration::from_secs(10);
-    config.sweeper.lease = Duration::from_secs(5);
+    let (config, _base_dir) = relay_fixture(&db)
+        .sweeper(
+            Duration::from_secs(1),
+            Duration::from_secs(10),
+            Duration::from_secs(5),
+        )
+        .build();
     let name = config.relay.name.clone();
     let (_dirs, files) = three_instances(&db, &config).await;
     let mut processes = start_all(&db, &name, &files).await;
@@ -148,10 +151,13 @@ async fn killing_the_leader_three_times_loses_nothing() {
 async fn a_backlog_written_while_every_instance_was_down_is_not_swept_twice() {
     let db = TestDb::migrated("catch_up").await;
     let topic = new_topic("catch_up");
-    let (mut config, _base_dir) = relay_config(&db);
-    config.sweeper.interval = Duration::from_millis(500);
-    config.sweeper.min_age = Duration::from_secs(3);
-    config.sweeper.lease = Duration::from_secs(10);
+    let (config, _base_dir) = relay_fixture(&db)
+        .sweeper(
+            Duration::from_millis(500),
+            Duration::from_secs(3),
+            Duration::from_secs(10),
+        )
+        .build();
     let name = config.relay.name.clone();
     let (_dirs, files) = three_instances(&db, &config).await;
 

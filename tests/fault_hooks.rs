@@ -8,7 +8,7 @@
 mod common;
 
 use common::relay::{
-    count_status, current_position, deliveries, duplicates, relay_config, seed_checkpoint,
+    count_status, current_position, deliveries, duplicates, relay_fixture, seed_checkpoint,
     wait_for, wait_until_sent, write_config_file, write_events,
 };
 use common::rocketmq::{new_topic, rocketmq};
@@ -62,10 +62,13 @@ async fn leader(db: &TestDb, name: &str) -> Option<String> {
 async fn crash_at(prefix: &str, failpoints: &str) -> usize {
     let db = TestDb::migrated(prefix).await;
     let topic = new_topic(prefix);
-    let (mut config, _base) = relay_config(&db);
-    config.sweeper.interval = Duration::from_millis(500);
-    config.sweeper.min_age = Duration::from_secs(5);
-    config.sweeper.lease = Duration::from_secs(5);
+    let (config, _base) = relay_fixture(&db)
+        .sweeper(
+            Duration::from_millis(500),
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+        )
+        .build();
     let start = current_position(&db).await;
     let mut dirs = Vec::new();
     let mut files: Vec<PathBuf> = Vec::new();

@@ -17,7 +17,7 @@ mod common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, count_status, current_position, deliveries,
-    purge_all_but_the_newest_binlog, relay_config, seed_checkpoint, wait_for, wait_until_sent,
+    purge_all_but_the_newest_binlog, relay_fixture, seed_checkpoint, wait_for, wait_until_sent,
     write_config_file, write_events, RelayProcess, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
@@ -148,8 +148,7 @@ async fn file_positions_resume(compressed: bool) {
     let first_file = assert_file_position(&start, "the server's position");
 
     let topic = new_topic("filepos");
-    let (mut config, _dir) = relay_config(&db);
-    config.sweeper.enabled = false;
+    let (mut config, _dir) = relay_fixture(&db).stream_only().build();
     seed_checkpoint(&config, &start);
 
     // 1. In process: 200 events across a rotation, then a graceful stop.

@@ -7,8 +7,8 @@
 mod common;
 
 use common::relay::{
-    commit_events, current_position, relay_config, seed_checkpoint, wait_until_sent,
-    write_config_file, RunningRelay,
+    commit_events, current_position, relay_fixture, wait_until_sent, write_config_file,
+    RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::{database, TestDb};
@@ -284,8 +284,7 @@ async fn rows(db: &TestDb) -> Vec<RowState> {
 async fn replay_of_a_gtid_range_resends_exactly_its_events() {
     let db = TestDb::migrated("replay_range").await;
     let topic = new_topic("replay_range");
-    let (config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).at_current_end().await;
     let relay = RunningRelay::start(&config).await;
     let files = tempfile::tempdir().unwrap();
     let config_file = write_config_file(&config, files.path());

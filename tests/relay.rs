@@ -4,8 +4,8 @@
 mod common;
 
 use common::relay::{
-    assert_every_event_arrived_in_key_order, count_status, current_position, relay_config,
-    seed_checkpoint, wait_until_sent, write_events, RunningRelay,
+    assert_every_event_arrived_in_key_order, count_status, relay_fixture, wait_until_sent,
+    write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -17,8 +17,7 @@ use std::time::Duration;
 async fn every_committed_event_arrives_in_key_order_and_is_marked_sent() {
     let db = TestDb::migrated("relay_e2e").await;
     let topic = new_topic("relay_e2e");
-    let (config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).at_current_end().await;
     let relay = RunningRelay::start(&config).await;
 
     const TOTAL: usize = 10_000;
@@ -35,8 +34,7 @@ async fn every_committed_event_arrives_in_key_order_and_is_marked_sent() {
 async fn rows_stay_pending_while_the_relay_is_stopped_and_flow_after_it_starts() {
     let db = TestDb::migrated("relay_stopped").await;
     let topic = new_topic("relay_stopped");
-    let (config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).at_current_end().await;
     write_events(&db, &topic, 1, 50, 10).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(

@@ -4,7 +4,7 @@
 mod common;
 
 use common::proxy::CuttingProxy;
-use common::relay::{current_position, relay_config, seed_checkpoint};
+use common::relay::relay_fixture;
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
@@ -127,8 +127,7 @@ async fn start_up_checks_name_what_to_change() {
 #[tokio::test]
 async fn dry_run_prints_events_and_changes_nothing() {
     let db = TestDb::migrated("relay_dry").await;
-    let (config, dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, dir) = relay_fixture(&db).at_current_end().await;
     let mut tx = db.pool.start_transaction(TxOpts::default()).await.unwrap();
     let events = (0..3)
         .map(|i| NewEvent::new("dry-topic", format!("k{i}"), serde_json::json!({"i": i})))

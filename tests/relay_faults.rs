@@ -5,9 +5,9 @@ mod common;
 
 use common::proxy::CuttingProxy;
 use common::relay::{
-    assert_every_event_arrived_in_key_order, count_status, current_position, deliveries,
-    last_committed_gtid, relay_config, seed_checkpoint, spawn_relay_process, stop_when_all_sent,
-    wait_for, wait_until_sent, write_config_file, write_events, RunningRelay,
+    assert_every_event_arrived_in_key_order, count_status, deliveries, last_committed_gtid,
+    relay_fixture, spawn_relay_process, stop_when_all_sent, wait_for, wait_until_sent,
+    write_config_file, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -44,8 +44,7 @@ async fn write_slowly(db: &TestDb, topic: &str, count: usize, pause: Duration) {
 async fn sigkill_mid_stream_then_restart_loses_nothing() {
     let db = TestDb::migrated("relay_kill").await;
     let topic = new_topic("relay_kill");
-    let (config, dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, dir) = relay_fixture(&db).at_current_end().await;
     let file = write_config_file(&config, dir.path());
 
     let mut relay = spawn_relay_process(&file);
@@ -94,13 +93,16 @@ async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
     let mut broker = RocketMq::start(&scratch_dir("outage-broker").unwrap()).unwrap();
     let topic = "relay_outage";
     broker.create_topic(topic, 4).unwrap();
-    let (mut config, _dir) = relay_config(&db);
-    config.rocketmq.namesrv_addr = Some(broker.namesrv_addr());
-    config.retry.initial_backoff = Duration::from_millis(200);
-    config.retry.max_backoff = Duration::from_secs(1);
-    config.retry.max_retry = 1000;
-    config.rocketmq.send_timeout = Duration::from_secs(1);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db)
+        .on(&broker.namesrv_addr())
+        .broker_retries(
+            Duration::from_secs(1),
+            Duration::from_millis(200),
+            Duration::from_secs(1),
+            1000,
+        )
+        .at_current_end()
+        .await;
     let relay = RunningRelay::start(&config).await;
 
     write_slowly(&db, topic, 50, Duration::ZERO).await;
@@ -168,8 +170,7 @@ async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
 async fn connections_cut_mid_stream_lose_nothing() {
     let db = TestDb::migrated("relay_cut_stream").await;
     let topic = new_topic("relay_cut_stream");
-    let (mut config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (mut config, _dir) = relay_fixture(&db).at_current_end().await;
     let proxy = CuttingProxy::reroute(&mut config, vec![20_000; 12]).await;
     let relay = RunningRelay::start(&config).await;
     write_events(&db, &topic, 2, 1000, 40).await;

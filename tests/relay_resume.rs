@@ -5,8 +5,8 @@ mod common;
 
 use common::proxy::CuttingProxy;
 use common::relay::{
-    count_status, current_position, relay_config, seed_checkpoint, stop_when_all_sent, wait_for,
-    wait_until_sent, RunningRelay,
+    count_status, relay_config, relay_fixture, stop_when_all_sent, wait_for, wait_until_sent,
+    RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -43,8 +43,7 @@ async fn bad_rows_fail_with_reasons_while_big_transactions_and_rotations_flow() 
         .query_drop("ALTER TABLE outbox_event MODIFY payload LONGTEXT NOT NULL")
         .await
         .unwrap();
-    let (config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).at_current_end().await;
     let relay = RunningRelay::start(&config).await;
 
     write(&db, &topic, &["a", "b"]).await;
@@ -109,8 +108,7 @@ async fn bad_rows_fail_with_reasons_while_big_transactions_and_rotations_flow() 
 async fn restarts_resume_from_sled_then_from_the_mysql_mirror_without_resending() {
     let db = TestDb::migrated("relay_resume").await;
     let topic = new_topic("relay_resume");
-    let (config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).at_current_end().await;
 
     // Run 1.
     let relay = RunningRelay::start(&config).await;
@@ -195,8 +193,7 @@ async fn restarts_resume_from_sled_then_from_the_mysql_mirror_without_resending(
 async fn killed_mysql_connections_are_reopened_and_nothing_is_lost() {
     let db = TestDb::migrated("relay_kill_conn").await;
     let topic = new_topic("relay_kill_conn");
-    let (config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).at_current_end().await;
     let relay = RunningRelay::start(&config).await;
     let mut admin = db.conn().await;
     let (mut killed, mut dumps) = (0, 0);
@@ -227,8 +224,7 @@ async fn killed_mysql_connections_are_reopened_and_nothing_is_lost() {
 async fn connections_cut_while_the_relay_starts_are_retried() {
     let db = TestDb::migrated("relay_cut_start").await;
     let topic = new_topic("relay_cut_start");
-    let (mut config, _dir) = relay_config(&db);
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (mut config, _dir) = relay_fixture(&db).at_current_end().await;
     write(&db, &topic, &["a", "b", "c"]).await;
     let proxy = CuttingProxy::reroute(&mut config, vec![150, 400, 700, 1000, 1400, 1900]).await;
     let relay = RunningRelay::start(&config).await;

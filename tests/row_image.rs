@@ -11,7 +11,7 @@ mod common;
 mod support;
 
 use common::relay::{
-    commit_events, current_position, deliveries, relay_config, seed_checkpoint, wait_until_sent,
+    commit_events, current_position, deliveries, relay_fixture, seed_checkpoint, wait_until_sent,
     write_config_file, write_events, RelayProcess, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
@@ -87,9 +87,8 @@ async fn update_images(db: &TestDb, from: &BinlogPosition, server_id: u32) -> Ve
 async fn marks_logged_with(minimal: bool) -> (Vec<(usize, usize)>, usize) {
     let db = TestDb::migrated(if minimal { "image_min" } else { "image_full" }).await;
     let topic = new_topic("row_image");
-    let (mut config, _dir) = relay_config(&db);
+    let (mut config, _dir) = relay_fixture(&db).stream_only().build();
     config.relay.minimal_row_image = minimal;
-    config.sweeper.enabled = false;
     let opts = outbox_relay::db::opts(&db.config).unwrap();
     let start = server_position(&opts).await.unwrap().current;
     seed_checkpoint(&config, &current_position(&db).await);
@@ -118,9 +117,7 @@ async fn inserts_logged_with_minimal_images_are_relayed() {
     // are read by table position, so nothing shifts, and an absent status is PENDING.
     let db = TestDb::migrated("image_insert").await;
     let topic = new_topic("image_insert");
-    let (mut config, _dir) = relay_config(&db);
-    config.sweeper.enabled = false;
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).stream_only().at_current_end().await;
     let relay = RunningRelay::start(&config).await;
     let mut conn = db.conn().await;
     conn.query_drop("SET SESSION binlog_row_image = 'MINIMAL'")
@@ -238,9 +235,7 @@ async fn an_undecodable_row_fails_alone_and_its_neighbours_stream() {
     // stream can send the neighbours.
     let db = TestDb::migrated("image_bad").await;
     let topic = new_topic("image_bad");
-    let (mut config, dir) = relay_config(&db);
-    config.sweeper.enabled = false;
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, dir) = relay_fixture(&db).stream_only().at_current_end().await;
     let file = write_config_file(&config, dir.path());
     let log = dir.path().join("relay.log");
     let on = format!("{}=on", outbox_relay::failpoint::UNDECODABLE_BINLOG_VALUE);

@@ -8,7 +8,7 @@
 mod common;
 
 use common::relay::{
-    current_position, relay_config, seed_checkpoint, wait_for, wait_until_sent, write_events,
+    current_position, relay_fixture, seed_checkpoint, wait_for, wait_until_sent, write_events,
     RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
@@ -87,8 +87,7 @@ async fn mirrored_checkpoint(db: &TestDb, config: &Config) -> Option<BinlogPosit
 
 /// A config whose sweeper stays away from the rows under test: only the stream can publish them.
 fn stream_only(db: &TestDb) -> (Config, tempfile::TempDir) {
-    let (mut config, dir) = relay_config(db);
-    config.sweeper.enabled = false;
+    let (config, dir) = relay_fixture(db).stream_only().build();
     (config, dir)
 }
 
@@ -159,8 +158,7 @@ async fn prepared_then_committed_is_published_once_and_rolled_back_never() {
 async fn a_prepared_transaction_holds_the_checkpoint_while_5000_other_events_flow() {
     let db = TestDb::migrated("xa_hold").await;
     let topic = new_topic("xa_hold");
-    let (config, _dir) = relay_config(&db); // the sweeper on, as users run it
-    seed_checkpoint(&config, &current_position(&db).await);
+    let (config, _dir) = relay_fixture(&db).at_current_end().await; // the sweeper on, as users run it
     let relay = RunningRelay::start(&config).await;
     // One event first, so that a checkpoint is mirrored before the prepare.
     insert_event(&mut db.conn().await, &topic, "first", "first-key").await;

@@ -52,6 +52,70 @@ pub fn relay_config_on(db: &TestDb, namesrv: &str) -> (Config, tempfile::TempDir
     (config, dir)
 }
 
+/// A relay config for a test, from [`relay_config`] with the changes tests make most, in one
+/// place: `relay_fixture(&db).stream_only().at_current_end().await`.
+pub struct RelayFixture<'a> {
+    db: &'a TestDb,
+    config: Config,
+    dir: tempfile::TempDir,
+}
+
+/// Starts a [`RelayFixture`] for `db` and the binary's broker.
+pub fn relay_fixture(db: &TestDb) -> RelayFixture<'_> {
+    let (config, dir) = relay_config(db);
+    RelayFixture { db, config, dir }
+}
+
+impl RelayFixture<'_> {
+    /// Publishes to the cluster of name server `namesrv` instead of the binary's broker.
+    pub fn on(mut self, namesrv: &str) -> Self {
+        self.config.rocketmq.namesrv_addr = Some(namesrv.to_string());
+        self
+    }
+
+    /// No sweeper beside the stream: what a test sees was sent by the stream.
+    pub fn stream_only(mut self) -> Self {
+        self.config.sweeper.enabled = false;
+        self
+    }
+
+    /// A sweeper that claims rows older than `min_age` every `interval`, under `lease`.
+    pub fn sweeper(mut self, interval: Duration, min_age: Duration, lease: Duration) -> Self {
+        self.config.sweeper.interval = interval;
+        self.config.sweeper.min_age = min_age;
+        self.config.sweeper.lease = lease;
+        self
+    }
+
+    /// Sends time out after `send_timeout` and are retried from `initial` up to `max` backoff,
+    /// `retries` times (the broker-fault tests).
+    pub fn broker_retries(
+        mut self,
+        send_timeout: Duration,
+        initial: Duration,
+        max: Duration,
+        retries: u32,
+    ) -> Self {
+        self.config.rocketmq.send_timeout = send_timeout;
+        self.config.retry.initial_backoff = initial;
+        self.config.retry.max_backoff = max;
+        self.config.retry.max_retry = retries;
+        self
+    }
+
+    /// The config and its checkpoint directory (kept while the guard lives).
+    pub fn build(self) -> (Config, tempfile::TempDir) {
+        (self.config, self.dir)
+    }
+
+    /// [`RelayFixture::build`], with the checkpoint saved at the server's current end: a relay
+    /// started from it streams what is written after this call, and nothing older.
+    pub async fn at_current_end(self) -> (Config, tempfile::TempDir) {
+        seed_checkpoint(&self.config, &current_position(self.db).await);
+        self.build()
+    }
+}
+
 /// The server's current GTID position (where a relay started now would begin), as the relay
 /// itself reads it: MariaDB's `gtid_binlog_pos` or MySQL's `gtid_executed`. Only the GTID form
 /// is kept (the relay resumes by it); file/offset only on a server without GTIDs.
