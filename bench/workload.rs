@@ -204,7 +204,7 @@ pub async fn write_at_rate(
             .collect();
         let ids = outbox.enqueue_batch(&mut tx, events).await.unwrap();
         tx.commit().await.unwrap();
-        let at = outbox_relay::metrics::stages::now_us() as i64;
+        let at = outbox_relay::event::now_us() as i64;
         n += ids.len();
         committed_at.extend(ids.into_iter().map(|id| (String::from(id), at)));
     }
@@ -352,7 +352,8 @@ impl Drop for RelayChild {
 /// session settings) records every PENDING row of `config`'s outbox SENT, with no stream and no
 /// broker. Returns how many rows it marked.
 pub async fn mark_all_sent(config: &Config) -> u64 {
-    use outbox_relay::checkpoint::TxSeq;
+    use outbox_relay::checkpoint::Acknowledgements;
+    use outbox_relay::event::Origin;
     use outbox_relay::mark::{run_marker, MarkerContext};
     use outbox_relay::outbox::TableName;
     use outbox_relay::send::{Completion, SendOutcome};
@@ -369,16 +370,18 @@ pub async fn mark_all_sent(config: &Config) -> u64 {
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(2048);
     let rule = MarkerContext {
-        watermark: None,
         owner: "bench".into(),
     };
+    // Streamed events (marked PENDING or SENDING → SENT, as in a CDC drain), each acknowledged
+    // to one open transaction once recorded.
+    let acks = Acknowledgements::new(BinlogPosition::default());
+    let transaction = acks.begin();
     let stop = tokio_util::sync::CancellationToken::new();
     let marker = tokio::spawn(run_marker(pool.clone(), rx, rule, stop));
     let table = Arc::new(TableName::parse("outbox_event").unwrap());
     for id in ids {
         let completion = Completion {
-            // A streamed event's rule (PENDING or SENDING), as in a CDC drain.
-            seq: Some(TxSeq::default()),
+            origin: Origin::Stream(acks.event(transaction)),
             table: Arc::clone(&table),
             id,
             event_id: String::new(),

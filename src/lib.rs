@@ -10,7 +10,8 @@
 //! relay (`relay`, the default, everything).
 //!
 //! [`outbox`] is the ground floor: the table's name, its status codes and the message a row
-//! becomes. Modules follow the pipeline: [`config`] and [`schema`] set it up, [`producer`] is the
+//! becomes; the relay's [`event`] (a row on its way, with the acknowledgement it carries) stands
+//! on it. Modules follow the pipeline: [`config`] and [`schema`] set it up, [`producer`] is the
 //! business-side API, [`db`] holds MySQL connection helpers, and [`devenv`] starts real local
 //! servers for development, tests and benchmarks.
 
@@ -43,6 +44,8 @@ pub mod checkpoint;
 pub mod devenv;
 #[cfg(feature = "relay")]
 pub mod error;
+#[cfg(feature = "relay")]
+pub mod event;
 #[cfg(feature = "relay")]
 pub mod failpoint;
 #[cfg(feature = "relay")]

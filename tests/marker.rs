@@ -11,6 +11,9 @@ mod support;
 
 use common::TestDb;
 use mysql_async::prelude::*;
+use outbox_relay::binlog::BinlogPosition;
+use outbox_relay::checkpoint::Acknowledgements;
+use outbox_relay::event::Origin;
 use outbox_relay::mark::{run_marker, MarkStats, MarkerContext};
 use outbox_relay::outbox::status::codes::SENDING;
 use outbox_relay::outbox::TableName;
@@ -24,7 +27,6 @@ async fn mark(db: &TestDb, owner: &str, completions: Vec<Completion>) -> MarkSta
     let pool = outbox_relay::db::writer_pool(&db.config).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let rule = MarkerContext {
-        watermark: None,
         owner: owner.into(),
     };
     let marker = tokio::spawn(run_marker(pool.clone(), rx, rule, CancellationToken::new()));
@@ -37,10 +39,19 @@ async fn mark(db: &TestDb, owner: &str, completions: Vec<Completion>) -> MarkSta
     stats
 }
 
-/// The completion of row `id`: streamed (with a watermark entry) or claimed (without).
-fn completion(id: u64, streamed: bool, outcome: SendOutcome) -> Completion {
+/// The completion of row `id`: streamed (`Some`: with an acknowledgement of one transaction of
+/// `acks`) or claimed (`None`).
+fn completion(id: u64, streamed: Option<&Acknowledgements>, outcome: SendOutcome) -> Completion {
     Completion {
-        seq: streamed.then_some(1),
+        origin: match streamed {
+            Some(acks) => {
+                let transaction = acks.begin();
+                let ack = acks.event(transaction);
+                acks.abandon(transaction); // closed: done once its one event is acknowledged
+                Origin::Stream(ack)
+            }
+            None => Origin::Claimed,
+        },
         table: Arc::new(TableName::parse("outbox_event").unwrap()),
         id,
         event_id: format!("mk-{id}"),
@@ -101,8 +112,14 @@ async fn a_streamed_failure_never_overwrites_a_row_a_sweeper_is_delivering() {
     );
 
     // The stream gives up on all three (e.g. its retries ran out while the broker was away).
-    let streamed = [live, expired, pending].map(|id| completion(id, true, failed()));
+    let acks = Acknowledgements::new(BinlogPosition::default());
+    let streamed = [live, expired, pending].map(|id| completion(id, Some(&acks), failed()));
     mark(&db, "stream-a", streamed.into()).await;
+    assert_eq!(
+        acks.in_flight(),
+        0,
+        "each streamed event is acknowledged once its outcome is recorded (or left alone)"
+    );
     let held = state(&db, "outbox_event", live).await;
     assert_eq!(
         held.status,
@@ -126,7 +143,7 @@ async fn a_streamed_failure_never_overwrites_a_row_a_sweeper_is_delivering() {
     let sent = SendOutcome::Sent {
         msg_id: "7F00000100002A9F0000000000000001".into(),
     };
-    let stats = mark(&db, "sweeper-b", vec![completion(live, false, sent)]).await;
+    let stats = mark(&db, "sweeper-b", vec![completion(live, None, sent)]).await;
     assert_eq!(stats.sent, 1);
     let s = state(&db, "outbox_event", live).await;
     assert_eq!(

@@ -17,7 +17,7 @@ pub mod row_image;
 pub mod xid;
 
 pub use clock::StreamClock;
-pub use decode::{DecodedRow, OutboxRow, RowProblem};
+pub use decode::DecodedRow;
 pub use gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 pub use position::{BinlogPosition, TxEnd, TxGtid};
 pub use reader::{BinlogItem, BinlogReader, PreparedTx, ReaderOptions, ServerFlavor};

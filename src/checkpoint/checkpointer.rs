@@ -1,9 +1,9 @@
 //! The checkpointer: persists the watermark to the local store in small groups (never per
 //! event) and mirrors it into MySQL at a lower rate.
 
-use super::{CheckpointStore, MysqlMirror, Watermark};
+use super::{Acknowledgements, CheckpointStore, MysqlMirror};
 use crate::binlog::{BinlogPosition, StreamClock};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -26,10 +26,10 @@ impl Default for CheckpointSettings {
 }
 
 /// Saves until `stop`, then saves and mirrors the final position and returns it. The mirror
-/// also records how far the stream is done ([`Watermark::done_up_to`]: read, and nothing older
-/// still on its way) for the standbys' sweepers.
+/// also records how far the stream is done ([`Acknowledgements::done_up_to`]: read, and nothing
+/// older still on its way) for the standbys' sweepers.
 pub async fn run_checkpointer(
-    watermark: Arc<Mutex<Watermark>>,
+    acks: Acknowledgements,
     store: Arc<dyn CheckpointStore>,
     mirror: MysqlMirror,
     pool: mysql_async::Pool,
@@ -37,8 +37,7 @@ pub async fn run_checkpointer(
     clock: StreamClock,
     stop: CancellationToken,
 ) -> anyhow::Result<BinlogPosition> {
-    let current = || watermark.lock().expect("not poisoned").position().clone();
-    let mut saved = current();
+    let mut saved = acks.position();
     let mut mirrored = saved.clone();
     let mut last_mirror = Instant::now();
     let mut last_moved = Instant::now();
@@ -48,8 +47,8 @@ pub async fn run_checkpointer(
             _ = stop.cancelled() => true,
             _ = tokio::time::sleep(settings.save_every) => false,
         };
-        let position = current();
-        let in_flight = watermark.lock().expect("not poisoned").in_flight();
+        let position = acks.position();
+        let in_flight = acks.in_flight();
         if position != saved || in_flight == 0 {
             last_moved = Instant::now();
         }
@@ -64,10 +63,7 @@ pub async fn run_checkpointer(
         }
         if saved != mirrored && (stopping || last_mirror.elapsed() >= settings.mirror_every) {
             // The standbys' sweepers count their age bound from here (sweep::gate).
-            let done_up_to = watermark
-                .lock()
-                .expect("not poisoned")
-                .done_up_to(clock.read_up_to());
+            let done_up_to = acks.done_up_to(clock.read_up_to());
             match mirror_once(&mirror, &pool, &saved, done_up_to).await {
                 Ok(()) => mirrored = saved.clone(),
                 Err(e) => {

@@ -156,6 +156,7 @@ impl Watermark {
     }
 
     /// Transactions passed since the start.
+    #[cfg(test)]
     pub fn advanced(&self) -> u64 {
         self.advanced
     }

@@ -1,7 +1,8 @@
 //! Marking: records each event's outcome on its outbox row (SENT with `msg_id` and `sent_at`, or
-//! FAILED with `last_error`) in batched UPDATEs, and only then lets the watermark pass it.
+//! FAILED with `last_error`) in batched UPDATEs, and only then acknowledges it (a streamed
+//! event's [`crate::event::Ack`]: the checkpoint may pass it).
 //!
-//! Guarantees: an event is acknowledged to the watermark only after its row's UPDATE committed,
+//! Guarantees: an event is acknowledged only after its row's UPDATE committed,
 //! so the checkpoint never passes an event whose outcome is not recorded. A SENT row always has
 //! its `msg_id`. Rows already SENT or FAILED are left as they are. Database errors that may pass
 //! (a cut connection, a lock wait, a timeout) are retried for ever (with backoff) rather than
@@ -13,7 +14,7 @@
 //!
 //! Which rows an UPDATE may touch depends on where the event came from (one marker serves both
 //! when the sweeper runs beside the stream):
-//! - An event read from the binlog (it has a watermark `seq`) marks its row SENT while still
+//! - An event read from the binlog ([`Origin::Stream`]) marks its row SENT while still
 //!   PENDING or SENDING (or with a NULL status, in a hand-made table, which the decoder
 //!   fails): it was delivered, so it also settles a row a sweeper claimed meanwhile.
 //! - Its FAILED mark never touches a row that a sweeper (of any instance, this one included)
@@ -29,7 +30,7 @@ mod fault;
 
 pub use fault::MarkError;
 
-use crate::checkpoint::Watermark;
+use crate::event::Origin;
 use crate::outbox::{Status, TableName};
 use crate::retry::RetryPolicy;
 use crate::send::{Completion, SendOutcome};
@@ -37,7 +38,7 @@ use fault::WriteFailure;
 use mysql_async::prelude::*;
 use mysql_async::{Pool, Value};
 use std::collections::BTreeMap;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -59,9 +60,6 @@ pub struct MarkStats {
 /// What the marker needs besides the completions.
 #[derive(Debug, Clone)]
 pub struct MarkerContext {
-    /// The stream's watermark: each recorded completion with a `seq` is acknowledged to it.
-    /// `None` when no stream runs (poll mode, a standby's sweeper).
-    pub watermark: Option<Arc<Mutex<Watermark>>>,
     /// This instance's `owner` in claimed rows.
     pub owner: String,
 }
@@ -87,10 +85,10 @@ impl MarkerContext {
         });
         static CLAIMED: LazyLock<String> =
             LazyLock::new(|| format!("{} AND owner = ?", Status::Sending.sql()));
-        match (completion.seq, &completion.outcome) {
-            (Some(_), SendOutcome::Sent { .. }) => (STREAMED_SENT.as_str(), None),
-            (Some(_), SendOutcome::Failed { .. }) => (STREAMED_FAILED.as_str(), None),
-            (None, _) => (CLAIMED.as_str(), Some(&self.owner)),
+        match (&completion.origin, &completion.outcome) {
+            (Origin::Stream(_), SendOutcome::Sent { .. }) => (STREAMED_SENT.as_str(), None),
+            (Origin::Stream(_), SendOutcome::Failed { .. }) => (STREAMED_FAILED.as_str(), None),
+            (Origin::Claimed, _) => (CLAIMED.as_str(), Some(&self.owner)),
         }
     }
 }
@@ -155,18 +153,16 @@ pub async fn run_marker(
                 }
             }
         }
-        if let Some(watermark) = &rule.watermark {
-            let mut watermark = watermark.lock().expect("not poisoned");
-            for seq in batch.iter().filter_map(|c| c.seq) {
-                watermark.complete(seq);
-            }
-        }
         // At most one batch a second, off the marking loop: the next batch's UPDATE does not
         // wait for a metric's query, and a steady trickle of small batches does not double the
         // statements the database runs per event.
         if last_sample.is_none_or(|at: Instant| at.elapsed() >= LATENCY_SAMPLE_EVERY) {
             last_sample = Some(Instant::now());
             tokio::spawn(observe_latencies(pool.clone(), sent_ids(&batch)));
+        }
+        // Recorded: the checkpoint may pass the batch's streamed events.
+        for completion in batch {
+            completion.origin.acknowledge();
         }
     }
     Ok(stats)
@@ -330,12 +326,22 @@ fn inline_sent_update(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::TxSeq;
+    use crate::event::{Ack, Acknowledge};
     use std::sync::Arc;
 
-    fn completion(seq: Option<TxSeq>) -> Completion {
+    struct Nobody;
+
+    impl Acknowledge for Nobody {
+        fn acknowledge(&self, _: u64) {}
+    }
+
+    /// A completion of a streamed event (`streamed`) or of a claimed one.
+    fn completion(streamed: bool) -> Completion {
         Completion {
-            seq,
+            origin: match streamed {
+                true => Origin::Stream(Ack::new(Arc::new(Nobody), 0)),
+                false => Origin::Claimed,
+            },
             table: Arc::new(TableName::parse("outbox_event").unwrap()),
             id: 1,
             event_id: "e".into(),
@@ -370,14 +376,11 @@ mod tests {
     fn a_streamed_row_with_a_null_status_can_be_marked() {
         // Found by the bad-input campaign: a row whose status is NULL (a table without the NOT
         // NULL) was "marked FAILED" by an UPDATE that matched nothing.
-        let rule = MarkerContext {
-            watermark: None,
-            owner: "me".into(),
-        };
-        let (streamed, owner) = rule.condition(&completion(Some(TxSeq::default())));
+        let rule = MarkerContext { owner: "me".into() };
+        let (streamed, owner) = rule.condition(&completion(true));
         assert!(streamed.contains("status IS NULL"), "{streamed}");
         assert_eq!(owner, None);
-        let (claimed, owner) = rule.condition(&completion(None));
+        let (claimed, owner) = rule.condition(&completion(false));
         assert!(
             !claimed.contains("NULL"),
             "a claimed row is SENDING: {claimed}"
@@ -387,11 +390,8 @@ mod tests {
 
     #[test]
     fn a_streamed_failure_spares_rows_under_a_live_lease_and_a_streamed_send_does_not() {
-        let rule = MarkerContext {
-            watermark: None,
-            owner: "me".into(),
-        };
-        let (failed, owner) = rule.condition(&completion(Some(TxSeq::default())));
+        let rule = MarkerContext { owner: "me".into() };
+        let (failed, owner) = rule.condition(&completion(true));
         assert!(
             failed.contains(&format!(
                 "{} AND (lease_until IS NULL OR lease_until < NOW(3))",
@@ -405,7 +405,7 @@ mod tests {
             owner, None,
             "whoever holds the lease, this instance included"
         );
-        let mut sent = completion(Some(TxSeq::default()));
+        let mut sent = completion(true);
         sent.outcome = SendOutcome::Sent {
             msg_id: "C0A8000100002A9F".into(),
         };

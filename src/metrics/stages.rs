@@ -18,10 +18,10 @@
 //! Stamps are taken with the system clock; a clock step makes one event's steps wrong, never
 //! negative (differences saturate at 0).
 
+use crate::event::{now_us, Stamps};
 use prometheus_client::encoding::EncodeLabelSet;
 use std::io::Write;
 use std::sync::{Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The environment variable naming the stage trace file.
 pub const TRACE_ENV: &str = "OUTBOX_STAGE_TRACE";
@@ -40,44 +40,6 @@ impl StageLabel {
         "sent_to_ack",
         "ack_to_marked",
     ];
-}
-
-/// Microseconds since the Unix epoch, now.
-pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
-/// The moments (µs since the epoch; 0 = not reached) an event passed each stage.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stamps {
-    pub read: u64,
-    pub dispatched: u64,
-    pub sent: u64,
-    pub ack: u64,
-}
-
-impl Stamps {
-    /// Stamps of an event read (decoded from the binlog or claimed) now.
-    pub fn read_now() -> Self {
-        Stamps {
-            read: now_us(),
-            ..Stamps::default()
-        }
-    }
-
-    /// The steps' durations in µs, in [`StageLabel::ALL`]'s order, for an event marked at
-    /// `marked`; `None` if a stage was not reached (a row that was never sent).
-    fn steps(&self, marked: u64) -> Option<[u64; 4]> {
-        let moments = [self.read, self.dispatched, self.sent, self.ack, marked];
-        if moments.contains(&0) {
-            return None;
-        }
-        Some(std::array::from_fn(|i| {
-            moments[i + 1].saturating_sub(moments[i])
-        }))
-    }
 }
 
 /// Records the marked SENT events `(event_id, stamps)` of one marking batch, all marked now:

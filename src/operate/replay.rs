@@ -24,9 +24,10 @@
 //! first).
 
 use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
-use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, TxEnd, TxGtid, Xid};
+use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, TxEnd, TxGtid, Xid};
 use crate::config::Config;
 use crate::db::Deployment;
+use crate::event::OutboxRow;
 use crate::pipeline::{PipelineBuilder, SendStage};
 use crate::send::{Completion, SendInputs, SendOutcome, ShardEvent, Sink};
 use mysql_async::prelude::*;

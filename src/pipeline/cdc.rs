@@ -1,8 +1,8 @@
 //! CDC: the binlog stream and everything beside it, for one leadership (or one run without an
-//! election). The reader decodes committed outbox INSERTs; the dispatcher counts each in the
-//! watermark and routes it (behind the key-order guard when a sweeper runs); the shards send;
-//! the marker records each outcome and acknowledges it; the checkpointer persists the
-//! watermark. See [`super`] for the guarantees.
+//! election). The reader decodes committed outbox INSERTs; the dispatcher gives each its
+//! acknowledgement and routes it (behind the key-order guard when a sweeper runs); the shards
+//! send; the marker records each outcome and acknowledges it; the checkpointer persists how far
+//! everything is acknowledged. See [`super`] for the guarantees.
 
 use super::builder::PipelineBuilder;
 use super::dispatch;
@@ -10,11 +10,11 @@ use super::key_order::KeyOrder;
 use super::{RunOptions, RunSummary};
 use crate::binlog::reader::{BinlogReader, ReaderOptions, ServerInfo};
 use crate::binlog::{BinlogPosition, StreamClock};
-use crate::checkpoint::{run_checkpointer, CheckpointStore, MysqlMirror, Watermark};
+use crate::checkpoint::{run_checkpointer, Acknowledgements, CheckpointStore, MysqlMirror};
 use crate::mark::MarkerContext;
 use crate::send::Sink;
 use crate::sweep::{SweepGate, SweepSettings};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -45,7 +45,7 @@ pub async fn run_cdc<S: Sink>(
         mirror = mirror.fenced(epoch);
     }
     let start = start_position(&*store, &mirror, &pool, &server.current).await?;
-    let watermark = Arc::new(Mutex::new(Watermark::new(start.clone())));
+    let acks = Acknowledgements::new(start.clone());
     let sweeper = match config.sweeper.enabled {
         true => Some(
             pipeline
@@ -84,7 +84,6 @@ pub async fn run_cdc<S: Sink>(
     let (send_stage, inputs) = pipeline.marked_send_stage(
         pool.clone(),
         MarkerContext {
-            watermark: Some(Arc::clone(&watermark)),
             owner: config.instance_id(),
         },
         // A permanent marking error stops the reader, and so the whole run.
@@ -99,13 +98,13 @@ pub async fn run_cdc<S: Sink>(
     let mut sweeper = sweeper.map(|sweeper| {
         sweeper.spawn(
             inputs.clone(),
-            SweepGate::beside_stream(Arc::clone(&watermark), clock.clone()),
+            SweepGate::beside_stream(acks.clone(), clock.clone()),
             Some(nudge_rx),
         )
     });
     let checkpoint_stop = CancellationToken::new();
     let checkpoint_task = tokio::spawn(run_checkpointer(
-        Arc::clone(&watermark),
+        acks.clone(),
         Arc::clone(&store),
         mirror,
         pool.clone(),
@@ -115,7 +114,7 @@ pub async fn run_cdc<S: Sink>(
     ));
 
     let outputs = dispatch::Outputs { inputs, key_order };
-    let dispatched = dispatch::run(items_rx, outputs, Arc::clone(&watermark), catch_up).await;
+    let dispatched = dispatch::run(items_rx, outputs, acks, catch_up).await;
 
     // The reader stopped (cancelled or failed). Let the shards drain, within the timeout.
     let reader_result = reader_task.await?;

@@ -1,4 +1,5 @@
-//! The dispatcher: numbers transactions for the watermark and routes each event to its shard.
+//! The dispatcher: opens each transaction in the stream's acknowledgements, gives each event its
+//! acknowledgement, and routes it to its shard.
 //!
 //! While catching up after a restart or a takeover (reading binlog that a previous run may have
 //! already handled, up to the server's end of binlog at start-up), it first asks the outbox which
@@ -13,19 +14,20 @@
 //! the stream: a key whose older row waits elsewhere is held until that row is sent.
 //!
 //! A prepared XA transaction is held here ([`Held`]) until the reader brings its outcome: its
-//! rows are handed on at `XA COMMIT` and dropped at `XA ROLLBACK`. Its watermark entry stays open
+//! rows are handed on at `XA COMMIT` and dropped at `XA ROLLBACK`. Its transaction stays open
 //! meanwhile, so the checkpoint stays below its prepare (a restart reads the prepare again),
 //! while every later transaction flows and completes as usual.
 
 use super::key_order::{self, KeyOrder};
 use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, StreamClock, TxEnd, Xid};
-use crate::checkpoint::{TxSeq, Watermark};
+use crate::checkpoint::{Acknowledgements, TxSeq};
+use crate::event::Origin;
 use crate::outbox::{Status, TableName};
 use crate::send::{Completion, SendInputs, ShardEvent};
 use mysql_async::prelude::*;
 use mysql_async::Pool;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -48,7 +50,7 @@ pub struct Dispatched {
 
 /// A prepared XA transaction waiting for its outcome.
 struct Held {
-    /// Its watermark entry, open until the outcome's rows complete.
+    /// Its transaction, open until the outcome's rows complete.
     seq: TxSeq,
     rows: Vec<DecodedRow>,
     /// Where its prepare ends: the position passed once its rows complete.
@@ -75,7 +77,7 @@ pub struct CatchUp {
 
 /// The rows of the transaction being read that were handed on, and those of a transaction the
 /// reader lost mid-way and is reading again. Skipping those is safe: they are still in flight
-/// under the abandoned transaction's sequence number, which holds the watermark back until they
+/// under the abandoned transaction's sequence number, which holds the checkpoint back until they
 /// complete, and they reached their shards before the rest of the transaction, in order.
 #[derive(Default)]
 struct HandedOn {
@@ -190,18 +192,18 @@ pub struct Outputs {
     pub key_order: Option<KeyOrder>,
 }
 
-/// Consumes reader items until the reader's channel closes. Every event is counted in the
-/// watermark before it is handed on, so it can never be passed before it completes.
+/// Consumes reader items until the reader's channel closes. Every event leaves with its
+/// acknowledgement, so the checkpoint can never pass it before its outcome is recorded.
 pub async fn run(
     mut items: mpsc::Receiver<BinlogItem>,
     outputs: Outputs,
-    watermark: Arc<Mutex<Watermark>>,
+    acks: Acknowledgements,
     mut catch_up: Option<CatchUp>,
 ) -> Dispatched {
     let mut d = Dispatcher {
         inputs: outputs.inputs,
         key_order: outputs.key_order,
-        watermark,
+        acks,
         stats: Dispatched::default(),
         handed_on: HandedOn::default(),
         held: HashMap::new(),
@@ -264,7 +266,7 @@ pub async fn run(
                         catch_up.read.advance(&end);
                     }
                     let seq = current.take().unwrap_or_else(|| d.begin());
-                    d.watermark().end(seq, end);
+                    d.acks.end(seq, end);
                     true
                 }
                 BinlogItem::Prepared(prepared) => {
@@ -278,7 +280,7 @@ pub async fn run(
                 BinlogItem::Restart => {
                     d.handed_on.restart();
                     if let Some(seq) = current.take() {
-                        d.watermark().abandon(seq);
+                        d.acks.abandon(seq);
                     }
                     true
                 }
@@ -323,7 +325,7 @@ struct Dispatcher {
     inputs: SendInputs,
     key_order: Option<KeyOrder>,
     last_recheck: Instant,
-    watermark: Arc<Mutex<Watermark>>,
+    acks: Acknowledgements,
     stats: Dispatched,
     handed_on: HandedOn,
     held: HashMap<Xid, Held>,
@@ -331,12 +333,8 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    fn watermark(&self) -> std::sync::MutexGuard<'_, Watermark> {
-        self.watermark.lock().expect("not poisoned")
-    }
-
     fn begin(&self) -> TxSeq {
-        self.watermark().begin()
+        self.acks.begin()
     }
 
     fn holding_keys(&self) -> bool {
@@ -346,7 +344,7 @@ impl Dispatcher {
     /// Asks the key-order guard about `rows` before they are handed on.
     async fn check_key_order<'a>(&mut self, rows: impl Iterator<Item = &'a DecodedRow>) {
         if let Some(order) = &mut self.key_order {
-            order.check(rows, &self.watermark).await;
+            order.check(rows, &self.acks).await;
         }
     }
 
@@ -358,7 +356,7 @@ impl Dispatcher {
         }
         self.last_recheck = Instant::now();
         let order = self.key_order.as_mut().expect("holding keys");
-        order.recheck(&self.watermark, &self.inputs).await
+        order.recheck(&self.acks, &self.inputs).await
     }
 
     /// Hands `row` of transaction `seq` on (to its shard, or as a problem); false once the
@@ -383,19 +381,18 @@ impl Dispatcher {
                 self.stats.read_again += 1;
             }
             DecodedRow::Event(row) => {
-                self.watermark().add_event(seq);
-                let event = ShardEvent::new(seq, row);
+                let event = ShardEvent::streamed(self.acks.event(seq), row);
                 if let Some(order) = &mut self.key_order {
-                    return order.route(event, &self.inputs).await;
+                    return order.route(seq, event, &self.inputs).await;
                 }
                 return self.inputs.send(event).await.is_ok();
             }
             DecodedRow::Problem(problem) => {
-                self.watermark().add_event(seq);
                 if let Some(order) = &mut self.key_order {
                     order.carry(seq, &problem.table, problem.id);
                 }
-                let completion = Completion::bad_row(Some(seq), problem);
+                let origin = Origin::Stream(self.acks.event(seq));
+                let completion = Completion::bad_row(origin, problem);
                 return self.inputs.complete(completion).await.is_ok();
             }
             DecodedRow::NotPending => {}
@@ -435,7 +432,7 @@ impl Dispatcher {
             // The same xid prepared again before an outcome: the server cannot do that; keep the
             // newer and let the older pass without publishing.
             tracing::error!(xid = %prepared.xid, "XA transaction prepared twice; the first prepare is dropped");
-            self.watermark().end(old.seq, old.end);
+            self.acks.end(old.seq, old.end);
         }
         self.publish_held_count();
     }
@@ -464,7 +461,7 @@ impl Dispatcher {
             self.stats.xa_rolled_back += 1;
             tracing::info!(%xid, rows = held.rows.len(), "XA transaction rolled back: its events are not published");
         }
-        self.watermark().end(held.seq, held.end);
+        self.acks.end(held.seq, held.end);
         true
     }
 

@@ -14,7 +14,7 @@
 //! claim the older PENDING rows at once; they go to the same ordered sender, and the held events
 //! follow, in id order, as soon as no older row waits for them (each event only for the rows
 //! older than itself, so a held event never blocks the claim of a row it must follow). Only that key
-//! waits; other keys flow. A held event counts in the watermark, so the checkpoint never passes
+//! waits; other keys flow. A held event's acknowledgement is out, so the checkpoint never passes
 //! it.
 //!
 //! The one question costs a query per table per dispatcher batch (at most 1,000 binlog items),
@@ -22,14 +22,14 @@
 //! id, normally just the events in flight.
 
 use crate::binlog::DecodedRow;
-use crate::checkpoint::{TxSeq, Watermark};
+use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::outbox::TableName;
 use crate::send::{SendInputs, ShardEvent};
 use crate::sweep::waiting::waiting_rows_of_keys;
 use crate::sweep::Nudge;
 use mysql_async::Pool;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -101,9 +101,9 @@ impl KeyOrder {
     pub async fn check<'a>(
         &mut self,
         rows: impl Iterator<Item = &'a DecodedRow>,
-        watermark: &Mutex<Watermark>,
+        acks: &Acknowledgements,
     ) {
-        self.forget_done(watermark);
+        self.forget_done(acks);
         let mut by_table: BTreeMap<Arc<TableName>, BatchOfTable> = BTreeMap::new();
         for row in rows {
             match row {
@@ -154,12 +154,10 @@ impl KeyOrder {
         self.carried_ids.insert(row);
     }
 
-    /// Hands `event` (of the stream) to its shard, or queues it behind its held key; false once
+    /// Hands `event` (of stream transaction `seq`) to its shard, or queues it behind its held key; false once
     /// the shards are gone.
-    pub async fn route(&mut self, event: ShardEvent, inputs: &SendInputs) -> bool {
-        if let Some(seq) = event.seq {
-            self.carry(seq, &event.row.table, event.row.id);
-        }
+    pub async fn route(&mut self, seq: TxSeq, event: ShardEvent, inputs: &SendInputs) -> bool {
+        self.carry(seq, &event.row.table, event.row.id);
         let key = (
             Arc::clone(&event.row.table),
             event.row.message.biz_key.clone(),
@@ -180,11 +178,11 @@ impl KeyOrder {
 
     /// Looks at the held keys again: hands on, in order, each key's events that no older row
     /// waits for any more, and asks again for the rest. False once the shards are gone.
-    pub async fn recheck(&mut self, watermark: &Mutex<Watermark>, inputs: &SendInputs) -> bool {
+    pub async fn recheck(&mut self, acks: &Acknowledgements, inputs: &SendInputs) -> bool {
         if self.held.is_empty() {
             return true;
         }
-        self.forget_done(watermark);
+        self.forget_done(acks);
         let mut by_table: BTreeMap<Arc<TableName>, (u64, Vec<String>)> = BTreeMap::new();
         for ((table, key), held) in &self.held {
             let newest = held.events.iter().map(|e| e.row.id).max().unwrap_or(0);
@@ -276,15 +274,13 @@ impl KeyOrder {
 
     /// Forgets the carried rows of transactions whose events are all recorded. Called before a
     /// query only, so a row the query saw waiting was still carried when the answer is read.
-    fn forget_done(&mut self, watermark: &Mutex<Watermark>) {
-        let watermark = watermark.lock().expect("not poisoned");
+    fn forget_done(&mut self, acks: &Acknowledgements) {
         let done: Vec<TxSeq> = self
             .carried
             .keys()
             .copied()
-            .filter(|seq| watermark.is_done(*seq))
+            .filter(|seq| acks.is_done(*seq))
             .collect();
-        drop(watermark);
         for seq in done {
             for row in self.carried.remove(&seq).unwrap_or_default() {
                 self.carried_ids.remove(&row);

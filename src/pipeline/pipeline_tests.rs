@@ -5,8 +5,9 @@
 //! reaches the last transaction only once all its events are acknowledged.
 
 use super::dispatch::{self, Outputs};
-use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, OutboxRow, TxEnd};
-use crate::checkpoint::{CheckpointStore, MemoryStore, Watermark};
+use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, TxEnd};
+use crate::checkpoint::{Acknowledgements, CheckpointStore, MemoryStore};
+use crate::event::OutboxRow;
 use crate::outbox::OutboundMessage;
 use crate::retry::RetryPolicy;
 use crate::send::{SendError, SendOutcome, Shards, Sink};
@@ -78,7 +79,7 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         refuse: AtomicU32::new(3),
         ..MemoryBroker::default()
     });
-    let watermark = Arc::new(Mutex::new(Watermark::new(BinlogPosition::default())));
+    let acks = Acknowledgements::new(BinlogPosition::default());
     let store = MemoryStore::default();
     let (completions_tx, mut completions) = mpsc::channel(64);
     let retry = RetryPolicy {
@@ -92,23 +93,19 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         inputs,
         key_order: None,
     };
-    let dispatcher = tokio::spawn(dispatch::run(items, outputs, Arc::clone(&watermark), None));
+    let dispatcher = tokio::spawn(dispatch::run(items, outputs, acks.clone(), None));
 
-    // The marker's part: each outcome recorded acknowledges its event to the watermark, and
-    // the checkpointer saves the position it reaches.
-    let acknowledger = {
-        let watermark = Arc::clone(&watermark);
-        tokio::spawn(async move {
-            let mut outcomes = Vec::new();
-            while let Some(done) = completions.recv().await {
-                if let Some(seq) = done.seq {
-                    watermark.lock().unwrap().complete(seq);
-                }
-                outcomes.push(done.outcome);
-            }
-            outcomes
-        })
-    };
+    // The marker's part: each outcome recorded acknowledges its event, and the checkpointer
+    // saves the position the acknowledgements reach.
+    let acknowledger = tokio::spawn(async move {
+        let mut outcomes = Vec::new();
+        while let Some(done) = completions.recv().await {
+            assert!(done.origin.is_stream(), "a streamed event");
+            done.origin.acknowledge();
+            outcomes.push(done.outcome);
+        }
+        outcomes
+    });
 
     // Transaction t holds two events, of keys t % KEYS and (t + 1) % KEYS.
     for t in 0..TRANSACTIONS {
@@ -127,7 +124,7 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
     assert_eq!(dispatched.unidentifiable, 0);
     shards.drain(Duration::from_secs(5), "test").await;
     let outcomes = acknowledger.await.unwrap();
-    store.save(watermark.lock().unwrap().position()).unwrap();
+    store.save(&acks.position()).unwrap();
 
     let events = (TRANSACTIONS * 2) as usize;
     assert_eq!(outcomes.len(), events, "one outcome per event");
@@ -142,7 +139,7 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         Some(100 * TRANSACTIONS),
         "the checkpoint reaches the last transaction once everything is acknowledged"
     );
-    assert_eq!(watermark.lock().unwrap().in_flight(), 0);
+    assert_eq!(acks.in_flight(), 0);
 
     // What the broker stored: each event once; each key on one queue, in commit order.
     let queues = broker.queues.lock().unwrap();

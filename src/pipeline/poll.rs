@@ -50,7 +50,6 @@ pub async fn run_sweeper_alone<S: Sink>(
     let (send_stage, inputs) = pipeline.shard_capacity(SHARD_CAPACITY).marked_send_stage(
         pool.clone(),
         MarkerContext {
-            watermark: None,
             owner: config.instance_id(),
         },
         marker_failed.clone(),

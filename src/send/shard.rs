@@ -13,9 +13,7 @@
 //! send to that topic is accepted.
 
 use super::{OutboundMessage, SendError, Sink};
-use crate::binlog::OutboxRow;
-use crate::checkpoint::TxSeq;
-use crate::metrics::stages::{now_us, Stamps};
+use crate::event::{now_us, Ack, Origin, OutboxRow, RowProblem, Stamps};
 use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
 use crate::route::{index_for, java_string_hash};
@@ -29,33 +27,31 @@ pub use retry::WakeUp;
 use retry::{Backoff, Next, Refusal};
 
 /// An event routed to a shard.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ShardEvent {
-    /// The binlog transaction for the watermark (CDC); `None` for rows claimed from the table.
-    pub seq: Option<TxSeq>,
+    /// Where it came from; moved untouched into its [`Completion`].
+    pub origin: Origin,
     pub row: OutboxRow,
     /// `java_string_hash(row.biz_key)`, computed once by the router.
     pub key_hash: i32,
 }
 
 impl ShardEvent {
-    /// An event of binlog transaction `seq`.
-    pub fn new(seq: TxSeq, mut row: OutboxRow) -> Self {
-        row.stamps.dispatched = now_us();
-        let key_hash = java_string_hash(&row.message.biz_key);
-        ShardEvent {
-            seq: Some(seq),
-            row,
-            key_hash,
-        }
+    /// An event read from the binlog, carrying the acknowledgement its checkpoint waits for.
+    pub fn streamed(ack: Ack, row: OutboxRow) -> Self {
+        Self::from(Origin::Stream(ack), row)
     }
 
-    /// An event claimed from the table (poll mode, sweeper): no watermark to acknowledge.
-    pub fn claimed(mut row: OutboxRow) -> Self {
+    /// An event claimed from the table (poll mode, sweeper): nothing to acknowledge.
+    pub fn claimed(row: OutboxRow) -> Self {
+        Self::from(Origin::Claimed, row)
+    }
+
+    fn from(origin: Origin, mut row: OutboxRow) -> Self {
         row.stamps.dispatched = now_us();
         let key_hash = java_string_hash(&row.message.biz_key);
         ShardEvent {
-            seq: None,
+            origin,
             row,
             key_hash,
         }
@@ -73,10 +69,11 @@ pub enum SendOutcome {
 }
 
 /// The final outcome of one event, for the SENT/FAILED marker.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct Completion {
-    /// The watermark entry to complete once the outcome is recorded; `None` for claimed rows.
-    pub seq: Option<TxSeq>,
+    /// Where the event came from (its acknowledgement, if streamed: the marker acknowledges it
+    /// once the outcome is recorded).
+    pub origin: Origin,
     pub table: Arc<TableName>,
     pub id: u64,
     pub event_id: String,
@@ -87,11 +84,11 @@ pub struct Completion {
 
 impl Completion {
     /// A row that cannot become a message: FAILED with its reason, without a send (logged).
-    pub fn bad_row(seq: Option<TxSeq>, problem: crate::binlog::RowProblem) -> Self {
+    pub fn bad_row(origin: Origin, problem: RowProblem) -> Self {
         tracing::error!(table = %problem.table, id = problem.id, reason = %problem.reason,
             "outbox row cannot be published; marking it FAILED");
         Completion {
-            seq,
+            origin,
             table: problem.table,
             id: problem.id,
             event_id: problem.event_id.unwrap_or_default(),
@@ -311,7 +308,7 @@ async fn report(
     }
     completions
         .send(Completion {
-            seq: event.seq,
+            origin: event.origin,
             table: event.row.table,
             id: event.row.id,
             event_id: event.row.message.event_id,

@@ -18,7 +18,7 @@
 use super::cursor::ClaimCursor;
 use super::lease::HeldRows;
 use super::waiting::{on_pending_index, waiting_rows_of_keys};
-use crate::binlog::{OutboxRow, RowProblem};
+use crate::event::{OutboxRow, RowProblem};
 use crate::outbox::message::{message_from_text, RowLimits, RowText};
 use crate::outbox::{Status, TableName};
 use mysql_async::prelude::*;
@@ -343,7 +343,7 @@ impl Claimer {
                 table: Arc::clone(&self.table),
                 id,
                 message,
-                stamps: crate::metrics::stages::Stamps::read_now(),
+                stamps: crate::event::Stamps::read_now(),
             }),
             Err(reason) => Claimed::Problem(RowProblem {
                 table: Arc::clone(&self.table),

@@ -4,13 +4,14 @@
 //!
 //! - Poll mode: always, rows of any age.
 //! - Beside this process's stream (the leader): rows older than `sweeper.min_age` *before the
-//!   time the stream is done up to* ([`Watermark::done_up_to`]: the newest commit read
-//!   ([`StreamClock`]), or now once the server has nothing more to send, or earlier: the commit
-//!   of the oldest transaction whose events are still on their way), so a stream catching up on
-//!   a backlog is not raced for the rows it is about to read or still holds; and only while the stream is idle or made progress (an event
-//!   completed) within the last half `min_age`. A stream stalled on the broker holds its rows in
-//!   memory and sends them when the broker returns; sweeping them meanwhile would send them
-//!   twice (and fail the same way while the broker is down).
+//!   time the stream is done up to*, which the stream's acknowledgements tell
+//!   ([`Acknowledgements::progress`]): the newest commit read ([`StreamClock`]), or now once the
+//!   server has nothing more to send, or earlier: the commit of the oldest transaction whose
+//!   events are still on their way. So a stream catching up on a backlog is not raced for the
+//!   rows it is about to read or still holds. And only while the stream is idle or made
+//!   progress (an event completed) within the last half `min_age`: a stream stalled on the
+//!   broker holds its rows in memory and sends them when the broker returns; sweeping them
+//!   meanwhile would send them twice (and fail the same way while the broker is down).
 //! - A standby: rows older than `min_age` before the time the leader's stream had read up to at
 //!   its last mirrored checkpoint (`stream_at` in `outbox_relay_state`, or `checkpoint_at`
 //!   before migration 0011). While the leader is live that is a few seconds ago; while it
@@ -19,10 +20,9 @@
 //!   saw are still swept: by the leader, or, older than the bound, by a standby.
 
 use crate::binlog::StreamClock;
-use crate::checkpoint::Watermark;
+use crate::checkpoint::Acknowledgements;
 use mysql_async::prelude::*;
 use mysql_async::Pool;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The rule a sweeper applies before each claim round.
@@ -31,10 +31,11 @@ pub enum SweepGate {
     Always,
     /// Beside this process's stream.
     BesideStream {
-        watermark: Arc<Mutex<Watermark>>,
+        /// The stream's acknowledgements, asked how far it is done.
+        acks: Acknowledgements,
         /// How far the stream has read.
         clock: StreamClock,
-        /// The watermark's `progress()` count, and when it was last seen to change.
+        /// The stream's progress count, and when it was last seen to change.
         seen: Option<(u64, Instant)>,
     },
     /// A standby of deployment `relay_name`.
@@ -42,9 +43,9 @@ pub enum SweepGate {
 }
 
 impl SweepGate {
-    pub fn beside_stream(watermark: Arc<Mutex<Watermark>>, clock: StreamClock) -> Self {
+    pub fn beside_stream(acks: Acknowledgements, clock: StreamClock) -> Self {
         SweepGate::BesideStream {
-            watermark,
+            acks,
             clock,
             seen: None,
         }
@@ -55,21 +56,16 @@ impl SweepGate {
     pub async fn min_age(&mut self, base: Duration, pool: &Pool) -> Option<Duration> {
         match self {
             SweepGate::Always => Some(base),
-            SweepGate::BesideStream {
-                watermark,
-                clock,
-                seen,
-            } => {
+            SweepGate::BesideStream { acks, clock, seen } => {
                 // Before the stream read anything, it may be about to read every PENDING row.
                 let read_behind = clock.behind()?;
-                let (in_flight, progress, unfinished) = {
-                    let w = watermark.lock().expect("not poisoned");
-                    (w.in_flight(), w.progress(), w.oldest_unfinished_commit())
-                };
+                let progress = acks.progress();
                 // Rows the stream read but has not finished (a backlog after a broker stall) are
                 // on their way: the bound counts from the oldest of them.
-                let held_behind = unfinished.map_or(Duration::ZERO, StreamClock::since);
-                stream_allows(in_flight, progress, seen, base)
+                let held_behind = progress
+                    .oldest_unfinished_commit
+                    .map_or(Duration::ZERO, StreamClock::since);
+                stream_allows(progress.in_flight, progress.count, seen, base)
                     .then_some(base + read_behind.max(held_behind))
             }
             SweepGate::BehindMirror { relay_name } => {

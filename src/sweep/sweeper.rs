@@ -6,6 +6,7 @@ use super::claim::{ClaimStrategy, Claimed, Claimer};
 use super::gate::SweepGate;
 use super::lease::{self, HeldRows};
 use crate::config::Config;
+use crate::event::Origin;
 use crate::outbox::message::RowLimits;
 use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
@@ -358,7 +359,10 @@ async fn dispatch(
                     sent = to.send(ShardEvent::claimed(row)) => sent,
                 }
             }
-            Claimed::Problem(problem) => to.complete(Completion::bad_row(None, problem)).await,
+            Claimed::Problem(problem) => {
+                to.complete(Completion::bad_row(Origin::Claimed, problem))
+                    .await
+            }
         };
         sent?;
     }

@@ -378,7 +378,7 @@ pub fn statement_inserts_into(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::binlog::OutboxRow;
+    use crate::event::OutboxRow;
 
     #[test]
     fn statements_are_classified_as_both_servers_write_them() {

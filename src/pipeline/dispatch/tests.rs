@@ -1,14 +1,14 @@
 //! The dispatcher's unit tests: re-read transactions and held XA transactions.
 
 use super::*;
-use crate::binlog::OutboxRow;
+use crate::event::OutboxRow;
 
 fn row(id: u64) -> BinlogItem {
     BinlogItem::Row(DecodedRow::Event(OutboxRow::sample(id)))
 }
 
-/// The dispatcher's channels and watermark: (items in, items out, handed-on events in,
-/// handed-on events out, completions, watermark). The completions' receiver is dropped.
+/// The dispatcher's channels and acknowledgements: (items in, items out, handed-on events in,
+/// handed-on events out, completions, acknowledgements). The completions' receiver is dropped.
 #[allow(clippy::type_complexity)]
 fn wiring() -> (
     mpsc::Sender<BinlogItem>,
@@ -16,13 +16,13 @@ fn wiring() -> (
     mpsc::Sender<ShardEvent>,
     mpsc::Receiver<ShardEvent>,
     mpsc::Sender<Completion>,
-    Arc<Mutex<Watermark>>,
+    Acknowledgements,
 ) {
     let (items_tx, items) = mpsc::channel(100);
     let (shard, handed) = mpsc::channel(100);
     let (completions, _) = mpsc::channel(100);
-    let watermark = Arc::new(Mutex::new(Watermark::new(BinlogPosition::default())));
-    (items_tx, items, shard, handed, completions, watermark)
+    let acks = Acknowledgements::new(BinlogPosition::default());
+    (items_tx, items, shard, handed, completions, acks)
 }
 
 /// One shard, no key-order guard.
@@ -44,7 +44,7 @@ fn end(pos: u64) -> BinlogItem {
 
 #[tokio::test]
 async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
-    let (items_tx, items, shard, mut handed, completions, watermark) = wiring();
+    let (items_tx, items, shard, mut handed, completions, acks) = wiring();
     // The connection is lost after two rows of the first transaction, which is read again
     // whole; then a second transaction.
     let script = [
@@ -65,13 +65,7 @@ async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
         items_tx.send(item).await.unwrap();
     }
     drop(items_tx);
-    let stats = run(
-        items,
-        outputs(shard, completions),
-        Arc::clone(&watermark),
-        None,
-    )
-    .await;
+    let stats = run(items, outputs(shard, completions), acks.clone(), None).await;
     assert_eq!(stats.read_again, 2);
     let mut events = Vec::new();
     while let Ok(event) = handed.try_recv() {
@@ -82,20 +76,20 @@ async fn a_transaction_read_again_after_a_lost_connection_is_handed_on_once() {
 
     // The checkpoint passes the first transaction only when the rows handed on before the
     // lost connection are done too.
-    let position = |w: &Mutex<Watermark>| w.lock().unwrap().position().pos;
-    let seq = |i: usize| events[i].seq.expect("a binlog transaction");
-    watermark.lock().unwrap().complete(seq(2));
-    watermark.lock().unwrap().complete(seq(3));
-    assert_eq!(position(&watermark), 0, "rows 1 and 2 are still in flight");
-    watermark.lock().unwrap().complete(seq(0));
-    watermark.lock().unwrap().complete(seq(1));
-    assert_eq!(position(&watermark), 200);
+    let mut origins: Vec<_> = events.into_iter().map(|e| Some(e.origin)).collect();
+    let mut acknowledge = |i: usize| origins[i].take().expect("once").acknowledge();
+    acknowledge(2);
+    acknowledge(3);
+    assert_eq!(acks.position().pos, 0, "rows 1 and 2 are still in flight");
+    acknowledge(0);
+    acknowledge(1);
+    assert_eq!(acks.position().pos, 200);
 }
 
 #[tokio::test]
 async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
     use crate::binlog::PreparedTx;
-    let (items_tx, items, shard, mut handed, completions, watermark) = wiring();
+    let (items_tx, items, shard, mut handed, completions, acks) = wiring();
     let xid = |name: &str| Xid::parse_statement_id(&format!("X'{name}',X'',1")).unwrap();
     let end_at = |pos| match end(pos) {
         BinlogItem::TxEnd(end) => end,
@@ -125,21 +119,15 @@ async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
     for item in script {
         items_tx.send(item).await.unwrap();
     }
-    let dispatcher = tokio::spawn(run(
-        items,
-        outputs(shard, completions),
-        Arc::clone(&watermark),
-        None,
-    ));
-    let position = |w: &Mutex<Watermark>| w.lock().unwrap().position().pos;
+    let dispatcher = tokio::spawn(run(items, outputs(shard, completions), acks.clone(), None));
     let later = handed.recv().await.unwrap();
     assert_eq!(
         later.row.id, 3,
         "the later transaction flows while 61 is prepared"
     );
-    watermark.lock().unwrap().complete(later.seq.unwrap());
+    later.origin.acknowledge();
     assert_eq!(
-        position(&watermark),
+        acks.position().pos,
         0,
         "the checkpoint stays below the prepare"
     );
@@ -156,9 +144,9 @@ async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
     }
     let committed = handed.recv().await.unwrap();
     assert_eq!(committed.row.id, 1, "published at XA COMMIT");
-    assert_eq!(position(&watermark), 0, "until its event completes");
-    watermark.lock().unwrap().complete(committed.seq.unwrap());
-    assert_eq!(position(&watermark), 300);
+    assert_eq!(acks.position().pos, 0, "until its event completes");
+    committed.origin.acknowledge();
+    assert_eq!(acks.position().pos, 300);
     drop(items_tx);
     let stats = dispatcher.await.unwrap();
     assert_eq!((stats.xa_committed, stats.xa_rolled_back), (1, 1));

@@ -103,23 +103,20 @@ impl Sink for ScriptedSink {
     }
 }
 
-fn event(seq: u64, id: u64, key: &str, topic: &str) -> ShardEvent {
-    ShardEvent::new(
-        seq,
-        OutboxRow {
-            table: Arc::new(TableName::parse("outbox_event").unwrap()),
-            id,
-            message: OutboundMessage {
-                event_id: format!("e{id}"),
-                biz_key: key.into(),
-                topic: topic.into(),
-                tags: None,
-                headers: vec![],
-                payload: "{}".into(),
-            },
-            stamps: Default::default(),
+fn event(id: u64, key: &str, topic: &str) -> ShardEvent {
+    ShardEvent::claimed(OutboxRow {
+        table: Arc::new(TableName::parse("outbox_event").unwrap()),
+        id,
+        message: OutboundMessage {
+            event_id: format!("e{id}"),
+            biz_key: key.into(),
+            topic: topic.into(),
+            tags: None,
+            headers: vec![],
+            payload: "{}".into(),
         },
-    )
+        stamps: Default::default(),
+    })
 }
 
 /// Starts a shard fed `events` (all queued before it starts); the task ends with its
@@ -180,7 +177,7 @@ async fn flush_slave_timeout_and_timeouts_are_retried_never_taken_as_sent() {
     let started = tokio::time::Instant::now();
     let done = run(
         Arc::clone(&sink),
-        vec![event(0, 1, "k", "t")],
+        vec![event(1, "k", "t")],
         ShardOptions::default(),
     )
     .await;
@@ -205,7 +202,7 @@ async fn retryable_errors_end_failed_after_max_retry() {
     let sink = Arc::new(ScriptedSink::new(answers));
     let done = run(
         Arc::clone(&sink),
-        vec![event(0, 1, "k", "t")],
+        vec![event(1, "k", "t")],
         ShardOptions::default(),
     )
     .await;
@@ -227,11 +224,7 @@ async fn a_rejected_batch_is_split_so_only_the_poison_event_fails_and_order_hold
     let mut sink = ScriptedSink::new(vec![]);
     sink.poison = vec!["e2".into()];
     let sink = Arc::new(sink);
-    let events = vec![
-        event(0, 1, "k", "t"),
-        event(0, 2, "k", "t"),
-        event(1, 3, "k", "t"),
-    ];
+    let events = vec![event(1, "k", "t"), event(2, "k", "t"), event(3, "k", "t")];
     let done = run(Arc::clone(&sink), events, ShardOptions::default()).await;
     let got = outcomes(&done);
     assert_eq!(got[0], ("e1".into(), sent("e1")));
@@ -254,11 +247,11 @@ async fn consecutive_events_for_one_queue_are_batched_and_others_keep_their_turn
     let qb = index_for(java_string_hash("b"), 4);
     assert_ne!(qa, qb);
     let events = vec![
-        event(0, 1, "a", "t"),
-        event(0, 2, "a", "t"),
-        event(0, 3, "b", "t"),
-        event(1, 4, "a", "u"),
-        event(1, 5, "a", "u"),
+        event(1, "a", "t"),
+        event(2, "a", "t"),
+        event(3, "b", "t"),
+        event(4, "a", "u"),
+        event(5, "a", "u"),
     ];
     let done = run(Arc::clone(&sink), events, ShardOptions::default()).await;
     let ids: Vec<String> = done.iter().map(|c| c.event_id.clone()).collect();
@@ -283,7 +276,7 @@ async fn an_unknown_topic_fails_its_event_and_the_next_one_flows() {
     let sink = Arc::new(ScriptedSink::new(vec![]));
     let done = run(
         Arc::clone(&sink),
-        vec![event(0, 1, "k", "nope"), event(0, 2, "k", "t")],
+        vec![event(1, "k", "nope"), event(2, "k", "t")],
         ShardOptions::default(),
     )
     .await;
@@ -296,7 +289,7 @@ async fn an_unknown_topic_fails_its_event_and_the_next_one_flows() {
 #[tokio::test]
 async fn batches_respect_the_size_limits() {
     let sink = Arc::new(ScriptedSink::new(vec![]));
-    let events = (1..=10).map(|i| event(0, i, "a", "t")).collect();
+    let events = (1..=10).map(|i| event(i, "a", "t")).collect();
     let options = ShardOptions {
         max_batch: 4,
         ..ShardOptions::default()
@@ -314,7 +307,7 @@ async fn cancellation_during_backoff_reports_nothing_for_the_unsent_event() {
     let sink = Arc::new(ScriptedSink::new(answers));
     let (tx, rx) = mpsc::channel(10);
     let (completions_tx, mut completions_rx) = mpsc::channel(10);
-    tx.send(event(0, 1, "k", "t")).await.unwrap();
+    tx.send(event(1, "k", "t")).await.unwrap();
     let cancel = CancellationToken::new();
     let task = tokio::spawn(run_shard(
         sink,
@@ -364,7 +357,7 @@ async fn fails_only_after_the_total_delay_despite_wake_ups(sink: Arc<ScriptedSin
         }
     });
     let started = tokio::time::Instant::now();
-    let done = run(sink, vec![event(0, 1, "k", "t")], options).await;
+    let done = run(sink, vec![event(1, "k", "t")], options).await;
     let elapsed = started.elapsed();
     waker.abort();
     match &done[0].outcome {
@@ -418,7 +411,7 @@ async fn a_wake_up_ends_a_retry_delay_at_once_when_the_broker_is_back() {
         wake.broker_answered();
     });
     let started = tokio::time::Instant::now();
-    let done = run(Arc::clone(&sink), vec![event(0, 1, "k", "t")], options).await;
+    let done = run(Arc::clone(&sink), vec![event(1, "k", "t")], options).await;
     assert_eq!(outcomes(&done), vec![("e1".into(), sent("e1"))]);
     assert_eq!(
         started.elapsed(),
@@ -454,7 +447,7 @@ async fn a_retry_after_the_route_shrinks_sends_to_the_key_s_queue_under_the_new_
     let sink = Arc::new(ScriptedSink::new(vec![Err(SendError::Retryable(
         "broker-b unavailable".into(),
     ))]));
-    let events = vec![event(0, 1, "g", "t"), event(0, 2, "g", "t")];
+    let events = vec![event(1, "g", "t"), event(2, "g", "t")];
     let started = tokio::time::Instant::now();
     let done = run_through_a_route_change(&sink, events, ShardOptions::default(), (8, 4)).await;
     assert_eq!(
@@ -482,10 +475,10 @@ fn a_batch_the_new_route_splits() -> (Vec<ShardEvent>, usize, usize, usize) {
     let (qh, qt) = (index_for(h, 8), index_for(t, 8));
     assert_ne!(qh, qt);
     let events = vec![
-        event(0, 1, "h", "t"),
-        event(0, 2, "h", "t"),
-        event(1, 3, "t", "t"),
-        event(2, 4, "h", "t"),
+        event(1, "h", "t"),
+        event(2, "h", "t"),
+        event(3, "t", "t"),
+        event(4, "h", "t"),
     ];
     (events, stale, qh, qt)
 }

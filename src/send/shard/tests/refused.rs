@@ -37,7 +37,7 @@ async fn a_refused_account_never_fails_the_event_and_it_is_sent_once_accepted() 
     const TOPIC: &str = "refused-then-accepted";
     let sink = refusing(TOPIC, 20);
     let started = tokio::time::Instant::now();
-    let shard = start(Arc::clone(&sink), vec![event(0, 1, "k", TOPIC)], options);
+    let shard = start(Arc::clone(&sink), vec![event(1, "k", TOPIC)], options);
 
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(!shard.is_finished(), "no outcome while refused");
@@ -68,7 +68,7 @@ async fn refusals_use_none_of_the_retries_of_an_event_that_then_fails_for_anothe
     let options = small_policy();
     let expected = total_delay(&options.retry) + refusal_delays(&options.retry, 10);
     let started = tokio::time::Instant::now();
-    let done = run(Arc::new(sink), vec![event(0, 1, "k", TOPIC)], options).await;
+    let done = run(Arc::new(sink), vec![event(1, "k", TOPIC)], options).await;
     match &done[0].outcome {
         SendOutcome::Failed { reason, attempts } => {
             assert_eq!(
@@ -95,7 +95,7 @@ async fn a_refused_route_look_up_waits_too_and_fails_nothing() {
     let options = small_policy();
     let waited = refusal_delays(&options.retry, 12);
     let started = tokio::time::Instant::now();
-    let done = run(Arc::clone(&sink), vec![event(0, 1, "k", TOPIC)], options).await;
+    let done = run(Arc::clone(&sink), vec![event(1, "k", TOPIC)], options).await;
     assert_eq!(outcomes(&done), vec![("e1".into(), sent("e1"))]);
     assert_eq!(started.elapsed(), waited);
     assert_eq!(sink.calls().len(), 1, "sent once the route was given");
