@@ -3,7 +3,7 @@
 #   - the Prometheus alert rules: `promtool check rules`, and their unit tests (`promtool test
 #     rules`: every alert fires on its series and stays silent where it must);
 #   - the Grafana dashboard: valid JSON (that it and the rules name only metrics the relay
-#     exports is `cargo test --test dashboard`, against a live /metrics);
+#     exports is `cargo test --test suite dashboard::`, against a live /metrics);
 #   - Dockerfile: hadolint;
 #   - docker-compose.yml: the Compose Specification's JSON schema;
 #   - the Helm chart: `helm lint --strict`, `helm template` (its required values refused when

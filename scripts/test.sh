@@ -8,13 +8,15 @@
 #                                (as root: it runs in a chroot), then the rocketmq-rust
 #                                compatibility subset
 #   scripts/test.sh ARGS...      only the first part, with ARGS passed to `cargo test`
-#                                (e.g. `scripts/test.sh --test relay`; with OUTBOX_TEST_DB=mysql
-#                                against MySQL instead of MariaDB)
+#                                (e.g. `scripts/test.sh --test suite relay::`; with
+#                                OUTBOX_TEST_DB=mysql against MySQL instead of MariaDB)
 #
 # Installs what is missing (scripts/setup.sh), then starts ONE SQL server and ONE RocketMQ
-# cluster (`outbox-relay dev servers`) that every test binary of a phase shares: two cores
-# cannot afford a JVM broker per binary. Tests that kill, freeze or reconfigure a server start
-# their own. A test binary run alone (`cargo test --test X`) starts its own servers.
+# cluster (`outbox-relay dev servers`) that the test binaries of a phase share: two cores
+# cannot afford a JVM broker per binary. Two binaries: `suite` (tests/main.rs, every
+# integration test as a module; a filter such as `relay_faults::` picks a module) and `soak`.
+# Tests that kill, freeze or reconfigure a server start their own. A test binary run alone
+# (`cargo test --test suite`) starts its own servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -94,13 +96,15 @@ start_servers() {
 }
 
 echo "== tests against Apache RocketMQ (Java) and $FIRST_DB"
+started=$SECONDS
 start_servers apache "$FIRST_DB"
 cargo test "${FEATURES[@]}" "$@"
+say "Apache RocketMQ and $FIRST_DB: $((SECONDS - started)) s"
 # The image's release binary from a minimal root filesystem (tests/image.rs), on each server.
 image_test() {
   echo "== the image's release binary from a minimal root filesystem (tests/image.rs)"
   OUTBOX_IMAGE_BINARY="${CARGO_TARGET_DIR:-target}/release/outbox-relay" \
-    cargo test "${FEATURES[@]}" --test image -- --ignored
+    cargo test "${FEATURES[@]}" --test suite -- --ignored image::
 }
 if [ "$WITH_MYSQL" = 1 ]; then image_test; fi
 stop_servers
@@ -112,18 +116,19 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # transactions, tagged GTIDs), start-up checks and least-privilege grants, the short chaos
   # soak; poll mode (processes and a restart under the same instance id too), the marker's
   # FAILED rule, bad input, the sweeper, the producer API, migrations, daily partitions, and
-  # the image's release binary. One binary at a time, each timed.
+  # the image's release binary. The suite's modules in one run, then the soak, each timed.
   echo "== relay tests against Apache RocketMQ (Java) and Oracle MySQL"
   started=$SECONDS
   start_servers apache mysql
   # (mysql_file_position starts a MySQL of its own, without GTIDs: it ran in the first phase.)
-  for test in relay relay_faults relay_resume failover purged_binlog row_image poll \
-    poll_processes marker bad_input bad_input_access relay_checks sweeper producer migrate operate \
-    operate_status_replay partitions tls xa binlog_variants soak; do
-    test_started=$SECONDS
-    cargo test "${FEATURES[@]}" --test "$test"
-    say "MySQL phase: $test: $((SECONDS - test_started)) s"
-  done
+  modules=(relay relay_faults relay_resume failover purged_binlog row_image poll poll_processes
+    marker bad_input bad_input_access relay_checks sweeper producer migrate operate
+    operate_status_replay partitions tls xa binlog_variants)
+  cargo test "${FEATURES[@]}" --test suite -- "${modules[@]/%/::}"
+  say "MySQL phase: the suite's relay modules: $((SECONDS - started)) s"
+  soak_started=$SECONDS
+  cargo test "${FEATURES[@]}" --test soak
+  say "MySQL phase: soak: $((SECONDS - soak_started)) s"
   image_test
   stop_servers
   say "MySQL phase: $((SECONDS - started)) s"
@@ -140,8 +145,10 @@ if [ $# -eq 0 ]; then
   fi
   RUST_BROKER_BUILD=""
   say "rocketmq-rust: ready (waited $((SECONDS - waited)) s for its background install): $(tail -n 1 "$RUST_BROKER_LOG")"
+  started=$SECONDS
   start_servers rust mariadb
-  cargo test "${FEATURES[@]}" --test relay --test relay_faults --test relay_resume \
-    --test broker --test message_ids --test bad_input --test bad_input_schema
+  cargo test "${FEATURES[@]}" --test suite -- relay:: relay_faults:: relay_resume:: broker:: \
+    message_ids:: bad_input:: bad_input_schema::
   stop_servers
+  say "rocketmq-rust phase: $((SECONDS - started)) s"
 fi

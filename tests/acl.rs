@@ -16,7 +16,7 @@
 //!   `$SSL_CERT_FILE`): plain and untrusted clients get nowhere, every row is SENT, `mqadmin
 //!   queryMsgById` (over TLS) finds each `msg_id`, and the consumer library reads them over TLS.
 
-mod common;
+use crate::common;
 
 use common::http::{free_addr, get};
 use common::ledger::{ledger_db, Ledger};

@@ -7,7 +7,7 @@
 //!   answers success without a second business change;
 //! - `queryMsgById <msg_id>` finds the message of every SENT row of a batched drain.
 
-mod common;
+use crate::common;
 
 use common::ledger::{ledger_db, Ledger};
 use common::relay::{

@@ -4,11 +4,10 @@
 //! published, and an ordinary event written after it is SENT: nothing stalls.
 //! Schema changes, look-alike tables and statement-format writes: `tests/bad_input_schema.rs`.
 
-mod common;
+use crate::common;
 
 #[allow(dead_code)]
-#[path = "bad_input/support.rs"]
-mod support;
+use crate::common::rows;
 
 use common::relay::relay_config;
 use common::rocketmq::{new_topic, rocketmq};
@@ -16,12 +15,12 @@ use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::{TxOpts, Value};
 use outbox_relay::producer::{EnqueueError, NewEvent, Outbox, Payload};
-use serde_json::json;
-use std::time::Duration;
-use support::{
+use rows::{
     assert_failed, assert_sent, enqueue, insert_row, messages_by_event, start_relay_from_now,
     wait_statuses, FAILED, SENT,
 };
+use serde_json::json;
+use std::time::Duration;
 
 /// `Outbox::enqueue` refuses `event` with an error `is_expected` accepts, and writes nothing.
 async fn assert_refused(

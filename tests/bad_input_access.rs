@@ -4,11 +4,10 @@
 //! logs, `config show`, connection and authentication errors). Start-up checks of the server's
 //! binlog settings: `tests/relay_checks.rs`.
 
-mod common;
+use crate::common;
 
 #[allow(dead_code)]
-#[path = "bad_input/support.rs"]
-mod support;
+use crate::common::rows;
 
 use common::relay::{relay_config, write_config_file};
 use common::rocketmq::new_topic;
@@ -18,10 +17,10 @@ use outbox_relay::config::Config;
 use outbox_relay::devenv::SqlServer;
 use outbox_relay::pipeline::RunOptions;
 use outbox_relay::relay::RelayHandle;
+use rows::{enqueue, start_relay_from_now, wait_statuses, SENT};
 use serde_json::json;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{enqueue, start_relay_from_now, wait_statuses, SENT};
 use tokio_util::sync::CancellationToken;
 
 /// The database name of a test database's URL.

@@ -3,11 +3,10 @@
 //! name in another database, and a session that writes its outbox row in STATEMENT format (the
 //! stream cannot decode it; the sweeper publishes it).
 
-mod common;
+use crate::common;
 
 #[allow(dead_code)]
-#[path = "bad_input/support.rs"]
-mod support;
+use crate::common::rows;
 
 use common::relay::{relay_config, sweeping_config};
 use common::rocketmq::new_topic;
@@ -16,12 +15,12 @@ use mysql_async::prelude::*;
 use mysql_async::{TxOpts, Value};
 use outbox_relay::devenv::SqlServer;
 use outbox_relay::producer::{NewEvent, Outbox};
-use serde_json::json;
-use std::time::Duration;
-use support::{
+use rows::{
     assert_sent, enqueue, insert_row, messages_by_event, start_relay_from_now, state,
     wait_statuses, PENDING, SENT,
 };
+use serde_json::json;
+use std::time::Duration;
 
 /// What one event was written with, to compare with what arrived.
 struct Written {

@@ -4,7 +4,7 @@
 //! sources: MySQL UUIDs and tags (`SET gtid_next = 'AUTOMATIC:tag'`), MariaDB domains. The
 //! sweeper is off: only the stream can have published what the broker stored.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     current_position, relay_fixture, seed_checkpoint, wait_until_sent, RunningRelay,

@@ -1,6 +1,6 @@
 //! The `outbox-relay` binary: configuration errors a user sees, and `migrate` end to end.
 
-mod common;
+use crate::common;
 
 use outbox_relay::devenv::SqlServer;
 use std::io::Write;

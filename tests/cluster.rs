@@ -3,7 +3,7 @@
 //! starts its own cluster (of `$OUTBOX_BROKER`'s kind, Apache RocketMQ by default), because each
 //! kills, freezes or reconfigures a broker. Delivery is judged by what the brokers stored.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     commit_events, count_status, current_position, relay_fixture, seed_checkpoint, wait_for,

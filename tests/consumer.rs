@@ -4,7 +4,7 @@
 //!
 //! Needs the broker binaries: run `scripts/setup.sh` (or set `OUTBOX_DEVENV_ROCKETMQ_BIN`).
 
-mod common;
+use crate::common;
 
 use common::ledger::{ledger_db, wait_for_lock_wait, Failure, Ledger};
 use common::rocketmq::{new_topic, rocketmq, ContractMessage, TestProducer};

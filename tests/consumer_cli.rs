@@ -2,7 +2,7 @@
 //! and outbox rows, this test publishes the rows per the message contract (as the relay would,
 //! plus a resend and a bad event), and `consume` settles each order exactly once.
 
-mod common;
+use crate::common;
 
 use common::rocketmq::{new_topic, rocketmq, ContractMessage, TestProducer};
 use common::TestDb;

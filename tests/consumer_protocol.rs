@@ -1,7 +1,7 @@
 //! The idempotent transaction protocol and the guards against a real MariaDB, calling
 //! `IdempotentProcessor::process` directly (the broker side is in tests/consumer.rs).
 
-mod common;
+use crate::common;
 
 use common::ledger::{ledger_db, wait_for_lock_wait, Failure, Ledger};
 use common::{wait_until, TestDb};

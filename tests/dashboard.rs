@@ -14,7 +14,7 @@
 //! (followed by `(`), not a keyword or aggregation operator, and not in a `by`/`without`/`on`/
 //! `ignoring`/`group_left`/`group_right` label list. Grafana variables (`$job`) are skipped.
 
-mod common;
+use crate::common;
 
 use common::http::{free_addr, get};
 use common::ledger::{ledger_db, Failure, Ledger};

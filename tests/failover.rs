@@ -2,7 +2,7 @@
 //! is killed with SIGKILL three times during a 20,000-event run; a standby takes over each time,
 //! every event arrives in key order, duplicates are reported, and nothing is left SENDING.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, assert_read_every_event_in_key_order, count_status,

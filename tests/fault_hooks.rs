@@ -5,7 +5,7 @@
 //! the crashed one comes back as a standby. Every event arrives: a crash costs duplicates, never
 //! an event.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     count_status, current_position, deliveries, duplicates, relay_fixture, seed_checkpoint,

@@ -10,7 +10,7 @@
 //! `OUTBOX_IMAGE_BINARY=target/release/outbox-relay cargo test --test image -- --ignored`, after
 //! `scripts/setup.sh --image` made the base root filesystem.
 
-mod common;
+use crate::common;
 
 use common::http::{free_addr, get};
 use common::relay::{

@@ -2,7 +2,7 @@
 //! leader's lock connection dies, and a leader whose connection was cut keeps leading only if
 //! nobody took over meanwhile.
 
-mod common;
+use crate::common;
 
 use common::TestDb;
 use mysql_async::prelude::*;

@@ -3,11 +3,10 @@
 //! sweeper delivered, and an operator's `retry` would publish it twice); the sweeper's own
 //! outcome is the one recorded.
 
-mod common;
+use crate::common;
 
 #[allow(dead_code)]
-#[path = "bad_input/support.rs"]
-mod support;
+use crate::common::rows;
 
 use common::TestDb;
 use mysql_async::prelude::*;
@@ -18,8 +17,8 @@ use outbox_relay::mark::{run_marker, MarkStats, MarkerContext};
 use outbox_relay::outbox::status::codes::SENDING;
 use outbox_relay::outbox::TableName;
 use outbox_relay::send::{Completion, SendOutcome};
+use rows::{insert_row, state, FAILED, PENDING, SENT};
 use std::sync::Arc;
-use support::{insert_row, state, FAILED, PENDING, SENT};
 use tokio_util::sync::CancellationToken;
 
 /// Records `completions` with the relay's marker as instance `owner`; returns its counts.

@@ -2,7 +2,7 @@
 //! returns (and the marker writes to `msg_id`) is the id the broker stored. A consumer sees it
 //! as the message id, and `mqadmin queryMsgById` finds the message by it. Batched sends too.
 
-mod common;
+use crate::common;
 
 use common::rocketmq::{new_topic, rocketmq};
 use outbox_relay::config::RocketMqConfig;

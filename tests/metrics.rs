@@ -2,7 +2,7 @@
 //! PENDING row's age growing while the broker is down and back to 0 after it returns; `/readyz`
 //! follows, and `outbox_ready` (which the alert rules read) with it; `/healthz` answers throughout.
 
-mod common;
+use crate::common;
 
 use common::http::{free_addr, get};
 use common::relay::{

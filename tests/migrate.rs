@@ -1,6 +1,6 @@
 //! Schema migrations against a real MariaDB.
 
-mod common;
+use crate::common;
 
 use common::TestDb;
 use mysql_async::prelude::*;

@@ -13,7 +13,7 @@
 //! `OUTBOX_TEST_DB` says, since no shared server runs without GTIDs. Without the chroot, or when
 //! not run as root (`mysqld` runs in a chroot), it prints why and passes without testing.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, count_status, current_position, deliveries,

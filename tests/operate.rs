@@ -2,7 +2,7 @@
 //! compensation, reconcile, and the binary's `retry` / `mark-failed` / `cleanup` / `reconcile`
 //! end to end.
 
-mod common;
+use crate::common;
 #[path = "operate/rows.rs"]
 mod rows;
 

@@ -4,7 +4,7 @@
 //! verdicts and exit codes, no password in any output), and the replay of a GTID range that
 //! re-sends exactly the events in it without touching outbox rows.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     commit_events, current_position, relay_fixture, wait_until_sent, write_config_file,

@@ -6,7 +6,7 @@
 //! over; `convert` keeps every PENDING and SENT row; the `[cleanup] partitions` round inside
 //! `run` creates the days ahead and exports `outbox_partitions_ahead`.
 
-mod common;
+use crate::common;
 #[path = "partitions/helpers.rs"]
 mod helpers;
 

@@ -1,7 +1,7 @@
 //! Poll mode end to end (real MariaDB, real RocketMQ): arrival and per-key order like the CDC
 //! relay, lease recovery of a crashed owner's rows, bad rows FAILED, the optimistic claim.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, commit_events, count_status, poll_config,

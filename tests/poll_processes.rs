@@ -1,7 +1,7 @@
 //! Poll-mode relay processes: SIGKILL mid-run then restart (after the lease expires) loses
 //! nothing; two processes on one table deliver every event, with duplicates counted.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     count_status, deliveries, duplicates, poll_config, wait_for, wait_until_sent,

@@ -1,7 +1,7 @@
 //! The producer API against a real MariaDB: events commit and roll back with the business
 //! change, and every rejected input writes nothing.
 
-mod common;
+use crate::common;
 
 use common::TestDb;
 use mysql_async::prelude::*;

@@ -2,10 +2,10 @@
 //! logs an ERROR, counts it, restarts from the oldest binlog the server has, and the sweeper
 //! publishes the rows written in the gap, before
 //! the later events of their keys (the stream holds those keys meanwhile). On MySQL (GTIDs on) the server refuses the dump of a
-//! checkpoint that lacks part of `gtid_purged`, and the relay restarts from `gtid_purged`. Its
-//! own binary: purging binlogs would disturb other tests sharing the server.
+//! checkpoint that lacks part of `gtid_purged`, and the relay restarts from `gtid_purged`. On a
+//! server of its own: purging binlogs would disturb the tests sharing the suite's server.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, current_position, purge_all_but_the_newest_binlog,
@@ -18,7 +18,8 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purged_checkpoint_falls_back_to_the_oldest_binlog_and_the_gap_is_swept() {
-    let db = TestDb::migrated("purged").await;
+    let server = common::own_database("purged");
+    let db = TestDb::migrated_on(&server, "purged").await;
     let topic = new_topic("purged");
     let (mut config, _dir) = sweeping_config(&db);
     // Long enough that the streamed events after the restart would overtake the gap's rows of

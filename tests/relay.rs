@@ -1,7 +1,7 @@
 //! The CDC relay end to end: real MariaDB or MySQL binlog (`OUTBOX_TEST_DB`) → relay → real
 //! RocketMQ broker → a consumer.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, count_status, relay_fixture, wait_until_sent,

@@ -1,7 +1,7 @@
-//! Start-up checks and `run --dry-run`. This binary's MariaDB is its own, so the tests may change
-//! global server settings; they run one after another inside one test.
+//! Start-up checks and `run --dry-run`. The checks' test changes global server settings, one
+//! after another, on a server of its own (the suite's other tests share theirs).
 
-mod common;
+use crate::common;
 
 use common::proxy::CuttingProxy;
 use common::relay::relay_fixture;
@@ -52,7 +52,8 @@ async fn set_global(db: &TestDb, sql: &str) {
 
 #[tokio::test]
 async fn start_up_checks_name_what_to_change() {
-    let db = TestDb::migrated("relay_checks").await;
+    let server = common::own_database("relay_checks");
+    let db = TestDb::migrated_on(&server, "relay_checks").await;
     check(&db, &db.url)
         .await
         .expect("a well configured server passes");
@@ -75,7 +76,7 @@ async fn start_up_checks_name_what_to_change() {
             "binlog_row_metadata=FULL",
         ),
     ];
-    if common::database().kind() == outbox_relay::devenv::DatabaseKind::MySql {
+    if server.kind() == outbox_relay::devenv::DatabaseKind::MySql {
         settings.push((
             "binlog_row_value_options = 'PARTIAL_JSON'",
             "binlog_row_value_options = ''",

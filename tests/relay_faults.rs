@@ -1,7 +1,7 @@
 //! Faults: the relay process killed with SIGKILL mid-stream, the broker stopped mid-stream, and
 //! the relay's MySQL connections cut mid-packet.
 
-mod common;
+use crate::common;
 
 use common::proxy::CuttingProxy;
 use common::relay::{

@@ -1,7 +1,7 @@
 //! The relay across rotations, big transactions, bad rows and restarts (from sled and from the
 //! MySQL mirror).
 
-mod common;
+use crate::common;
 
 use common::proxy::CuttingProxy;
 use common::relay::{

@@ -4,11 +4,10 @@
 //! `relay.minimal_row_image = false` the server's FULL images are kept. And one undecodable
 //! row image fails alone: its neighbours in the same rows event stream.
 
-mod common;
+use crate::common;
 
 #[allow(dead_code)]
-#[path = "bad_input/support.rs"]
-mod support;
+use crate::common::rows;
 
 use common::relay::{
     commit_events, current_position, deliveries, relay_fixture, seed_checkpoint, wait_until_sent,
@@ -265,24 +264,15 @@ async fn an_undecodable_row_fails_alone_and_its_neighbours_stream() {
     let expected: Vec<(u64, i8)> = ids
         .iter()
         .enumerate()
-        .map(|(i, id)| {
-            (
-                *id,
-                if i == 1 {
-                    support::FAILED
-                } else {
-                    support::SENT
-                },
-            )
-        })
+        .map(|(i, id)| (*id, if i == 1 { rows::FAILED } else { rows::SENT }))
         .collect();
-    support::wait_statuses(&db, "outbox_event", &expected, Duration::from_secs(30)).await;
+    rows::wait_statuses(&db, "outbox_event", &expected, Duration::from_secs(30)).await;
     println!("all four settled {:?} after the commit", written.elapsed());
-    support::assert_failed(&db, "outbox_event", ids[1], "undecodable value, `biz_key`").await;
+    rows::assert_failed(&db, "outbox_event", ids[1], "undecodable value, `biz_key`").await;
     relay.stop();
 
     // The broker has the three good events, once each, and not the bad one.
-    let stored = support::messages_by_event(&topic, 3).await;
+    let stored = rows::messages_by_event(&topic, 3).await;
     let mut stored: Vec<&str> = stored.keys().map(String::as_str).collect();
     stored.sort();
     assert_eq!(stored, ["bad-image-0", "bad-image-2", "bad-image-3"]);

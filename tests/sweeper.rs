@@ -3,7 +3,7 @@
 //! PENDING by hand is sent again (a duplicate the consumer can see by `event_id`), and a row for
 //! a topic the broker rejects ends FAILED with the broker's reason while other keys flow.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, commit_events, count_status, current_position,

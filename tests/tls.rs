@@ -5,7 +5,7 @@
 //! over TLS (the password in the clear) and without (RSA-encrypted with the server's key): a
 //! second test proves the relay over a plain connection too, on the binary's shared server.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     assert_every_event_arrived_in_key_order, current_position, relay_config, seed_checkpoint,

@@ -5,7 +5,7 @@
 //! `ROLLBACK TO SAVEPOINT` (which MariaDB binlogs with the rows) are never published. Judged by
 //! what the broker stored.
 
-mod common;
+use crate::common;
 
 use common::relay::{
     current_position, relay_fixture, seed_checkpoint, wait_for, wait_until_sent, write_events,

@@ -9,6 +9,7 @@ pub mod ledger;
 pub mod proxy;
 pub mod relay;
 pub mod rocketmq;
+pub mod rows;
 
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
@@ -18,27 +19,39 @@ use outbox_relay::devenv::{scratch_dir, Database, DatabaseKind};
 use outbox_relay::outbox::TableName;
 use std::sync::OnceLock;
 
-/// The binary's SQL server, of `$OUTBOX_TEST_DB`'s kind. Tests must not stop it; a test that
-/// restarts its server starts its own.
+/// The binary's SQL server, of `$OUTBOX_TEST_DB`'s kind. Tests must not stop it, nor change
+/// what every client of it sees (global settings, purged binlogs): such a test takes
+/// [`own_database`]. A test that restarts its server starts its own.
 pub fn database() -> &'static Database {
     static SERVER: OnceLock<Database> = OnceLock::new();
     SERVER.get_or_init(|| {
         if let Some(shared) = outbox_relay::devenv::shared::database() {
             return shared;
         }
-        let kind = DatabaseKind::from_env().expect("OUTBOX_TEST_DB");
-        let dir = scratch_dir(kind.name()).expect("scratch dir");
-        Database::start(kind, &dir).unwrap_or_else(|e| {
-            panic!(
-                "{} must start (run scripts/setup.sh{}): {e}",
-                kind.name(),
-                if kind == DatabaseKind::MySql {
-                    " --mysql"
-                } else {
-                    ""
-                }
-            )
-        })
+        start_database("shared")
+    })
+}
+
+/// A SQL server of `$OUTBOX_TEST_DB`'s kind that only the calling test uses (stopped when
+/// dropped), for a test that changes what every client of a server sees: the tests running
+/// beside it on [`database`] would see that change too.
+pub fn own_database(label: &str) -> Database {
+    start_database(label)
+}
+
+fn start_database(label: &str) -> Database {
+    let kind = DatabaseKind::from_env().expect("OUTBOX_TEST_DB");
+    let dir = scratch_dir(&format!("{}-{label}", kind.name())).expect("scratch dir");
+    Database::start(kind, &dir).unwrap_or_else(|e| {
+        panic!(
+            "{} must start (run scripts/setup.sh{}): {e}",
+            kind.name(),
+            if kind == DatabaseKind::MySql {
+                " --mysql"
+            } else {
+                ""
+            }
+        )
     })
 }
 
@@ -52,8 +65,13 @@ pub struct TestDb {
 impl TestDb {
     /// A new empty database, not migrated.
     pub async fn empty(prefix: &str) -> Self {
+        Self::empty_on(database(), prefix).await
+    }
+
+    /// A new empty database on `server`, not migrated.
+    pub async fn empty_on(server: &Database, prefix: &str) -> Self {
         init_logging();
-        let url = database().create_database(prefix).expect("create database");
+        let url = server.create_database(prefix).expect("create database");
         let mut config = Config::default();
         config.mysql.url = Some(url.clone());
         let pool = outbox_relay::db::pool(&config).expect("pool");
@@ -62,7 +80,12 @@ impl TestDb {
 
     /// A new database with every migration applied.
     pub async fn migrated(prefix: &str) -> Self {
-        let db = Self::empty(prefix).await;
+        Self::migrated_on(database(), prefix).await
+    }
+
+    /// A new database on `server` with every migration applied.
+    pub async fn migrated_on(server: &Database, prefix: &str) -> Self {
+        let db = Self::empty_on(server, prefix).await;
         let mut conn = db.conn().await;
         outbox_relay::schema::migrate(&mut conn, &db.config.outbox_tables())
             .await
@@ -129,10 +152,24 @@ pub async fn wait_until_every<F, Fut>(
     while !condition().await {
         assert!(
             std::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
+            "timed out after {timeout:?} waiting for {what}{}",
+            TIMEOUT_NOTES
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|note| format!("\n{note}"))
+                .collect::<String>()
         );
         tokio::time::sleep(period).await;
     }
+}
+
+/// What a timed-out wait should also report (a relay that ended on its own, with how).
+static TIMEOUT_NOTES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Adds `note` to what every later timed-out wait of this binary reports.
+pub fn note_for_timeouts(note: String) {
+    TIMEOUT_NOTES.lock().unwrap().push(note);
 }
 
 /// Relay logs go to the test's captured output (shown when a test fails); `RUST_LOG` overrides

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// A config for `db` and the binary's broker, with its own replica server id and a temporary
@@ -182,9 +182,6 @@ pub struct RunningRelay {
     run: tokio::task::JoinHandle<anyhow::Result<RunSummary>>,
 }
 
-/// Relays of this test binary that ended on their own, with how.
-static ENDED_EARLY: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
 impl RunningRelay {
     /// Starts the relay with its sled store in `config.relay.checkpoint_dir`.
     pub async fn start(config: &Config) -> Self {
@@ -205,10 +202,9 @@ impl RunningRelay {
                     Ok(_) => "without an error".to_string(),
                     Err(e) => format!("{e:#}"),
                 };
-                ENDED_EARLY
-                    .lock()
-                    .unwrap()
-                    .push(format!("relay {name} ended before it was stopped: {how}"));
+                super::note_for_timeouts(format!(
+                    "relay {name} ended before it was stopped: {how}"
+                ));
             }
             result
         });
@@ -222,26 +218,13 @@ impl RunningRelay {
     }
 }
 
-/// Polls `check` every 100 ms until it returns true; panics with `what` after `timeout`.
-pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F)
+/// [`super::wait_until_every`] polling every 100 ms: for checks that query the database.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}{}",
-            ENDED_EARLY
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|e| format!("\n{e}"))
-                .collect::<String>()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    super::wait_until_every(what, timeout, Duration::from_millis(100), check).await
 }
 
 /// Waits (see [`wait_for`]) until exactly `total` rows of the outbox are SENT.

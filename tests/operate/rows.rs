@@ -1,7 +1,7 @@
 //! Outbox rows for the operations tests (tests/operate.rs).
 #![allow(dead_code)]
 
-use super::common::TestDb;
+use crate::common::TestDb;
 use mysql_async::prelude::*;
 use outbox_relay::outbox::TableName;
 

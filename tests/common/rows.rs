@@ -1,5 +1,6 @@
-//! Fixtures for the bad-input campaign: raw inserts that bypass the producer API, a row's state by
-//! primary key, waiting for rows to settle, and what reached a topic.
+//! Rows as the table holds them, for the bad-input campaign, the marker and row-image tests: raw
+//! inserts that bypass the producer API, a row's state by primary key, waiting for rows to
+//! settle, and what reached a topic.
 
 use crate::common::relay::{current_position, seed_checkpoint};
 use crate::common::rocketmq::rocketmq;
@@ -16,7 +17,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-#[allow(unused_imports)] // each test binary that includes this module uses some of them
 pub use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENT};
 
 /// One outbox row as the relay left it.
