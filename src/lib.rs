@@ -69,6 +69,10 @@ pub mod send;
 #[cfg(feature = "relay")]
 pub mod sweep;
 
+// Fixtures for tests of the pipeline: a broker in memory, sample events (feature `test-utils`).
+#[cfg(all(feature = "relay", any(test, feature = "test-utils")))]
+pub mod test_utils;
+
 #[cfg(feature = "config")]
 pub use config::Config;
 pub use producer::{EnqueueError, EventId, NewEvent, Outbox, Payload};

@@ -33,6 +33,7 @@ mod fault_hooks;
 mod image;
 mod leader;
 mod marker;
+mod memory_broker;
 mod message_ids;
 mod metrics;
 mod migrate;

@@ -10,19 +10,9 @@ use outbox_relay::devenv::rocketmq::apache::printed_message_ids;
 use outbox_relay::devenv::TopicReader;
 use outbox_relay::outbox::OutboundMessage;
 use outbox_relay::send::{RocketMqSink, Sink};
+use outbox_relay::test_utils::sample_message;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
-
-fn message(topic: &str, i: usize) -> OutboundMessage {
-    OutboundMessage {
-        event_id: format!("ev-{i}"),
-        biz_key: format!("key-{}", i % 3),
-        topic: topic.to_string(),
-        tags: Some("created".into()),
-        headers: vec![("h".into(), "v".into())],
-        payload: format!("{{\"i\":{i}}}"),
-    }
-}
 
 #[tokio::test]
 async fn every_id_a_send_returns_is_the_id_the_broker_stored_batches_included() {
@@ -40,7 +30,9 @@ async fn every_id_a_send_returns_is_the_id_the_broker_stored_batches_included() 
     let mut returned: HashMap<String, String> = HashMap::new();
     let mut next = 0;
     for (size, queue) in [(1, 0), (2, 1), (16, 1), (64, 0 % queues)] {
-        let batch: Vec<OutboundMessage> = (next..next + size).map(|i| message(&topic, i)).collect();
+        let batch: Vec<OutboundMessage> = (next..next + size)
+            .map(|i| sample_message(&topic, i))
+            .collect();
         next += size;
         let refs: Vec<&OutboundMessage> = batch.iter().collect();
         let ids = sink.send(&topic, queue, &refs).await.expect("SEND_OK");

@@ -34,9 +34,9 @@ impl PartialEq for OutboxRow {
     }
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "test-utils"))]
 impl OutboxRow {
-    /// A small event row `id` of table `outbox_event` (key `k`, topic `t`) for unit tests.
+    /// A small event row `id` of table `outbox_event` (key `k`, topic `t`), for tests.
     pub fn sample(id: u64) -> OutboxRow {
         OutboxRow {
             table: Arc::new(TableName::parse("outbox_event").expect("a valid name")),

@@ -8,52 +8,13 @@ use super::dispatch::{self, Outputs};
 use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, TxEnd};
 use crate::checkpoint::{Acknowledgements, CheckpointStore, MemoryStore};
 use crate::event::OutboxRow;
-use crate::outbox::OutboundMessage;
 use crate::retry::RetryPolicy;
-use crate::send::{SendError, SendOutcome, Shards, Sink};
+use crate::send::{SendOutcome, Shards};
+use crate::test_utils::MemoryBroker;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-
-/// A broker in memory: four queues per topic; the first `refuse` sends fail as retryable (a
-/// broker restarting), later ones are stored in their queue's order.
-#[derive(Default)]
-struct MemoryBroker {
-    refuse: AtomicU32,
-    /// (topic, queue) → the event ids stored, in order.
-    queues: Mutex<BTreeMap<(String, usize), Vec<String>>>,
-}
-
-impl Sink for MemoryBroker {
-    async fn queue_count(&self, _topic: &str) -> Result<usize, SendError> {
-        Ok(4)
-    }
-
-    async fn send(
-        &self,
-        topic: &str,
-        queue_index: usize,
-        messages: &[&OutboundMessage],
-    ) -> Result<Vec<String>, SendError> {
-        let refuse = |left: u32| left.checked_sub(1);
-        if self
-            .refuse
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, refuse)
-            .is_ok()
-        {
-            return Err(SendError::Retryable("broker restarting".into()));
-        }
-        let mut queues = self.queues.lock().unwrap();
-        let stored = queues.entry((topic.to_string(), queue_index)).or_default();
-        stored.extend(messages.iter().map(|m| m.event_id.clone()));
-        Ok(messages
-            .iter()
-            .map(|m| format!("msg-{}", m.event_id))
-            .collect())
-    }
-}
 
 fn event(id: u64, key: &str) -> BinlogItem {
     let mut row = OutboxRow::sample(id);
@@ -75,10 +36,7 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
     let started = Instant::now();
     const TRANSACTIONS: u64 = 200;
     const KEYS: u64 = 7;
-    let broker = Arc::new(MemoryBroker {
-        refuse: AtomicU32::new(3),
-        ..MemoryBroker::default()
-    });
+    let broker = Arc::new(MemoryBroker::new(4).refusing_first(3));
     let acks = Acknowledgements::new(BinlogPosition::default());
     let store = MemoryStore::default();
     let (completions_tx, mut completions) = mpsc::channel(64);
@@ -142,18 +100,17 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
     assert_eq!(acks.in_flight(), 0);
 
     // What the broker stored: each event once; each key on one queue, in commit order.
-    let queues = broker.queues.lock().unwrap();
-    let stored: usize = queues.values().map(Vec::len).sum();
-    assert_eq!(stored, events, "each event stored once");
+    let queues = broker.stored();
+    assert_eq!(broker.stored_count(), events, "each event stored once");
     let id_of = |event_id: &str| event_id[1..].parse::<u64>().unwrap();
     let key_of = |id: u64| {
         let t = id / 2;
         [t % KEYS, (t + 1) % KEYS][(id % 2) as usize]
     };
     let mut queue_of_key = BTreeMap::new();
-    for ((_, queue), ids) in queues.iter() {
+    for ((_, queue), stored) in queues.iter() {
         let mut last_of_key = BTreeMap::new();
-        for id in ids.iter().map(|e| id_of(e)) {
+        for id in stored.iter().map(|s| id_of(&s.message.event_id)) {
             let key = key_of(id);
             assert_eq!(
                 *queue_of_key.entry(key).or_insert(*queue),

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+#[allow(unused_imports)] // the soak binary includes tests/common too, and uses none of them
 pub use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENT};
 
 /// One outbox row as the relay left it.
