@@ -33,10 +33,13 @@ pub fn relay_config(db: &TestDb) -> (Config, tempfile::TempDir) {
 /// Source of the replica server ids of this test binary (and of `relay.name`s).
 static NEXT_SERVER_ID: AtomicU32 = AtomicU32::new(1000);
 
-/// A replica `server_id` no other relay of this test binary is given (of the last ten): two
-/// binlog dumps with one id make the server drop one of them, over and over.
+/// A replica `server_id` no other relay of this test binary is given (of the last thousand: the
+/// suite's tests run side by side, and some start several relays): two binlog dumps with one id
+/// make the server drop one of them, over and over.
 pub fn next_server_id() -> u32 {
-    100_000 + std::process::id() % 10_000 * 10 + NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed) % 10
+    100_000
+        + std::process::id() % 4_000 * 1_000
+        + NEXT_SERVER_ID.fetch_add(1, Ordering::Relaxed) % 1_000
 }
 
 pub fn relay_config_on(db: &TestDb, namesrv: &str) -> (Config, tempfile::TempDir) {
