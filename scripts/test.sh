@@ -21,10 +21,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FEATURES=(--features failpoints)
-# Four tests at a time (libtest's default is one per core): most of them wait on servers, and
-# with two at a time the tests' own processes used about a third of the two cores (top, during
-# the MySQL phase). RUST_TEST_THREADS overrides.
-export RUST_TEST_THREADS="${RUST_TEST_THREADS:-4}"
 say() { printf '[test] %s\n' "$*" >&2; }
 FIRST_DB="${OUTBOX_TEST_DB:-mariadb}"
 
