@@ -248,12 +248,15 @@ pub async fn audit(
     }
 
     let relay_resends = copies.len().saturating_sub(processed.len());
-    // Faults cost some resends (a timed-out send may have been stored); a sweeper racing the
-    // stream for the rows it holds costs most of the run (60-76 % before the sweep gate counted
-    // from the oldest unfinished transaction; 1-2 % since).
-    if relay_resends * 10 > events.len() {
+    // Faults cost some resends: a timed-out send may have been stored, and each change of
+    // leader replays what was acknowledged after the last mirrored checkpoint (mirrored every
+    // 2 s: up to ~400 events at 200/s; the short form's schedule changes leader up to 4 times,
+    // and two runs of it resent 9.9 % and 11.3 %). A sweeper racing the stream for the rows it holds costs
+    // most of the run (60-76 % before the sweep gate counted from the oldest unfinished
+    // transaction).
+    if relay_resends * 4 > events.len() {
         fail(format!(
-            "{relay_resends} relay resends for {} events (over 10 %): the sweepers raced the stream",
+            "{relay_resends} relay resends for {} events (over 25 %): the sweepers raced the stream",
             events.len()
         ));
     }
