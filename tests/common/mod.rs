@@ -28,7 +28,7 @@ pub fn database() -> &'static Database {
         if let Some(shared) = outbox_relay::devenv::shared::database() {
             return shared;
         }
-        start_database("shared")
+        own_database("shared")
     })
 }
 
@@ -36,10 +36,6 @@ pub fn database() -> &'static Database {
 /// dropped), for a test that changes what every client of a server sees: the tests running
 /// beside it on [`database`] would see that change too.
 pub fn own_database(label: &str) -> Database {
-    start_database(label)
-}
-
-fn start_database(label: &str) -> Database {
     let kind = DatabaseKind::from_env().expect("OUTBOX_TEST_DB");
     let dir = scratch_dir(&format!("{}-{label}", kind.name())).expect("scratch dir");
     Database::start(kind, &dir).unwrap_or_else(|e| {
