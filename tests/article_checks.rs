@@ -15,7 +15,7 @@ use common::relay::{
     wait_until_sent, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
-use common::{wait_until, TestDb};
+use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use outbox_relay::consumer::{IdempotentProcessor, IdempotentPushConsumer, PushConsumerOptions};
@@ -23,6 +23,7 @@ use outbox_relay::devenv::rocketmq::apache::printed_message_ids;
 use outbox_relay::devenv::ClientHost;
 use outbox_relay::outbox::status::codes::{PENDING, SENT};
 use outbox_relay::producer::{NewEvent, Outbox};
+use outbox_relay::test_utils::wait_notified;
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -144,8 +145,14 @@ async fn a_sent_row_put_back_to_pending_is_sent_again_and_deduplicated_by_the_co
     wait_until_sent(&db, 1, Duration::from_secs(60)).await;
 
     let ledger = Arc::new(Ledger::new("article"));
+    // Each delivery is announced after it is counted: the waits below are woken, not polled.
+    let (announce, delivered) = tokio::sync::watch::channel(0_usize);
     let processor = Arc::new(
-        IdempotentProcessor::new(db.pool.clone(), "article", Arc::clone(&ledger)).unwrap(),
+        IdempotentProcessor::new(db.pool.clone(), "article", Arc::clone(&ledger))
+            .unwrap()
+            .with_observer(Arc::new(move |_: &_, _: &_| {
+                announce.send_modify(|count| *count += 1)
+            })),
     );
     let mut options = PushConsumerOptions::new(rocketmq().namesrv_addr(), &topic);
     options.suspend_millis = 100;
@@ -153,9 +160,12 @@ async fn a_sent_row_put_back_to_pending_is_sent_again_and_deduplicated_by_the_co
     let consumer = IdempotentPushConsumer::start(host, options, Arc::clone(&processor))
         .await
         .unwrap();
-    wait_until("the first delivery", Duration::from_secs(60), || async {
-        ledger.calls() == 1
-    })
+    wait_notified(
+        "the first delivery",
+        Duration::from_secs(60),
+        delivered.clone(),
+        |_| ledger.calls() == 1,
+    )
     .await;
 
     // The article's step: an operator puts the SENT row back to PENDING; the sweeper sends it.
@@ -171,10 +181,11 @@ async fn a_sent_row_put_back_to_pending_is_sent_again_and_deduplicated_by_the_co
     relay.stop().await;
     assert_eq!(messages_with_key(&topic, &event_id), 2, "published twice");
     let counts = || processor.metrics().counts(processor.group(), &topic);
-    wait_until(
+    wait_notified(
         "the duplicate to be answered",
         Duration::from_secs(60),
-        || async { counts().dedup_hits >= 1 },
+        delivered,
+        |_| counts().dedup_hits >= 1,
     )
     .await;
     let business_rows: u64 = db

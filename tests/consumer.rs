@@ -8,16 +8,18 @@ use crate::common;
 
 use common::ledger::{ledger_db, wait_for_lock_wait, Failure, Ledger};
 use common::rocketmq::{new_topic, rocketmq, ContractMessage, TestProducer};
-use common::{wait_until, TestDb};
+use common::TestDb;
 use mysql_async::prelude::*;
 use outbox_relay::consumer::{
     ConsumeCounts, ConsumedEvent, Disposition, IdempotentProcessor, IdempotentPushConsumer,
     ListenerMode, PushConsumerOptions,
 };
 use outbox_relay::devenv::ClientHost;
+use outbox_relay::test_utils::wait_notified;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// One delivery as the observer saw it.
 type Delivery = (ConsumedEvent, Disposition);
@@ -28,6 +30,8 @@ struct Consumer {
     processor: Arc<IdempotentProcessor<Arc<Ledger>>>,
     ledger: Arc<Ledger>,
     deliveries: Arc<Mutex<Vec<Delivery>>>,
+    /// How many deliveries the observer saw, announced after each one (after its counts).
+    delivered: watch::Receiver<usize>,
     topic: String,
 }
 
@@ -42,11 +46,13 @@ impl Consumer {
         let ledger = Arc::new(ledger);
         let deliveries = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&deliveries);
+        let (announce, delivered) = watch::channel(0);
         let processor = IdempotentProcessor::new(db.pool.clone(), group, Arc::clone(&ledger))
             .expect("processor")
             .with_observer(Arc::new(
                 move |event: &ConsumedEvent, outcome: &Disposition| {
                     log.lock().unwrap().push((event.clone(), outcome.clone()));
+                    announce.send_modify(|count| *count += 1);
                 },
             ));
         let processor = Arc::new(processor);
@@ -62,6 +68,7 @@ impl Consumer {
             processor,
             ledger,
             deliveries,
+            delivered,
             topic: topic.to_string(),
         }
     }
@@ -72,12 +79,41 @@ impl Consumer {
             .counts(self.processor.group(), &self.topic)
     }
 
+    /// Waits until `done` holds for the counts, woken by each delivery (the processor counts a
+    /// delivery before it calls the observer).
     async fn wait_for(&self, what: &str, timeout: Duration, done: impl Fn(ConsumeCounts) -> bool) {
-        wait_until(what, timeout, || async { done(self.counts()) }).await;
+        wait_notified(what, timeout, self.delivered.clone(), |_| {
+            done(self.counts())
+        })
+        .await;
     }
 
     fn deliveries(&self) -> Vec<Delivery> {
         self.deliveries.lock().unwrap().clone()
+    }
+}
+
+/// Waits until `done` holds, woken by a change announced on either receiver (two consumers'
+/// deliveries, two gates); panics naming `what` after `timeout`.
+async fn wait_for_either<A, B>(
+    what: &str,
+    timeout: Duration,
+    (mut a, mut b): (watch::Receiver<A>, watch::Receiver<B>),
+    done: impl Fn() -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        // Seen before checking, so a change after the check wakes the select below.
+        a.borrow_and_update();
+        b.borrow_and_update();
+        if done() {
+            return;
+        }
+        tokio::select! {
+            Ok(()) = a.changed() => {}
+            Ok(()) = b.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => panic!("timed out after {timeout:?} waiting for {what}"),
+        }
     }
 }
 
@@ -358,10 +394,11 @@ async fn two_consumers_handling_one_event_concurrently_produce_one_effect() {
     }
     // An attempt holds its uncommitted mark inside the handler; wait until another attempt is
     // blocked on the same key, then let the first commit.
-    wait_until(
+    wait_for_either(
         "one attempt inside the handler",
         Duration::from_secs(60),
-        || async { first.ledger.gate().is_holding() || second.ledger.gate().is_holding() },
+        (first.ledger.gate().held(), second.ledger.gate().held()),
+        || first.ledger.gate().is_holding() || second.ledger.gate().is_holding(),
     )
     .await;
     wait_for_lock_wait(&db, Duration::from_secs(15)).await;
@@ -375,11 +412,16 @@ async fn two_consumers_handling_one_event_concurrently_produce_one_effect() {
         rejected: a.rejected + b.rejected,
         retries: a.retries + b.retries,
     };
-    wait_until("4 deliveries", Duration::from_secs(60), || async {
-        let sum = total(first.counts(), second.counts());
-        sum.consumed >= 4
-            && sum.consumed == sum.processed + sum.dedup_hits + sum.rejected + sum.retries
-    })
+    wait_for_either(
+        "4 deliveries",
+        Duration::from_secs(60),
+        (first.delivered.clone(), second.delivered.clone()),
+        || {
+            let sum = total(first.counts(), second.counts());
+            sum.consumed >= 4
+                && sum.consumed == sum.processed + sum.dedup_hits + sum.rejected + sum.retries
+        },
+    )
     .await;
     let sum = total(first.counts(), second.counts());
     println!(

@@ -4,13 +4,14 @@
 use crate::common;
 
 use common::ledger::{ledger_db, wait_for_lock_wait, Failure, Ledger};
-use common::{wait_until, TestDb};
+use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use outbox_relay::consumer::{
     ConsumedEvent, ConsumerMetrics, DedupStatus, Disposition, IdempotentProcessor, StateGuard,
     StateMachine, Transition, VersionCheck, VersionGuard,
 };
+use outbox_relay::test_utils::wait_notified;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,10 +115,11 @@ async fn concurrent_attempts_serialise_on_the_dedup_key() {
         let (one, event) = (Arc::clone(&one), event.clone());
         async move { one.process(&event).await }
     });
-    wait_until(
+    wait_notified(
         "the first attempt inside its handler",
         Duration::from_secs(10),
-        || async { holder.gate().is_holding() },
+        holder.gate().held(),
+        |held| *held,
     )
     .await;
     let second = tokio::spawn({

@@ -8,7 +8,6 @@ use super::history::{self, CheckpointHistory};
 use crate::binlog::BinlogPosition;
 use mysql_async::prelude::*;
 use std::path::Path;
-use std::sync::Mutex;
 
 /// A checkpoint store failed; the relay stops rather than run without durable progress.
 #[derive(Debug, thiserror::Error)]
@@ -137,19 +136,34 @@ fn is_locked(error: &std::io::Error) -> bool {
         || error.to_string().contains("could not acquire lock")
 }
 
-/// An in-memory store, for tests of pure pipeline logic.
-#[derive(Default)]
+/// An in-memory store, for tests of pure pipeline logic. It tells waiting tests about each save
+/// ([`MemoryStore::saves`]), so a test waits for the checkpoint it expects instead of polling.
 pub struct MemoryStore {
-    position: Mutex<Option<BinlogPosition>>,
+    position: tokio::sync::watch::Sender<Option<BinlogPosition>>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            position: tokio::sync::watch::Sender::new(None),
+        }
+    }
+}
+
+impl MemoryStore {
+    /// The saved position, woken at every save (see `test_utils::wait_notified`).
+    pub fn saves(&self) -> tokio::sync::watch::Receiver<Option<BinlogPosition>> {
+        self.position.subscribe()
+    }
 }
 
 impl CheckpointStore for MemoryStore {
     fn load(&self) -> Result<Option<BinlogPosition>, StoreError> {
-        Ok(self.position.lock().expect("not poisoned").clone())
+        Ok(self.position.borrow().clone())
     }
 
     fn save(&self, position: &BinlogPosition) -> Result<(), StoreError> {
-        *self.position.lock().expect("not poisoned") = Some(position.clone());
+        self.position.send_replace(Some(position.clone()));
         Ok(())
     }
 }

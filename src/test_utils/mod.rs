@@ -8,8 +8,11 @@
 use crate::outbox::OutboundMessage;
 use crate::send::{SendError, Sink};
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::watch;
 
 /// A message as [`MemoryBroker`] stored it.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +32,8 @@ pub struct MemoryBroker {
     refuse: AtomicU32,
     /// (topic, queue) → what was stored there, in order.
     queues: Mutex<BTreeMap<(String, usize), Vec<StoredMessage>>>,
+    /// How many messages are stored in all, announced at every store.
+    stored_total: watch::Sender<usize>,
 }
 
 impl MemoryBroker {
@@ -38,6 +43,7 @@ impl MemoryBroker {
             queues_per_topic,
             refuse: AtomicU32::new(0),
             queues: Mutex::default(),
+            stored_total: watch::Sender::new(0),
         }
     }
 
@@ -54,12 +60,12 @@ impl MemoryBroker {
 
     /// How many messages are stored in all.
     pub fn stored_count(&self) -> usize {
-        self.queues
-            .lock()
-            .expect("not poisoned")
-            .values()
-            .map(Vec::len)
-            .sum()
+        *self.stored_total.borrow()
+    }
+
+    /// How many messages are stored in all, woken at every store (see [`wait_notified`]).
+    pub fn stores(&self) -> watch::Receiver<usize> {
+        self.stored_total.subscribe()
     }
 }
 
@@ -95,6 +101,8 @@ impl Sink for MemoryBroker {
                 msg_id
             })
             .collect();
+        self.stored_total
+            .send_modify(|total| *total += messages.len());
         Ok(ids)
     }
 }
@@ -109,5 +117,28 @@ pub fn sample_message(topic: &str, i: usize) -> OutboundMessage {
         tags: Some("created".into()),
         headers: vec![("h".into(), "v".into())],
         payload: format!("{{\"i\":{i}}}"),
+    }
+}
+
+/// Waits until `ready` holds for the value `changes` carries, woken by each change rather than
+/// polling; panics naming `what`, with the last value, after `timeout`. For state the code under
+/// test announces ([`MemoryBroker::stores`], `checkpoint::MemoryStore::saves`, a test's own
+/// observer); state held by a server or another process is polled.
+pub async fn wait_notified<T: Debug>(
+    what: &str,
+    timeout: Duration,
+    mut changes: watch::Receiver<T>,
+    mut ready: impl FnMut(&T) -> bool,
+) {
+    let waited = tokio::time::timeout(timeout, changes.wait_for(|value| ready(value)))
+        .await
+        .map(|seen| seen.map(drop));
+    match waited {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => panic!("{what}: nothing announces changes any more (its owner ended)"),
+        Err(_) => panic!(
+            "timed out after {timeout:?} waiting for {what}; last value: {:?}",
+            *changes.borrow()
+        ),
     }
 }

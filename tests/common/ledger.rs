@@ -7,7 +7,7 @@ use mysql_async::prelude::*;
 use mysql_async::Transaction;
 use outbox_relay::consumer::{ConsumedEvent, Handler, Outcome};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use tokio::sync::watch;
 
@@ -48,21 +48,27 @@ pub enum Failure {
 /// Holds the first attempt that reaches it until [`Gate::open`].
 #[derive(Debug)]
 pub struct Gate {
-    taken: AtomicBool,
+    /// True once an attempt is held (or was), announced to [`Gate::held`]'s receivers.
+    taken: watch::Sender<bool>,
     open: watch::Sender<bool>,
 }
 
 impl Gate {
     pub fn new() -> Self {
         Self {
-            taken: AtomicBool::new(false),
-            open: watch::channel(false).0,
+            taken: watch::Sender::new(false),
+            open: watch::Sender::new(false),
         }
     }
 
     /// True once an attempt is held (or was).
     pub fn is_holding(&self) -> bool {
-        self.taken.load(Ordering::SeqCst)
+        *self.taken.borrow()
+    }
+
+    /// [`Gate::is_holding`], woken when an attempt arrives (see `test_utils::wait_notified`).
+    pub fn held(&self) -> watch::Receiver<bool> {
+        self.taken.subscribe()
     }
 
     pub fn open(&self) {
@@ -70,7 +76,7 @@ impl Gate {
     }
 
     async fn pass(&self) {
-        if self.taken.swap(true, Ordering::SeqCst) {
+        if self.taken.send_replace(true) {
             return;
         }
         let mut open = self.open.subscribe();
