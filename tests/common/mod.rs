@@ -146,16 +146,15 @@ pub async fn wait_until_every<F, Fut>(
 {
     let deadline = std::time::Instant::now() + timeout;
     while !condition().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}{}",
-            TIMEOUT_NOTES
-                .lock()
-                .unwrap()
+        if std::time::Instant::now() >= deadline {
+            // Read before panicking (a panic holding the lock would poison it for every later
+            // test of the binary).
+            let notes: String = timeout_notes()
                 .iter()
-                .map(|note| format!("\n{note}"))
-                .collect::<String>()
-        );
+                .map(|note| format!("\n(in this test binary) {note}"))
+                .collect();
+            panic!("timed out after {timeout:?} waiting for {what}{notes}");
+        }
         tokio::time::sleep(period).await;
     }
 }
@@ -165,7 +164,14 @@ static TIMEOUT_NOTES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec:
 
 /// Adds `note` to what every later timed-out wait of this binary reports.
 pub fn note_for_timeouts(note: String) {
-    TIMEOUT_NOTES.lock().unwrap().push(note);
+    timeout_notes().push(note);
+}
+
+/// The notes; a test that panicked elsewhere does not take them from the others.
+fn timeout_notes() -> std::sync::MutexGuard<'static, Vec<String>> {
+    TIMEOUT_NOTES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Relay logs go to the test's captured output (shown when a test fails); `RUST_LOG` overrides
