@@ -35,12 +35,9 @@ if [ $# -eq 0 ]; then
   fi
 fi
 # rocketmq-rust is needed only by the last phase, and its first build takes most of an hour on
-# two cores: it builds at the lowest CPU priority (in a session of its own, stopped when this
-# script ends) while the other phases run. Seconds once cached. `nice` alone does not make it
-# the lowest: with the kernel's autogroups (Debian's default) each session shares the CPU
-# equally with every other, whatever its processes' nice values, so the build took half the
-# machine from this script's own builds (a cold release build took 32 minutes instead of about
-# 13). Setting the session's autogroup nice leaves it only the CPU the tests leave idle.
+# two cores: it builds at the lowest CPU priority (`setup.sh --rust-broker-idle`: in a session
+# of its own, stopped when this script ends) while the other phases run. Seconds once cached;
+# if .ci/run started one already, this one waits for it.
 RUST_BROKER_BUILD=""
 RUST_BROKER_LOG="${TMPDIR:-/tmp}/outbox-relay-rust-broker-setup.log"
 stop_rust_broker_build() {
@@ -50,8 +47,7 @@ stop_rust_broker_build() {
   fi
 }
 if [ $# -eq 0 ]; then
-  setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec nice -n 19 scripts/setup.sh --only-rust-broker' \
-    >"$RUST_BROKER_LOG" 2>&1 &
+  scripts/setup.sh --rust-broker-idle >"$RUST_BROKER_LOG" 2>&1 &
   RUST_BROKER_BUILD=$!
   say "rocketmq-rust: installing in the background (log: $RUST_BROKER_LOG)"
 fi
