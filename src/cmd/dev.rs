@@ -132,7 +132,12 @@ async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
     ))?;
 
     eprintln!("[2/6] starting RocketMQ namesrv + broker ...");
-    let rocketmq = RocketMq::start(&dir.join("rocketmq")).context("RocketMQ did not start")?;
+    let options = RocketMqOptions {
+        keep_store: true,
+        ..RocketMqOptions::default()
+    };
+    let rocketmq =
+        RocketMq::start_with(&dir.join("rocketmq"), options).context("RocketMQ did not start")?;
 
     let config_path = dir.join("outbox-relay.toml");
     eprintln!("[3/6] writing {}", config_path.display());

@@ -10,8 +10,10 @@
 //!   No fixed sleeps.
 //! - Each server has its own ports, home and store under the caller's root directory, so
 //!   instances never share state.
-//! - Dropping a [`RocketMq`] stops its brokers, then its name server; all also die with this
-//!   process (see [`super::process`]). A cluster [attached](RocketMq::attach) to is never stopped.
+//! - Dropping a [`RocketMq`] kills its brokers, then its name server (a test's cluster is thrown
+//!   away with its scratch directory; a graceful stop costs an Apache broker ~14 s), or stops
+//!   them gracefully with [`RocketMqOptions::keep_store`]; all also die with this process (see
+//!   [`super::process`]). A cluster [attached](RocketMq::attach) to is never stopped.
 //!
 //! [`ClientHost`] is the private client runtime the harness uses for its probes; tests can use it
 //! too, to get an `Arc<ClientRuntime>` that works from plain or async code alike.
@@ -98,6 +100,10 @@ pub struct RocketMqOptions {
     /// certificate for `127.0.0.1` from a CA of the cluster's own ([`RocketMq::tls_ca`]); the
     /// harness's clients trust it (Apache only; needs the `openssl` command).
     pub tls: bool,
+    /// The store is used again by a later start (`outbox-relay dev up`): dropping the handle
+    /// stops the servers gracefully. Otherwise (the default) it kills them: the store goes with
+    /// its scratch directory.
+    pub keep_store: bool,
 }
 
 impl Default for RocketMqOptions {
@@ -109,6 +115,7 @@ impl Default for RocketMqOptions {
             sync_slaves: false,
             acl: None,
             tls: false,
+            keep_store: false,
         }
     }
 }
@@ -246,8 +253,12 @@ impl RocketMq {
                 });
             }
         }
+        // Every broker's JVM starts at once; then each is waited for.
         for index in 0..this.brokers.len() {
-            this.start_broker_at(index)?;
+            this.spawn_broker_at(index)?;
+        }
+        for index in 0..this.brokers.len() {
+            this.wait_until_usable(index)?;
         }
         Ok(this)
     }
@@ -391,11 +402,19 @@ impl RocketMq {
     /// (Re)starts broker `index` with the same ports, config and store, and returns once it is
     /// usable (see the module docs). Does nothing if it is running.
     pub fn start_broker_at(&mut self, index: usize) -> io::Result<()> {
+        if self.spawn_broker_at(index)? {
+            self.wait_until_usable(index)?;
+        }
+        Ok(())
+    }
+
+    /// Starts broker `index`'s process unless it is running; true if it started one.
+    fn spawn_broker_at(&mut self, index: usize) -> io::Result<bool> {
         let namesrv = self.namesrv_addr();
         let (kind, options, tls) = (self.kind, self.options.clone(), self.tls.clone());
         let node = self.node(index);
         if node.is_running() {
-            return Ok(());
+            return Ok(false);
         }
         let command: Command = match kind {
             BrokerKind::Apache => apache::broker_command(node, &namesrv, &options, tls.as_ref())?,
@@ -404,7 +423,7 @@ impl RocketMq {
         let log = node.dir.join("broker.out");
         let name = format!("rocketmq broker {}-{}", node.group, node.id);
         node.process = Some(ServerProcess::start(&name, command, &log)?);
-        self.wait_until_usable(index)
+        Ok(true)
     }
 
     fn wait_until_usable(&mut self, index: usize) -> io::Result<()> {
@@ -468,11 +487,18 @@ impl RocketMq {
 
 impl Drop for RocketMq {
     fn drop(&mut self) {
+        let keep = self.options.keep_store;
         for index in (0..self.brokers.len()).rev() {
-            self.stop_broker_at(index);
+            match keep {
+                true => self.stop_broker_at(index),
+                false => self.kill_broker_at(index),
+            }
         }
         if let Some(mut namesrv) = self.namesrv.take() {
-            namesrv.stop(Duration::from_secs(10));
+            match keep {
+                true => namesrv.stop(Duration::from_secs(10)),
+                false => namesrv.kill(),
+            }
         }
     }
 }
