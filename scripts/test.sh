@@ -154,8 +154,10 @@ if [ $# -eq 0 ]; then
   say "rocketmq-rust: ready (waited $((SECONDS - waited)) s for its background install): $(tail -n 1 "$RUST_BROKER_LOG")"
   started=$SECONDS
   start_servers rust mariadb
-  cargo test "${FEATURES[@]}" --test suite -- relay:: relay_faults:: relay_resume:: broker:: \
-    message_ids:: bad_input:: bad_input_schema::
+  # Two at a time: at three, rocketmq-rust's lookup of unique keys (mqadmin queryMsgById in
+  # message_ids::) missed ids it had stored, in 2 of 5 runs here, even asked again for 30 s.
+  RUST_TEST_THREADS=2 cargo test "${FEATURES[@]}" --test suite -- relay:: relay_faults:: \
+    relay_resume:: broker:: message_ids:: bad_input:: bad_input_schema::
   stop_servers
   say "rocketmq-rust phase: $((SECONDS - started)) s"
 fi

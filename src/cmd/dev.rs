@@ -73,18 +73,22 @@ pub async fn run(_global: &GlobalArgs, args: DevArgs) -> anyhow::Result<()> {
 async fn servers_cmd(args: ServersArgs) -> anyhow::Result<()> {
     let kind = BrokerKind::from_env()?;
     let db_kind = DatabaseKind::from_env()?;
-    let database = Database::start(
-        db_kind,
-        &scratch_dir(&format!("shared-{}", db_kind.name()))?,
-    )
-    .with_context(|| format!("{} did not start", db_kind.name()))?;
+    let database_dir = scratch_dir(&format!("shared-{}", db_kind.name()))?;
+    let rocketmq_dir = scratch_dir("shared-rocketmq")?;
     let options = RocketMqOptions {
         kind: Some(kind),
         auto_create_topics: false,
         ..RocketMqOptions::default()
     };
-    let rocketmq = RocketMq::start_with(&scratch_dir("shared-rocketmq")?, options)
-        .context("RocketMQ did not start")?;
+    // Side by side: each start mostly waits for its own server (a test phase starts them anew).
+    let (database, rocketmq) = std::thread::scope(|scope| {
+        let rocketmq = scope.spawn(|| RocketMq::start_with(&rocketmq_dir, options));
+        let database = Database::start(db_kind, &database_dir);
+        let rocketmq = rocketmq.join().expect("the RocketMQ start did not panic");
+        (database, rocketmq)
+    });
+    let database = database.with_context(|| format!("{} did not start", db_kind.name()))?;
+    let rocketmq = rocketmq.context("RocketMQ did not start")?;
     let text = format!(
         "{}{}={}\n{}={}\n",
         shared::database_env(&database),
