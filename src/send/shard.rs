@@ -233,7 +233,12 @@ async fn route<S: Sink>(
                 backoff.wait(cancel).await.map_err(|()| Stop::Cancelled)?;
                 continue;
             }
-            Err(SendError::Retryable(reason)) => reason,
+            // No route (its broker gone, the name server unreachable) is a failed attempt like
+            // a refused connection: counted, and the relay unready until a send succeeds.
+            Err(error @ SendError::Retryable(_)) => {
+                count_error(&error);
+                error.reason().to_string()
+            }
         };
         match backoff.failed() {
             Next::Retry { retry, delay } => {
