@@ -17,7 +17,7 @@ const DEFAULT_LOG_FILTER: &str =
 
 /// Worker threads of the relay's runtime unless `TOKIO_WORKER_THREADS` says otherwise: one.
 /// Every stage is I/O-bound (a drain uses about a quarter of a core), and each extra worker
-/// costs a wake-up per hand-off between tasks; see `send::rocketmq::CLIENT_WORKERS` for the
+/// costs a wake-up per hand-off between tasks; see `send::rocketmq::client_host` for the
 /// measurement. Blocking work (sled's fsync) runs on the blocking pool, never on the worker.
 const WORKER_THREADS: usize = 1;
 

@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use rocketmq_client_rust::{ClientRuntime, ClientRuntimeConfig, TelemetryHandle};
-use rocketmq_runtime::{RuntimeConfig, RuntimeOwner, TaskKind};
+use rocketmq_runtime::{RuntimeConfig, RuntimeContext, RuntimeOwner, TaskKind};
 
 /// A private RocketMQ client runtime: its own Tokio runtime (`RuntimeOwner`) and a
 /// `ClientRuntime` on it.
@@ -24,6 +24,8 @@ pub struct ClientHost {
     owner: Option<RuntimeOwner>,
     client_runtime: Arc<ClientRuntime>,
     handle: tokio::runtime::Handle,
+    /// Set when the client runs on the caller's runtime ([`ClientHost::on_current_runtime`]).
+    borrowed: Option<RuntimeContext>,
 }
 
 impl ClientHost {
@@ -68,6 +70,32 @@ impl ClientHost {
             owner: Some(owner),
             client_runtime,
             handle,
+            borrowed: None,
+        })
+    }
+
+    /// A client on the caller's own Tokio runtime: no thread of its own, so a send and its
+    /// answer never cross between two runtimes' workers (each crossing is a thread wake-up).
+    /// Must be called from inside a runtime. Dropping it does not wait for the client to stop:
+    /// call the owner's graceful shutdown first.
+    pub fn on_current_runtime(name: &'static str) -> io::Result<Self> {
+        let context = RuntimeContext::try_from_current(name)
+            .map_err(|e| io::Error::other(format!("no Tokio runtime to run the client on: {e}")))?;
+        let config = ClientRuntimeConfig {
+            shutdown_timeout: Duration::from_secs(5),
+            ..ClientRuntimeConfig::default()
+        };
+        let client_runtime = ClientRuntime::try_new(
+            context.service_context("client"),
+            config,
+            TelemetryHandle::noop(),
+        )
+        .map_err(|e| io::Error::other(format!("cannot create the RocketMQ ClientRuntime: {e}")))?;
+        Ok(Self {
+            owner: None,
+            client_runtime,
+            handle: tokio::runtime::Handle::current(),
+            borrowed: Some(context),
         })
     }
 
@@ -106,11 +134,29 @@ impl ClientHost {
     pub(crate) fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
         drop(self.handle.spawn(future));
     }
+
+    /// Stops the client runtime (up to its 5 s shutdown timeout) and waits for it; then drops
+    /// the host. The graceful end for either kind of host, from any async context.
+    pub async fn shutdown(self) {
+        let client_runtime = Arc::clone(&self.client_runtime);
+        let _ = self
+            .run(async move { client_runtime.shutdown().await })
+            .await;
+        // An owned runtime is shut down by Drop, which blocks: off the async worker.
+        let _ = tokio::task::spawn_blocking(move || drop(self)).await;
+    }
 }
 
 impl Drop for ClientHost {
     fn drop(&mut self) {
         let client_runtime = Arc::clone(&self.client_runtime);
+        if self.borrowed.is_some() {
+            // Blocking here could block the very worker the shutdown needs.
+            self.spawn(async move {
+                let _ = client_runtime.shutdown().await;
+            });
+            return;
+        }
         let _ = self.block_on(async move { client_runtime.shutdown().await });
         if let Some(owner) = self.owner.take() {
             owner.shutdown_background();
@@ -121,5 +167,38 @@ impl Drop for ClientHost {
 impl std::fmt::Debug for ClientHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientHost").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread_name() -> String {
+        std::thread::current()
+            .name()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_host_on_the_callers_runtime_runs_the_client_there() {
+        let caller = tokio::spawn(async { thread_name() }).await.unwrap();
+        let host = ClientHost::on_current_runtime("host-test-shared").unwrap();
+        let ran_on = host.run(async { thread_name() }).await.unwrap();
+        assert_eq!(ran_on, caller, "no thread of its own");
+        tokio::time::timeout(Duration::from_secs(10), host.shutdown())
+            .await
+            .expect("the client runtime stops");
+    }
+
+    #[tokio::test]
+    async fn a_host_of_its_own_runs_the_client_on_its_threads() {
+        let host = ClientHost::with_workers("host-test-owned", 1).unwrap();
+        let ran_on = host.run(async { thread_name() }).await.unwrap();
+        assert!(ran_on.starts_with("host-test-owned"), "{ran_on}");
+        tokio::time::timeout(Duration::from_secs(10), host.shutdown())
+            .await
+            .expect("the client runtime stops");
     }
 }
