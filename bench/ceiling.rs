@@ -26,6 +26,9 @@ pub struct Ceiling {
     pub single_rate: f64,
     pub single_p50_ms: f64,
     pub single_p99_ms: f64,
+    /// This process's CPU per single send (the client's whole cost of one request and its
+    /// answer: what the relay pays per send on top of its own work).
+    pub single_cpu_us: f64,
     pub batch_count: usize,
     /// Batches of 100 (same queue), one batch in flight.
     pub batch_rate: f64,
@@ -112,6 +115,7 @@ pub async fn measure(namesrv: &str, topic: &str, samples: Vec<Sample>, singles: 
             // 1. Synchronous single sends, one at a time.
             let singles = singles.min(samples.len());
             let mut latencies = Vec::with_capacity(singles);
+            let cpu_before = crate::procs::cpu_seconds(std::process::id());
             let began = Instant::now();
             for s in &samples[..singles] {
                 let sent = Instant::now();
@@ -121,6 +125,8 @@ pub async fn measure(namesrv: &str, topic: &str, samples: Vec<Sample>, singles: 
             }
             ceiling.single_count = singles;
             ceiling.single_rate = singles as f64 / began.elapsed().as_secs_f64();
+            ceiling.single_cpu_us =
+                (crate::procs::cpu_seconds(std::process::id()) - cpu_before) * 1e6 / singles as f64;
             latencies.sort_by(f64::total_cmp);
             ceiling.single_p50_ms = latencies[latencies.len() / 2];
             ceiling.single_p99_ms =

@@ -124,8 +124,8 @@ impl Report<'_> {
         let _ = writeln!(s, "| send pattern | msg/s | latency |\n| --- | --- | --- |");
         let _ = writeln!(
             s,
-            "| sync single sends, one at a time ({}) | {:.0} | p50 {:.2} ms, p99 {:.2} ms |",
-            c.single_count, c.single_rate, c.single_p50_ms, c.single_p99_ms
+            "| sync single sends, one at a time ({}) | {:.0} | p50 {:.2} ms, p99 {:.2} ms; client CPU {:.0} µs per send |",
+            c.single_count, c.single_rate, c.single_p50_ms, c.single_p99_ms, c.single_cpu_us
         );
         let _ = writeln!(
             s,
@@ -245,15 +245,22 @@ impl Report<'_> {
         }
         let _ = writeln!(
             s,
-            " events |\n|{}",
-            " --- |".repeat(crate::stages::STEPS.len() + 3)
+            " events | events per send | events per SENT UPDATE |\n|{}",
+            " --- |".repeat(crate::stages::STEPS.len() + 5)
         );
         for (l, split) in &traced {
             let _ = write!(s, "| {} | {} |", l.mode, l.rate);
             for i in 0..crate::stages::STEPS.len() {
                 let _ = write!(s, " {:.2} |", split.step_ms(i, 99.0));
             }
-            let _ = writeln!(s, " {} |", split.events);
+            let per = |n: usize| split.events as f64 / n.max(1) as f64;
+            let _ = writeln!(
+                s,
+                " {} | {:.1} | {:.1} |",
+                split.events,
+                per(split.sends),
+                per(split.marks)
+            );
         }
         for (l, split) in traced
             .iter()

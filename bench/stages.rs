@@ -2,7 +2,7 @@
 //! read, dispatched, sent, SEND_OK and marked, µs since the epoch) joined with the writer's commit
 //! times and the broker's store timestamps (ms), as percentiles of each step.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 use std::path::Path;
 
@@ -26,6 +26,10 @@ pub struct StageSplit {
     /// The mean of each step over the events whose commit → SEND_OK is at or above its p99.
     slowest: [f64; N],
     pub events: usize,
+    /// Send requests (distinct "sent" moments: the events of one batch share theirs).
+    pub sends: usize,
+    /// SENT UPDATEs (distinct "marked" moments).
+    pub marks: usize,
 }
 
 impl StageSplit {
@@ -39,6 +43,7 @@ impl StageSplit {
     ) -> Option<Self> {
         let text = std::fs::read_to_string(path).ok()?;
         let mut rows: Vec<([i64; N], i64)> = Vec::new();
+        let (mut sends, mut marks) = (HashSet::new(), HashSet::new());
         for line in text.lines() {
             let mut fields = line.split(' ');
             let Some(id) = fields.next() else { continue };
@@ -49,6 +54,8 @@ impl StageSplit {
             let [read, dispatched, sent, ack, marked] = moments[..] else {
                 continue;
             };
+            sends.insert(sent);
+            marks.insert(marked);
             // The store timestamp has ms resolution: within the ms of the send, or after.
             let stored = (stored * 1000).clamp(sent, ack.max(sent));
             let all = [commit, read, dispatched, sent, stored, ack, marked];
@@ -81,6 +88,8 @@ impl StageSplit {
             total,
             slowest,
             events: rows.len(),
+            sends: sends.len(),
+            marks: marks.len(),
         })
     }
 
