@@ -80,6 +80,21 @@ enum Running {
     Debezium(DebeziumChild),
 }
 
+/// With `BENCH_TRACES_DIR`, copies a stopped relay's stage trace (and its `BENCH_PERF` profile,
+/// when there is one) there as `NAME.trace` and `NAME.perf.data`, for a closer look at one run:
+/// the scratch directory goes with the bench.
+fn keep_trace(trace: Option<&std::path::Path>, name: &str) {
+    let (Some(trace), Ok(keep)) = (trace, std::env::var("BENCH_TRACES_DIR")) else {
+        return;
+    };
+    let keep = PathBuf::from(keep);
+    let _ = std::fs::create_dir_all(&keep);
+    let _ = std::fs::copy(trace, keep.join(format!("{name}.trace")));
+    if let Some(perf) = trace.parent().map(|d| d.join("perf.data")) {
+        let _ = std::fs::copy(perf, keep.join(format!("{name}.perf.data")));
+    }
+}
+
 impl Running {
     fn pid(&self) -> u32 {
         match self {
@@ -341,7 +356,9 @@ impl Bench {
         let split = before.until(&watched.sample(), secs);
         let rss_mib = procs::peak_rss_mib(running.pid());
         let stopping = Instant::now();
+        let trace = running.stage_trace();
         let checkpoint = running.stop();
+        keep_trace(trace.as_deref(), &format!("drain_{run_label}"));
         let stop_secs = stopping.elapsed().as_secs_f64();
         let stored_after = Self::stored(&reader, stored_before).await;
         reader.close().await;
@@ -409,16 +426,7 @@ impl Bench {
         let rss_mib = procs::peak_rss_mib(running.pid());
         let trace = running.stage_trace();
         running.stop();
-        if let (Some(trace), Ok(keep)) = (&trace, std::env::var("BENCH_TRACES_DIR")) {
-            // For a closer look at one run (the scratch directory goes with the bench).
-            let _ = std::fs::create_dir_all(&keep);
-            let keep = PathBuf::from(keep);
-            let _ = std::fs::copy(trace, keep.join(format!("{topic}.trace")));
-            // The BENCH_PERF profile of this run, when there is one.
-            if let Some(perf) = trace.parent().map(|d| d.join("perf.data")) {
-                let _ = std::fs::copy(perf, keep.join(format!("{topic}.perf.data")));
-            }
-        }
+        keep_trace(trace.as_deref(), &topic);
         reader.close().await;
         let mut reader = self.reader(&topic).await;
         let messages = reader
