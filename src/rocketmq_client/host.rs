@@ -1,8 +1,9 @@
 //! [`ClientHost`]: a RocketMQ client runtime that can be used from any thread or async runtime.
 //!
 //! `rocketmq-client-rust` 1.0 never creates a runtime of its own: every producer and consumer
-//! needs an `Arc<ClientRuntime>`, which needs a `ChildServiceContext` from a
-//! `rocketmq_runtime::RuntimeOwner` (which owns a Tokio runtime). This file bundles the three.
+//! needs an `Arc<ClientRuntime>`, which needs a `ChildServiceContext`, from a
+//! `rocketmq_runtime::RuntimeOwner` (which owns a Tokio runtime) or from a `RuntimeContext`
+//! borrowing the caller's. This file bundles them.
 
 use std::future::Future;
 use std::io;
@@ -12,14 +13,19 @@ use std::time::Duration;
 use rocketmq_client_rust::{ClientRuntime, ClientRuntimeConfig, TelemetryHandle};
 use rocketmq_runtime::{RuntimeConfig, RuntimeContext, RuntimeOwner, TaskKind};
 
-/// A private RocketMQ client runtime: its own Tokio runtime (`RuntimeOwner`) and a
-/// `ClientRuntime` on it.
+/// A RocketMQ client runtime: either a Tokio runtime of its own (`RuntimeOwner`,
+/// [`ClientHost::new`], [`ClientHost::with_workers`]) or the caller's
+/// ([`ClientHost::on_current_runtime`]), and a `ClientRuntime` on it.
 ///
-/// Guarantee: client work runs on this runtime whatever the caller is (plain thread,
+/// Guarantee: client work runs on the host's runtime whatever the caller is (plain thread,
 /// `#[tokio::test]` current-thread runtime, another multi-thread runtime), because
-/// [`ClientHost::run`] and [`ClientHost::block_on`] spawn the future here and only wait for its
-/// output. Dropping the host shuts the client runtime down (up to 5 s) and then the Tokio runtime;
-/// do not drop it from inside a future it runs.
+/// [`ClientHost::run`] and [`ClientHost::block_on`] spawn the future there and only wait for its
+/// output. Dropping a host of its own shuts the client runtime down (up to 5 s) and then the Tokio
+/// runtime; do not drop it from inside a future it runs. A host on the caller's runtime has no
+/// thread of its own: never `block_on` it from that runtime's worker; end it with
+/// [`ClientHost::shutdown`] (its `Drop` only asks the client to stop). It borrows the runtime
+/// through `rocketmq_runtime::RuntimeContext`, which that crate marks `doc(hidden)` ("test and
+/// migration harness"): check it on each upgrade of the client.
 pub struct ClientHost {
     owner: Option<RuntimeOwner>,
     client_runtime: Arc<ClientRuntime>,
