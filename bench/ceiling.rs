@@ -165,6 +165,6 @@ pub async fn measure(namesrv: &str, topic: &str, samples: Vec<Sample>, singles: 
         })
         .await
         .expect("ceiling task");
-    tokio::task::spawn_blocking(move || drop(host)).await.ok();
+    host.shutdown().await;
     result
 }
