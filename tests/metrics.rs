@@ -108,23 +108,29 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
         later > first + 1.0,
         "it keeps growing while the broker is down"
     );
-    // Unready once a send fails: at once when the connection is refused, within the send
-    // timeout when the client still held a connection the stopped broker closed (seen in CI
-    // under load: still ready 3 s after the first write).
+    // Unready once a send or route look-up fails: at once when the connection is refused, but
+    // a send already written to a connection the stopped broker closed may fail only at the
+    // send timeout. CI once found the relay still ready at a single check 3 s after the first
+    // write (not reproduced); the wait allows twice the timeout and the failure shows the log.
     let deadline = std::time::Instant::now() + config.rocketmq.send_timeout * 2;
     let why = loop {
         let (status, why) = get(&addr, "/readyz").unwrap();
         if status == 503 {
             break why;
         }
-        let log = std::fs::read_to_string(&log_file).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(30).collect();
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still ready {:?} after the broker stopped: {why}\nrelay log, newest first:\n{}",
-            config.rocketmq.send_timeout * 2,
-            tail.join("\n")
-        );
+        if std::time::Instant::now() >= deadline {
+            let log = std::fs::read_to_string(&log_file).unwrap_or_default();
+            let tail: Vec<&str> = (log.lines().rev())
+                .filter(|line| !line.contains("stale route snapshot"))
+                .take(30)
+                .collect();
+            panic!(
+                "still ready {:?} after the oldest PENDING row's age was read (broker stopped): \
+                 {why}\nthe relay's log, newest line first:\n{}",
+                config.rocketmq.send_timeout * 2,
+                tail.join("\n")
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(why.contains("\"broker\":false"), "{why}");
