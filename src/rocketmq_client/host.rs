@@ -142,7 +142,8 @@ impl ClientHost {
     }
 
     /// Stops the client runtime (up to its 5 s shutdown timeout) and waits for it; then drops
-    /// the host. The graceful end for either kind of host, from any async context.
+    /// the host, which finds the client stopped and only ends a runtime of its own. The graceful
+    /// end for either kind of host, from any async context.
     pub async fn shutdown(self) {
         let client_runtime = Arc::clone(&self.client_runtime);
         let _ = self
@@ -155,15 +156,18 @@ impl ClientHost {
 
 impl Drop for ClientHost {
     fn drop(&mut self) {
-        let client_runtime = Arc::clone(&self.client_runtime);
-        if self.borrowed.is_some() {
-            // Blocking here could block the very worker the shutdown needs.
-            self.spawn(async move {
-                let _ = client_runtime.shutdown().await;
-            });
-            return;
+        // After [`ClientHost::shutdown`] the client has stopped: only the runtime is left.
+        if !self.client_runtime.is_shutdown() {
+            let client_runtime = Arc::clone(&self.client_runtime);
+            if self.borrowed.is_some() {
+                // Blocking here could block the very worker the shutdown needs.
+                self.spawn(async move {
+                    let _ = client_runtime.shutdown().await;
+                });
+                return;
+            }
+            let _ = self.block_on(async move { client_runtime.shutdown().await });
         }
-        let _ = self.block_on(async move { client_runtime.shutdown().await });
         if let Some(owner) = self.owner.take() {
             owner.shutdown_background();
         }
