@@ -41,9 +41,9 @@ mod stages;
 mod workload;
 
 use ceiling::Sample;
-use outbox_relay::config::Config;
-use outbox_relay::devenv::{scratch_dir, BrokerKind, Database, DatabaseKind, SqlServer};
-use outbox_relay::devenv::{RocketMq, RocketMqOptions};
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::{scratch_dir, BrokerKind, Database, DatabaseKind, SqlServer};
+use rocketmq_outbox::devenv::{RocketMq, RocketMqOptions};
 use procs::Watched;
 use report::{MarkCeiling, Report};
 use runs::{Bench, System};
@@ -355,7 +355,7 @@ async fn versions(database: &Database, rocketmq: &RocketMq, peers: bool) -> Stri
     let broker = match rocketmq.kind() {
         BrokerKind::Apache => format!(
             "Apache RocketMQ {}",
-            outbox_relay::devenv::rocketmq::apache::APACHE_ROCKETMQ_VERSION
+            rocketmq_outbox::devenv::rocketmq::apache::APACHE_ROCKETMQ_VERSION
         ),
         BrokerKind::Rust => "rocketmq-rust".to_string(),
     };

@@ -8,9 +8,9 @@ use crate::procs::{self, Watched};
 use crate::report::{DrainResult, LatencyResult};
 use crate::stages::StageSplit;
 use crate::workload::{self, RelayChild};
-use outbox_relay::binlog::BinlogPosition;
-use outbox_relay::config::{Config, RelayMode};
-use outbox_relay::devenv::{Database, RocketMq, SqlServer, TopicReader};
+use rocketmq_outbox::binlog::BinlogPosition;
+use rocketmq_outbox::config::{Config, RelayMode};
+use rocketmq_outbox::devenv::{Database, RocketMq, SqlServer, TopicReader};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -178,8 +178,8 @@ impl Bench {
         let url = self.database.create_database(name).unwrap();
         let mut config = self.config.clone();
         config.mysql.url = Some(url.clone());
-        let pool = outbox_relay::db::pool(&config).unwrap();
-        outbox_relay::schema::migrate(&mut pool.get_conn().await.unwrap(), &config.outbox_tables())
+        let pool = rocketmq_outbox::db::pool(&config).unwrap();
+        rocketmq_outbox::schema::migrate(&mut pool.get_conn().await.unwrap(), &config.outbox_tables())
             .await
             .unwrap();
         self.rocketmq.create_topic(name, 8).unwrap();
@@ -384,8 +384,8 @@ impl Bench {
     /// The database server's role in the CPU split.
     pub fn database_role(&self) -> &'static str {
         match self.database.kind() {
-            outbox_relay::devenv::DatabaseKind::MariaDb => "mariadbd",
-            outbox_relay::devenv::DatabaseKind::MySql => "mysqld",
+            rocketmq_outbox::devenv::DatabaseKind::MariaDb => "mariadbd",
+            rocketmq_outbox::devenv::DatabaseKind::MySql => "mysqld",
         }
     }
 

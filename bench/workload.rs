@@ -3,11 +3,11 @@
 
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::binlog::BinlogPosition;
-use outbox_relay::checkpoint::{CheckpointStore, SledStore};
-use outbox_relay::config::{Config, RelayMode};
-use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENDING};
-use outbox_relay::producer::{NewEvent, Outbox, Payload};
+use rocketmq_outbox::binlog::BinlogPosition;
+use rocketmq_outbox::checkpoint::{CheckpointStore, SledStore};
+use rocketmq_outbox::config::{Config, RelayMode};
+use rocketmq_outbox::outbox::status::codes::{FAILED, PENDING, SENDING};
+use rocketmq_outbox::producer::{NewEvent, Outbox, Payload};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -204,7 +204,7 @@ pub async fn write_at_rate(
             .collect();
         let ids = outbox.enqueue_batch(&mut tx, events).await.unwrap();
         tx.commit().await.unwrap();
-        let at = outbox_relay::event::now_us() as i64;
+        let at = rocketmq_outbox::event::now_us() as i64;
         n += ids.len();
         committed_at.extend(ids.into_iter().map(|id| (String::from(id), at)));
     }
@@ -261,7 +261,7 @@ impl RelayChild {
             .args(["-c", file.to_str().unwrap(), "--metrics-listen", "", "run"])
             .env("RUST_LOG", "warn")
             .env(
-                outbox_relay::metrics::stages::TRACE_ENV,
+                rocketmq_outbox::metrics::stages::TRACE_ENV,
                 run_dir.join("stages.trace"),
             )
             .stdout(Stdio::null())
@@ -316,7 +316,7 @@ impl RelayChild {
         self.child.id()
     }
 
-    /// The relay's stage trace (see `outbox_relay::metrics::stages`).
+    /// The relay's stage trace (see `rocketmq_outbox::metrics::stages`).
     pub fn stage_trace(&self) -> PathBuf {
         self.run_dir.join("stages.trace")
     }
@@ -352,13 +352,13 @@ impl Drop for RelayChild {
 /// session settings) records every PENDING row of `config`'s outbox SENT, with no stream and no
 /// broker. Returns how many rows it marked.
 pub async fn mark_all_sent(config: &Config) -> u64 {
-    use outbox_relay::checkpoint::Acknowledgements;
-    use outbox_relay::event::Origin;
-    use outbox_relay::mark::{run_marker, MarkerContext};
-    use outbox_relay::outbox::TableName;
-    use outbox_relay::send::{Completion, SendOutcome};
+    use rocketmq_outbox::checkpoint::Acknowledgements;
+    use rocketmq_outbox::event::Origin;
+    use rocketmq_outbox::mark::{run_marker, MarkerContext};
+    use rocketmq_outbox::outbox::TableName;
+    use rocketmq_outbox::send::{Completion, SendOutcome};
     use std::sync::Arc;
-    let pool = outbox_relay::db::writer_pool(config).await.unwrap();
+    let pool = rocketmq_outbox::db::writer_pool(config).await.unwrap();
     let ids: Vec<u64> = pool
         .get_conn()
         .await

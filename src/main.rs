@@ -37,7 +37,7 @@ fn disable_transparent_huge_pages() {
 fn main() -> ExitCode {
     disable_transparent_huge_pages();
     let workers =
-        outbox_relay::config::thread_count_from_env("TOKIO_WORKER_THREADS", WORKER_THREADS);
+        rocketmq_outbox::config::thread_count_from_env("TOKIO_WORKER_THREADS", WORKER_THREADS);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()

@@ -27,15 +27,15 @@ use common::relay::{
 };
 use common::{wait_until, TestDb};
 use mysql_async::prelude::*;
-use outbox_relay::config::{Config, Secret};
-use outbox_relay::consumer::{IdempotentProcessor, IdempotentPushConsumer, PushConsumerOptions};
-use outbox_relay::devenv::rocketmq::apache::printed_message_ids;
-use outbox_relay::devenv::{
+use rocketmq_outbox::config::{Config, Secret};
+use rocketmq_outbox::consumer::{IdempotentProcessor, IdempotentPushConsumer, PushConsumerOptions};
+use rocketmq_outbox::devenv::rocketmq::apache::printed_message_ids;
+use rocketmq_outbox::devenv::{
     scratch_dir, AclAccount, BrokerKind, ClientHost, RocketMq, RocketMqOptions, TopicReader,
 };
-use outbox_relay::outbox::status::codes::SENT;
-use outbox_relay::outbox::OutboundMessage;
-use outbox_relay::send::{RocketMqSink, SendError, Sink};
+use rocketmq_outbox::outbox::status::codes::SENT;
+use rocketmq_outbox::outbox::OutboundMessage;
+use rocketmq_outbox::send::{RocketMqSink, SendError, Sink};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -214,7 +214,7 @@ async fn with_the_right_credentials_every_row_is_sent_and_stored_under_its_msg_i
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0
     );
     let mut reader = signed_reader(&topic).await;
@@ -255,17 +255,17 @@ async fn refused_until_fixed(
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("\"broker_auth\":false"), "{body}");
     assert_eq!(
-        count_status(db, outbox_relay::outbox::Status::Failed).await,
+        count_status(db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
         "nothing FAILED"
     );
     assert_eq!(
-        count_status(db, outbox_relay::outbox::Status::Sent).await,
+        count_status(db, rocketmq_outbox::outbox::Status::Sent).await,
         0,
         "nothing SENT"
     );
-    let waiting = count_status(db, outbox_relay::outbox::Status::Pending).await
-        + count_status(db, outbox_relay::outbox::Status::Sending).await;
+    let waiting = count_status(db, rocketmq_outbox::outbox::Status::Pending).await
+        + count_status(db, rocketmq_outbox::outbox::Status::Sending).await;
     assert_eq!(
         waiting, 6,
         "every row waits (PENDING, or claimed by the sweeper)"
@@ -298,7 +298,7 @@ async fn refused_until_fixed(
     .await;
     relay.stop();
     assert_eq!(
-        count_status(db, outbox_relay::outbox::Status::Failed).await,
+        count_status(db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
         "nothing FAILED"
     );
@@ -449,7 +449,7 @@ async fn rocketmq_tls_delivers_through_a_cluster_that_accepts_tls_only() {
     wait_until_sent(&db, 10, Duration::from_secs(90)).await;
     relay.stop();
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
         "nothing FAILED"
     );

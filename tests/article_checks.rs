@@ -18,12 +18,12 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::consumer::{IdempotentProcessor, IdempotentPushConsumer, PushConsumerOptions};
-use outbox_relay::devenv::rocketmq::apache::printed_message_ids;
-use outbox_relay::devenv::ClientHost;
-use outbox_relay::outbox::status::codes::{PENDING, SENT};
-use outbox_relay::producer::{NewEvent, Outbox};
-use outbox_relay::test_utils::wait_notified;
+use rocketmq_outbox::consumer::{IdempotentProcessor, IdempotentPushConsumer, PushConsumerOptions};
+use rocketmq_outbox::devenv::rocketmq::apache::printed_message_ids;
+use rocketmq_outbox::devenv::ClientHost;
+use rocketmq_outbox::outbox::status::codes::{PENDING, SENT};
+use rocketmq_outbox::producer::{NewEvent, Outbox};
+use rocketmq_outbox::test_utils::wait_notified;
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -78,7 +78,7 @@ async fn a_rolled_back_transaction_publishes_nothing_and_a_stopped_relay_catches
     let rolled_back = one_event(&db, &topic, "rolled-back", false).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Pending).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Pending).await,
         3,
         "PENDING while the relay is stopped"
     );

@@ -14,7 +14,7 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::{TxOpts, Value};
-use outbox_relay::producer::{EnqueueError, NewEvent, Outbox, Payload};
+use rocketmq_outbox::producer::{EnqueueError, NewEvent, Outbox, Payload};
 use rows::{
     assert_failed, assert_sent, enqueue, insert_row, messages_by_event, start_relay_from_now,
     wait_statuses, FAILED, SENT,
@@ -71,7 +71,7 @@ async fn invalid_json_payload_or_headers_fail_with_the_reason_and_later_events_f
                 matches!(
                     e,
                     EnqueueError::Invalid(
-                        outbox_relay::outbox::RuleViolation::InvalidHeader { .. }
+                        rocketmq_outbox::outbox::RuleViolation::InvalidHeader { .. }
                     )
                 )
             },
@@ -202,7 +202,7 @@ async fn empty_overlong_and_illegal_topics_fail_with_the_reason_and_later_events
         assert_refused(&db, &outbox, NewEvent::new(bad, "k", json!({})), |e| {
             matches!(
                 e,
-                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::InvalidTopic { .. })
+                EnqueueError::Invalid(rocketmq_outbox::outbox::RuleViolation::InvalidTopic { .. })
             )
         })
         .await;

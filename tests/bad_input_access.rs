@@ -13,10 +13,10 @@ use common::relay::{relay_config, write_config_file};
 use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::config::Config;
-use outbox_relay::devenv::SqlServer;
-use outbox_relay::pipeline::RunOptions;
-use outbox_relay::relay::RelayHandle;
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::SqlServer;
+use rocketmq_outbox::pipeline::RunOptions;
+use rocketmq_outbox::relay::RelayHandle;
 use rows::{enqueue, start_relay_from_now, wait_statuses, SENT};
 use serde_json::json;
 use std::process::{Command, Output, Stdio};
@@ -126,7 +126,7 @@ async fn start_up_names_each_missing_privilege_and_the_documented_grants_suffice
     let (id, _) = enqueue(
         &db,
         "outbox_event",
-        outbox_relay::producer::NewEvent::new(&topic, "k", json!({"least": true})),
+        rocketmq_outbox::producer::NewEvent::new(&topic, "k", json!({"least": true})),
     )
     .await;
     wait_statuses(&db, "outbox_event", &[(id, SENT)], Duration::from_secs(30)).await;
@@ -268,7 +268,7 @@ async fn the_mysql_password_never_appears_in_output_or_debug_logs() {
             let (id, _) = enqueue(
                 &db,
                 "outbox_event",
-                outbox_relay::producer::NewEvent::new(&topic, "k", json!({"n": 1})),
+                rocketmq_outbox::producer::NewEvent::new(&topic, "k", json!({"n": 1})),
             )
             .await;
             wait_statuses(&db, "outbox_event", &[(id, SENT)], Duration::from_secs(20)).await;
@@ -283,7 +283,7 @@ async fn the_mysql_password_never_appears_in_output_or_debug_logs() {
     assert!(text.contains("DEBUG"), "debug logs were captured: {text}");
 
     // Connection errors: a closed port, a wrong password, a URL that does not parse.
-    let port = outbox_relay::devenv::process::free_port().unwrap();
+    let port = rocketmq_outbox::devenv::process::free_port().unwrap();
     let closed = url.replace(
         &format!(":{}/", common::database().port()),
         &format!(":{port}/"),
@@ -324,7 +324,7 @@ async fn the_mysql_password_never_appears_in_output_or_debug_logs() {
 async fn enqueue_many(db: &TestDb, topic: &str, from: usize, n: usize) -> Vec<(u64, String)> {
     let mut rows = Vec::new();
     for i in from..from + n {
-        let event = outbox_relay::producer::NewEvent::new(topic, format!("k-{i}"), json!({"i": i}));
+        let event = rocketmq_outbox::producer::NewEvent::new(topic, format!("k-{i}"), json!({"i": i}));
         rows.push(enqueue(db, "outbox_event", event).await);
     }
     rows
@@ -380,7 +380,7 @@ async fn a_revoked_update_privilege_stops_the_relay_with_the_grant_to_run_and_lo
         "the message names the fix `{grant}`: {last}"
     );
     assert!(!last.contains(&password), "no password in errors: {last}");
-    let pending = common::relay::count_status(&db, outbox_relay::outbox::Status::Pending).await;
+    let pending = common::relay::count_status(&db, rocketmq_outbox::outbox::Status::Pending).await;
     assert!(pending > 0, "the events after the REVOKE are not marked");
 
     // After the grant, a restart from the checkpoint sends and records everything.

@@ -13,8 +13,8 @@ use common::rocketmq::new_topic;
 use common::{database, TestDb};
 use mysql_async::prelude::*;
 use mysql_async::{TxOpts, Value};
-use outbox_relay::devenv::SqlServer;
-use outbox_relay::producer::{NewEvent, Outbox};
+use rocketmq_outbox::devenv::SqlServer;
+use rocketmq_outbox::producer::{NewEvent, Outbox};
 use rows::{
     assert_sent, enqueue, insert_row, messages_by_event, start_relay_from_now, state,
     wait_statuses, PENDING, SENT,
@@ -251,7 +251,7 @@ async fn an_outbox_row_written_in_statement_format_is_swept_not_lost() {
     let db = TestDb::migrated("bad_stmt").await;
     let topic = new_topic("bad_stmt");
     let (config, _dir) = sweeping_config(&db);
-    let swept_before = outbox_relay::metrics::relay().rows_swept.get();
+    let swept_before = rocketmq_outbox::metrics::relay().rows_swept.get();
     let relay = start_relay_from_now(&db, &config).await;
 
     let (before, _) = enqueue(
@@ -314,7 +314,7 @@ async fn an_outbox_row_written_in_statement_format_is_swept_not_lost() {
     )
     .await;
     assert_sent(&db, "outbox_event", hidden_id).await;
-    let swept = outbox_relay::metrics::relay().rows_swept.get() - swept_before;
+    let swept = rocketmq_outbox::metrics::relay().rows_swept.get() - swept_before;
     assert!(swept >= 1, "the sweeper published the statement-format row");
     let summary = relay.stop().await;
     assert_eq!((summary.marked.failed, summary.unidentifiable), (0, 0));

@@ -12,9 +12,9 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::{database, TestDb};
 use mysql_async::prelude::*;
-use outbox_relay::config::Config;
-use outbox_relay::devenv::{DatabaseKind, TopicReader};
-use outbox_relay::producer::{NewEvent, Outbox};
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::{DatabaseKind, TopicReader};
+use rocketmq_outbox::producer::{NewEvent, Outbox};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::time::Duration;

@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_relay::devenv::rocketmq::ClientHost;
-use outbox_relay::devenv::{ReceivedMessage, RocketMq, TopicReader};
+use rocketmq_outbox::devenv::rocketmq::ClientHost;
+use rocketmq_outbox::devenv::{ReceivedMessage, RocketMq, TopicReader};
 use rocketmq_client_rust::{
     ClientError, DefaultMQProducer, JavaHashCode, MessageQueueSelector, SelectMessageQueueByHash,
     SendResult, SendStatus,
@@ -308,7 +308,7 @@ async fn broker_send_read_stop_restart() {
 /// How each failure the relay must tell apart shows up in `ClientError`.
 #[tokio::test]
 async fn send_errors_are_classifiable() {
-    use outbox_relay::devenv::rocketmq::RocketMqOptions;
+    use rocketmq_outbox::devenv::rocketmq::RocketMqOptions;
     use rocketmq_client_rust::MQClientException;
 
     let root = tempfile::tempdir().expect("tempdir");

@@ -2,7 +2,7 @@
 
 use crate::common;
 
-use outbox_relay::devenv::SqlServer;
+use rocketmq_outbox::devenv::SqlServer;
 use std::io::Write;
 use std::process::{Command, Output};
 
@@ -127,7 +127,7 @@ fn migrate_applies_then_reports_up_to_date() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("applied 0001 0001_outbox_event"), "{text}");
-    let all = outbox_relay::schema::MIGRATIONS.len();
+    let all = rocketmq_outbox::schema::MIGRATIONS.len();
     assert!(text.contains(&format!("{all} applied now")), "{text}");
 
     let out = outbox_relay(&["--mysql-url", &url, "migrate"]);

@@ -10,10 +10,10 @@ use common::relay::{
     wait_until_sent, RunningRelay,
 };
 use common::TestDb;
-use outbox_relay::config::Config;
-use outbox_relay::devenv::{scratch_dir, ReceivedMessage, RocketMq, RocketMqOptions, TopicReader};
-use outbox_relay::outbox::status::codes::{FAILED, SENT};
-use outbox_relay::producer::NewEvent;
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::{scratch_dir, ReceivedMessage, RocketMq, RocketMqOptions, TopicReader};
+use rocketmq_outbox::outbox::status::codes::{FAILED, SENT};
+use rocketmq_outbox::producer::NewEvent;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -148,19 +148,19 @@ async fn a_frozen_broker_of_two_holds_only_its_keys_for_the_policy_time_then_all
     wait_for(
         "broker-a's keys to flow",
         Duration::from_secs(30),
-        || async { count_status(&db, outbox_relay::outbox::Status::Sent).await >= 150 },
+        || async { count_status(&db, rocketmq_outbox::outbox::Status::Sent).await >= 150 },
     )
     .await;
     // Every SEND_OK on broker-a wakes the shards waiting on broker-b; with wake-ups counted as
     // retries they went FAILED within a second. Hold the freeze for 15 s, well within the policy.
     tokio::time::sleep(Duration::from_secs(15).saturating_sub(frozen_at.elapsed())).await;
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
         "nothing FAILED while the outage is shorter than the retry policy"
     );
     assert!(
-        count_status(&db, outbox_relay::outbox::Status::Sent).await < 300,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await < 300,
         "broker-b's keys waited"
     );
     mq.thaw_broker_at(b);
@@ -195,7 +195,7 @@ async fn a_broker_of_two_killed_mid_stream_loses_nothing_and_fails_nothing() {
     mq.kill_broker_at(b);
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
         "nothing FAILED during the outage"
     );
@@ -239,7 +239,7 @@ async fn the_topics_only_broker_down_while_another_is_up_retries_its_events() {
     };
     assert!(failed.is_empty(), "retried, not FAILED: {failed:?}");
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Sent).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await,
         20,
         "nothing SENT while broker-b is down"
     );
@@ -304,7 +304,7 @@ async fn a_sync_master_without_its_slave_is_never_taken_as_sent() {
     write(&db, topic, 10, 10, 5).await;
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Sent).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await,
         10,
         "no SENT on FLUSH_SLAVE_TIMEOUT"
     );
@@ -312,12 +312,12 @@ async fn a_sync_master_without_its_slave_is_never_taken_as_sent() {
     write(&db, topic, 20, 10, 5).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Sent).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await,
         10,
         "no SENT without the slave"
     );
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
         "and nothing FAILED"
     );

@@ -10,12 +10,12 @@ use common::ledger::{ledger_db, wait_for_lock_wait, Failure, Ledger};
 use common::rocketmq::{new_topic, rocketmq, ContractMessage, TestProducer};
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::consumer::{
+use rocketmq_outbox::consumer::{
     ConsumeCounts, ConsumedEvent, Disposition, IdempotentProcessor, IdempotentPushConsumer,
     ListenerMode, PushConsumerOptions,
 };
-use outbox_relay::devenv::ClientHost;
-use outbox_relay::test_utils::wait_notified;
+use rocketmq_outbox::devenv::ClientHost;
+use rocketmq_outbox::test_utils::wait_notified;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

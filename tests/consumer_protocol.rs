@@ -7,11 +7,11 @@ use common::ledger::{ledger_db, wait_for_lock_wait, Failure, Ledger};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::consumer::{
+use rocketmq_outbox::consumer::{
     ConsumedEvent, ConsumerMetrics, DedupStatus, Disposition, IdempotentProcessor, StateGuard,
     StateMachine, Transition, VersionCheck, VersionGuard,
 };
-use outbox_relay::test_utils::wait_notified;
+use rocketmq_outbox::test_utils::wait_notified;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -105,7 +105,7 @@ async fn concurrent_attempts_serialise_on_the_dedup_key() {
     let holder = Arc::new(Ledger::new("one").with_gate());
     let other = Arc::new(Ledger::new("two"));
     // Two instances, each with its own pool, as two consumer processes would have.
-    let second_pool = outbox_relay::db::pool(&db.config).unwrap();
+    let second_pool = rocketmq_outbox::db::pool(&db.config).unwrap();
     let one =
         Arc::new(IdempotentProcessor::new(db.pool.clone(), "race", Arc::clone(&holder)).unwrap());
     let two = Arc::new(IdempotentProcessor::new(second_pool, "race", Arc::clone(&other)).unwrap());

@@ -22,7 +22,7 @@ use common::relay::{
     relay_config, wait_for, wait_until_sent, write_config_file, write_events, RelayProcess,
 };
 use common::rocketmq::new_topic;
-use outbox_relay::consumer::{ConsumedEvent, ConsumerMetrics, Disposition, IdempotentProcessor};
+use rocketmq_outbox::consumer::{ConsumedEvent, ConsumerMetrics, Disposition, IdempotentProcessor};
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -388,7 +388,7 @@ fn exposition_names_include_those_implied_by_type_lines() {
 
 #[test]
 fn a_query_naming_a_metric_that_does_not_exist_is_reported() {
-    let exported = exported_names(&outbox_relay::metrics::relay().render());
+    let exported = exported_names(&rocketmq_outbox::metrics::relay().render());
     let queries = vec![
         Query {
             origin: "real".into(),

@@ -12,8 +12,8 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::config::Config;
-use outbox_relay::devenv::TopicReader;
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::TopicReader;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -95,7 +95,7 @@ async fn killing_the_leader_three_times_loses_nothing() {
         wait_for(
             "events SENT before the next kill",
             Duration::from_secs(120),
-            || async { count_status(&db, outbox_relay::outbox::Status::Sent).await >= threshold },
+            || async { count_status(&db, rocketmq_outbox::outbox::Status::Sent).await >= threshold },
         )
         .await;
         let (current, epoch) = leader(&db, &name).await.unwrap();
@@ -117,12 +117,12 @@ async fn killing_the_leader_three_times_loses_nothing() {
     wait_until_sent(&db, TOTAL as u64, Duration::from_secs(180)).await;
     // Whatever the killed leaders had claimed was recovered within a lease.
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Sending).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sending).await,
         0,
         "no row is left SENDING"
     );
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
         "no row FAILED"
     );
@@ -180,7 +180,7 @@ async fn a_backlog_written_while_every_instance_was_down_is_not_swept_twice() {
     wait_until_sent(&db, TOTAL as u64, Duration::from_secs(180)).await;
     let took = started.elapsed();
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Sending).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sending).await,
         0,
         "no row is left SENDING"
     );

@@ -14,7 +14,7 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::failpoint::{AFTER_CHECKPOINT_SAVE, AFTER_SEND_OK, EXIT_CODE};
+use rocketmq_outbox::failpoint::{AFTER_CHECKPOINT_SAVE, AFTER_SEND_OK, EXIT_CODE};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -111,13 +111,13 @@ async fn crash_at(prefix: &str, failpoints: &str) -> usize {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(status.code(), Some(EXIT_CODE), "a crashed through the hook");
-    let sent_at_crash = count_status(&db, outbox_relay::outbox::Status::Sent).await;
+    let sent_at_crash = count_status(&db, rocketmq_outbox::outbox::Status::Sent).await;
     // A supervisor restarts the crashed instance (without the hook): a standby now.
     let _a = Relay::spawn(&files[0], None);
     writer.await.unwrap();
     wait_until_sent(&db, TOTAL as u64, Duration::from_secs(120)).await;
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Sending).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sending).await,
         0,
         "nothing left SENDING"
     );

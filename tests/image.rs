@@ -19,7 +19,7 @@ use common::relay::{
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
-use outbox_relay::devenv::{cache_dir, scratch_dir};
+use rocketmq_outbox::devenv::{cache_dir, scratch_dir};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,12 +6,12 @@ use crate::common;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::leader::Election;
+use rocketmq_outbox::leader::Election;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 fn election(db: &TestDb, instance: &str) -> Election {
-    let opts = outbox_relay::db::opts(&db.config).unwrap();
+    let opts = rocketmq_outbox::db::opts(&db.config).unwrap();
     Election::new(opts, "orders", instance)
 }
 

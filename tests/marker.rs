@@ -10,20 +10,20 @@ use crate::common::rows;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::binlog::BinlogPosition;
-use outbox_relay::checkpoint::Acknowledgements;
-use outbox_relay::event::Origin;
-use outbox_relay::mark::{run_marker, MarkStats, MarkerContext};
-use outbox_relay::outbox::status::codes::SENDING;
-use outbox_relay::outbox::TableName;
-use outbox_relay::send::{Completion, SendOutcome};
+use rocketmq_outbox::binlog::BinlogPosition;
+use rocketmq_outbox::checkpoint::Acknowledgements;
+use rocketmq_outbox::event::Origin;
+use rocketmq_outbox::mark::{run_marker, MarkStats, MarkerContext};
+use rocketmq_outbox::outbox::status::codes::SENDING;
+use rocketmq_outbox::outbox::TableName;
+use rocketmq_outbox::send::{Completion, SendOutcome};
 use rows::{insert_row, state, FAILED, PENDING, SENT};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// Records `completions` with the relay's marker as instance `owner`; returns its counts.
 async fn mark(db: &TestDb, owner: &str, completions: Vec<Completion>) -> MarkStats {
-    let pool = outbox_relay::db::writer_pool(&db.config).await.unwrap();
+    let pool = rocketmq_outbox::db::writer_pool(&db.config).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let rule = MarkerContext {
         owner: owner.into(),

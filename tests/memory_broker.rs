@@ -1,5 +1,5 @@
 //! The stream, the marker and the checkpoint on a real MariaDB or MySQL (`OUTBOX_TEST_DB`),
-//! publishing into a broker in memory (`outbox_relay::test_utils::MemoryBroker`) that refuses
+//! publishing into a broker in memory (`rocketmq_outbox::test_utils::MemoryBroker`) that refuses
 //! its first sends: the database side of the contract without a broker's timing. Every
 //! committed event is stored once, each key's events on one queue in commit order, each SENT
 //! row carries the id the broker returned for it, and the checkpoint passes the transaction of
@@ -10,10 +10,10 @@ use crate::common;
 use common::relay::{count_status, current_position, relay_fixture, write_events};
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::checkpoint::{CheckpointStore, MemoryStore};
-use outbox_relay::db::Deployment;
-use outbox_relay::pipeline::{run_instance, PipelineBuilder, RunOptions};
-use outbox_relay::test_utils::{wait_notified, MemoryBroker};
+use rocketmq_outbox::checkpoint::{CheckpointStore, MemoryStore};
+use rocketmq_outbox::db::Deployment;
+use rocketmq_outbox::pipeline::{run_instance, PipelineBuilder, RunOptions};
+use rocketmq_outbox::test_utils::{wait_notified, MemoryBroker};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +76,7 @@ async fn each_sent_row_carries_the_id_the_broker_returned_and_keys_keep_commit_o
     assert_eq!(summary.marked.sent, TOTAL as u64);
     assert_eq!(summary.marked.failed, 0);
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Sent).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await,
         TOTAL as u64
     );
 

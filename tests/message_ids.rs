@@ -5,12 +5,12 @@
 use crate::common;
 
 use common::rocketmq::{new_topic, rocketmq};
-use outbox_relay::config::RocketMqConfig;
-use outbox_relay::devenv::rocketmq::apache::printed_message_ids;
-use outbox_relay::devenv::TopicReader;
-use outbox_relay::outbox::OutboundMessage;
-use outbox_relay::send::{RocketMqSink, Sink};
-use outbox_relay::test_utils::sample_message;
+use rocketmq_outbox::config::RocketMqConfig;
+use rocketmq_outbox::devenv::rocketmq::apache::printed_message_ids;
+use rocketmq_outbox::devenv::TopicReader;
+use rocketmq_outbox::outbox::OutboundMessage;
+use rocketmq_outbox::send::{RocketMqSink, Sink};
+use rocketmq_outbox::test_utils::sample_message;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 

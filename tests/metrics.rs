@@ -9,7 +9,7 @@ use common::relay::{
     relay_config_on, wait_for, wait_until_sent, write_config_file, write_events, RelayProcess,
 };
 use common::TestDb;
-use outbox_relay::devenv::{scratch_dir, RocketMq, RocketMqOptions};
+use rocketmq_outbox::devenv::{scratch_dir, RocketMq, RocketMqOptions};
 use std::time::Duration;
 
 /// The value of the sample starting with `series` (name and labels) in a Prometheus text body.
@@ -81,7 +81,7 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     )
     .await;
     // Every SENT event passes every step of the relay.
-    for stage in outbox_relay::metrics::stages::StageLabel::ALL {
+    for stage in rocketmq_outbox::metrics::stages::StageLabel::ALL {
         let series = format!("outbox_stage_seconds_count{{stage=\"{stage}\"}}");
         assert!(sample(&body, &series).unwrap() >= 20.0, "{series}: {body}");
     }

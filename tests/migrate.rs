@@ -4,7 +4,7 @@ use crate::common;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::schema::{self, MigrateError, MIGRATIONS};
+use rocketmq_outbox::schema::{self, MigrateError, MIGRATIONS};
 
 #[tokio::test]
 async fn migrate_creates_every_table_once_and_is_idempotent() {

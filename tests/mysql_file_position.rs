@@ -23,12 +23,12 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::binlog::reader::server_position;
-use outbox_relay::binlog::{BinlogPosition, ServerFlavor};
-use outbox_relay::checkpoint::{CheckpointStore, SledStore};
-use outbox_relay::config::Config;
-use outbox_relay::devenv::SqlServer;
-use outbox_relay::devenv::{scratch_dir, MySql, MySqlOptions};
+use rocketmq_outbox::binlog::reader::server_position;
+use rocketmq_outbox::binlog::{BinlogPosition, ServerFlavor};
+use rocketmq_outbox::checkpoint::{CheckpointStore, SledStore};
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::SqlServer;
+use rocketmq_outbox::devenv::{scratch_dir, MySql, MySqlOptions};
 use std::time::Duration;
 
 /// A MySQL without GTIDs (with `binlog_transaction_compression` if `compressed`), or `None`
@@ -119,11 +119,11 @@ async fn file_positions_resume(compressed: bool) {
     config.mysql.url = Some(url.clone());
     let db = TestDb {
         url,
-        pool: outbox_relay::db::pool(&config).unwrap(),
+        pool: rocketmq_outbox::db::pool(&config).unwrap(),
         config,
     };
     let mut conn = db.conn().await;
-    outbox_relay::schema::migrate(&mut conn, &db.config.outbox_tables())
+    rocketmq_outbox::schema::migrate(&mut conn, &db.config.outbox_tables())
         .await
         .unwrap();
     let mode: String = conn
@@ -141,7 +141,7 @@ async fn file_positions_resume(compressed: bool) {
     drop(conn);
 
     // The relay's own start-up check sees file/position mode.
-    let opts = outbox_relay::db::opts(&db.config).unwrap();
+    let opts = rocketmq_outbox::db::opts(&db.config).unwrap();
     let info = server_position(&opts).await.unwrap();
     assert_eq!(info.flavor, ServerFlavor::MySqlFilePos, "{}", info.current);
     let start = current_position(&db).await;
@@ -177,16 +177,16 @@ async fn file_positions_resume(compressed: bool) {
         tokio::spawn(async move { write_events(&db, &topic, 4, 500, 40).await })
     };
     wait_for("700 SENT", Duration::from_secs(90), || async {
-        count_status(&db, outbox_relay::outbox::Status::Sent).await >= 700
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await >= 700
     })
     .await;
     flush_binary_logs(&db).await;
     wait_for("1,200 SENT", Duration::from_secs(90), || async {
-        count_status(&db, outbox_relay::outbox::Status::Sent).await >= 1_200
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await >= 1_200
     })
     .await;
     process.kill();
-    let sent_at_kill = count_status(&db, outbox_relay::outbox::Status::Sent).await;
+    let sent_at_kill = count_status(&db, rocketmq_outbox::outbox::Status::Sent).await;
     writer.await.unwrap();
     // While it is down: another rotation and 100 more events.
     flush_binary_logs(&db).await;
@@ -201,19 +201,19 @@ async fn file_positions_resume(compressed: bool) {
 
     // 3. Restarted from the offset: everything arrives, and the position was never lost.
     const TOTAL: u64 = 2_400;
-    let lost_before = outbox_relay::metrics::relay().binlog_position_lost.get();
+    let lost_before = rocketmq_outbox::metrics::relay().binlog_position_lost.get();
     let relay = RunningRelay::start(&config).await;
     wait_until_sent(&db, TOTAL, Duration::from_secs(120)).await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
     assert_eq!(
-        outbox_relay::metrics::relay().binlog_position_lost.get(),
+        rocketmq_outbox::metrics::relay().binlog_position_lost.get(),
         lost_before,
         "the checkpoint's file and offset were found"
     );
     assert_file_position(&saved_checkpoint(&config), "at the end");
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Sending).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sending).await,
         0,
         "no row is left SENDING"
     );
@@ -233,7 +233,7 @@ async fn file_positions_resume(compressed: bool) {
     wait_until_sent(&db, WITH_GAP, Duration::from_secs(90)).await;
     relay.stop().await;
     assert!(
-        outbox_relay::metrics::relay().binlog_position_lost.get() > lost_before,
+        rocketmq_outbox::metrics::relay().binlog_position_lost.get() > lost_before,
         "the lost position is counted for alerting"
     );
     assert_file_position(&saved_checkpoint(&config), "after the purge");

@@ -8,8 +8,8 @@ mod rows;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::operate::{Action, Cleanup, Compensation, Reconcile, RowOutcome, Selection};
-use outbox_relay::outbox::Status;
+use rocketmq_outbox::operate::{Action, Cleanup, Compensation, Reconcile, RowOutcome, Selection};
+use rocketmq_outbox::outbox::Status;
 use rows::*;
 use serde_json::Value as Json;
 use std::process::{Command, Output};

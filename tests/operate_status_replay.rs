@@ -13,10 +13,10 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::{database, TestDb};
 use mysql_async::prelude::*;
-use outbox_relay::binlog::BinlogPosition;
-use outbox_relay::devenv::{DatabaseKind, TopicReader};
-use outbox_relay::outbox::status::codes::{FAILED, SENDING};
-use outbox_relay::producer::NewEvent;
+use rocketmq_outbox::binlog::BinlogPosition;
+use rocketmq_outbox::devenv::{DatabaseKind, TopicReader};
+use rocketmq_outbox::outbox::status::codes::{FAILED, SENDING};
+use rocketmq_outbox::producer::NewEvent;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::Output;

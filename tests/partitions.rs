@@ -18,12 +18,12 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use helpers::*;
 use mysql_async::prelude::*;
-use outbox_relay::devenv::TopicReader;
-use outbox_relay::operate::partitions::{self, Convert, ConvertOutcome};
-use outbox_relay::operate::{Action, Compensation, Selection};
-use outbox_relay::outbox::status::codes::PENDING;
-use outbox_relay::outbox::TableName;
-use outbox_relay::producer::NewEvent;
+use rocketmq_outbox::devenv::TopicReader;
+use rocketmq_outbox::operate::partitions::{self, Convert, ConvertOutcome};
+use rocketmq_outbox::operate::{Action, Compensation, Selection};
+use rocketmq_outbox::outbox::status::codes::PENDING;
+use rocketmq_outbox::outbox::TableName;
+use rocketmq_outbox::producer::NewEvent;
 use serde_json::json;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -273,7 +273,7 @@ async fn the_relay_streams_on_while_partitions_are_added_and_dropped() {
     wait_until_sent(&db, total as u64, Duration::from_secs(60)).await;
     relay.stop().await;
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0
     );
     assert_every_event_arrived_in_key_order(&db, &topic, total).await;
@@ -369,8 +369,8 @@ async fn convert_keeps_pending_and_sent_rows_and_the_relay_delivers_on() {
     assert_eq!(before, after, "every row kept, with its status");
     assert_eq!(
         (
-            count_status(&db, outbox_relay::outbox::Status::Pending).await,
-            count_status(&db, outbox_relay::outbox::Status::Sent).await
+            count_status(&db, rocketmq_outbox::outbox::Status::Pending).await,
+            count_status(&db, rocketmq_outbox::outbox::Status::Sent).await
         ),
         (60, 50)
     );
@@ -413,13 +413,13 @@ async fn the_cleanup_round_inside_run_creates_days_ahead_and_drops_clean_past_da
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
 
-    let table = outbox_relay::db::Deployment::resolve(&config)
+    let table = rocketmq_outbox::db::Deployment::resolve(&config)
         .unwrap()
         .tables[0]
         .to_string();
-    let label = outbox_relay::metrics::TableLabel { table };
+    let label = rocketmq_outbox::metrics::TableLabel { table };
     wait_for("4 days ahead exported", Duration::from_secs(30), || async {
-        outbox_relay::metrics::relay()
+        rocketmq_outbox::metrics::relay()
             .partitions_ahead
             .get_or_create(&label)
             .get()

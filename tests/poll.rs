@@ -11,12 +11,12 @@ use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::outbox::message::RowLimits;
-use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENDING, SENT};
-use outbox_relay::outbox::TableName;
-use outbox_relay::pipeline::RunOptions;
-use outbox_relay::producer::NewEvent;
-use outbox_relay::sweep::{ClaimStrategy, Claimed, Claimer};
+use rocketmq_outbox::outbox::message::RowLimits;
+use rocketmq_outbox::outbox::status::codes::{FAILED, PENDING, SENDING, SENT};
+use rocketmq_outbox::outbox::TableName;
+use rocketmq_outbox::pipeline::RunOptions;
+use rocketmq_outbox::producer::NewEvent;
+use rocketmq_outbox::sweep::{ClaimStrategy, Claimed, Claimer};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,7 +84,7 @@ async fn expired_leases_return_to_pending_and_are_published_live_ones_and_bad_ro
     let relay = RunningRelay::start(&config).await;
     wait_until_sent(&db, 19, Duration::from_secs(60)).await;
     wait_for("the bad row FAILED", Duration::from_secs(30), || async {
-        count_status(&db, outbox_relay::outbox::Status::Failed).await == 1
+        count_status(&db, rocketmq_outbox::outbox::Status::Failed).await == 1
     })
     .await;
     let summary = relay.stop().await;
@@ -250,7 +250,7 @@ async fn a_claim_never_takes_a_row_while_an_older_row_of_its_key_waits() {
 async fn lease_upkeep_reads_sending_rows_only() {
     // Recovering expired leases, renewing and releasing them find the few SENDING rows through
     // `idx_pending (status)` (0010 dropped `idx_lease`), never by reading the SENT ones.
-    use outbox_relay::sweep::lease;
+    use rocketmq_outbox::sweep::lease;
 
     let (_db, mut conn, table) = mostly_sent_outbox("poll_lease_reads").await;
     conn.query_drop(format!(
@@ -281,7 +281,7 @@ async fn only_the_rows_this_process_claimed_have_their_leases_renewed() {
     // Rows 1–3 are SENDING under the claimer's owner name from an earlier life (a restart after
     // kill -9 under the same instance id); the claim then takes 4–6. Renewal extends 4–6 only,
     // and forgets a held row once it is no longer SENDING under this owner.
-    use outbox_relay::sweep::lease;
+    use rocketmq_outbox::sweep::lease;
 
     let (_db, mut conn, claimer) = claimable_outbox("poll_lease_own", 6, |i| format!("k{i}")).await;
     conn.query_drop(
@@ -329,7 +329,7 @@ async fn a_row_put_back_behind_the_claim_cursor_is_claimed_once_a_batch_comes_ba
     // rescan period (`sweep::cursor` unit tests; long here, so timing cannot decide the test).
     // Meanwhile its key's later rows are held back: row i has key k(i mod 100), so rows 105
     // and 205 share row 5's key.
-    use outbox_relay::sweep::cursor::ClaimCursor;
+    use rocketmq_outbox::sweep::cursor::ClaimCursor;
 
     let (db, mut conn, claimer) =
         claimable_outbox("poll_claim_cursor", 300, |i| format!("k{}", i % 100)).await;

@@ -9,8 +9,8 @@ use common::relay::{
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
-use outbox_relay::failpoint::AFTER_SEND_OK;
-use outbox_relay::outbox::status::codes::SENDING;
+use rocketmq_outbox::failpoint::AFTER_SEND_OK;
+use rocketmq_outbox::outbox::status::codes::SENDING;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,12 +32,12 @@ async fn sigkill_of_a_poll_relay_then_restart_loses_nothing() {
         tokio::spawn(async move { write_events(&db, &topic, 4, TOTAL / 4, 200).await })
     };
     wait_for("some events SENT", Duration::from_secs(60), || async {
-        count_status(&db, outbox_relay::outbox::Status::Sent).await >= 300
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await >= 300
     })
     .await;
     relay.kill();
-    let sent_at_kill = count_status(&db, outbox_relay::outbox::Status::Sent).await;
-    let held_at_kill = count_status(&db, outbox_relay::outbox::Status::Sending).await;
+    let sent_at_kill = count_status(&db, rocketmq_outbox::outbox::Status::Sent).await;
+    let held_at_kill = count_status(&db, rocketmq_outbox::outbox::Status::Sending).await;
 
     let relay = Relay::spawn(&second);
     writer.await.unwrap();
@@ -119,7 +119,7 @@ async fn a_restart_under_the_same_instance_id_delivers_the_dead_process_rows_wit
     };
     assert_eq!(
         status.code(),
-        Some(outbox_relay::failpoint::EXIT_CODE),
+        Some(rocketmq_outbox::failpoint::EXIT_CODE),
         "crashed through the hook"
     );
     let held: u64 = {

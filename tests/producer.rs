@@ -6,8 +6,8 @@ use crate::common;
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::outbox::TableName;
-use outbox_relay::producer::{EnqueueError, NewEvent, Outbox, Payload};
+use rocketmq_outbox::outbox::TableName;
+use rocketmq_outbox::producer::{EnqueueError, NewEvent, Outbox, Payload};
 use serde_json::json;
 
 async fn with_orders_table(db: &TestDb) {
@@ -98,19 +98,19 @@ async fn every_bad_input_is_a_typed_error_and_writes_nothing() {
         (NewEvent::new("", "k", json!({})), |e| {
             matches!(
                 e,
-                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::InvalidTopic { .. })
+                EnqueueError::Invalid(rocketmq_outbox::outbox::RuleViolation::InvalidTopic { .. })
             )
         }),
         (NewEvent::new("bad topic", "k", json!({})), |e| {
             matches!(
                 e,
-                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::InvalidTopic { .. })
+                EnqueueError::Invalid(rocketmq_outbox::outbox::RuleViolation::InvalidTopic { .. })
             )
         }),
         (NewEvent::new("t", "k".repeat(65), json!({})), |e| {
             matches!(
                 e,
-                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::BizKeyTooLong { .. })
+                EnqueueError::Invalid(rocketmq_outbox::outbox::RuleViolation::BizKeyTooLong { .. })
             )
         }),
         (
@@ -124,7 +124,7 @@ async fn every_bad_input_is_a_typed_error_and_writes_nothing() {
         (event("k").with_event_id("not valid"), |e| {
             matches!(
                 e,
-                EnqueueError::Invalid(outbox_relay::outbox::RuleViolation::InvalidEventId { .. })
+                EnqueueError::Invalid(rocketmq_outbox::outbox::RuleViolation::InvalidEventId { .. })
             )
         }),
     ];
@@ -246,7 +246,7 @@ async fn events_go_to_the_configured_outbox_table() {
     let mut db = TestDb::empty("producer_tables").await;
     db.config.outbox.tables = vec!["outbox_event".into(), "billing_outbox".into()];
     let mut conn = db.conn().await;
-    let report = outbox_relay::schema::migrate(&mut conn, &db.config.outbox_tables())
+    let report = rocketmq_outbox::schema::migrate(&mut conn, &db.config.outbox_tables())
         .await
         .unwrap();
     assert_eq!(report.created_tables, vec!["billing_outbox".to_string()]);

@@ -37,13 +37,13 @@ async fn a_purged_checkpoint_falls_back_to_the_oldest_binlog_and_the_gap_is_swep
     let mut conn = db.conn().await;
     conn.query_drop("FLUSH BINARY LOGS").await.unwrap();
     purge_all_but_the_newest_binlog(&db).await;
-    let lost_before = outbox_relay::metrics::relay().binlog_position_lost.get();
+    let lost_before = rocketmq_outbox::metrics::relay().binlog_position_lost.get();
 
     let relay = RunningRelay::start(&config).await;
     // New events after the restart stream as usual.
     write_events(&db, &topic, 2, 25, 10).await;
     wait_until_sent(&db, 350, Duration::from_secs(90)).await;
-    let lost = outbox_relay::metrics::relay().binlog_position_lost.get() - lost_before;
+    let lost = rocketmq_outbox::metrics::relay().binlog_position_lost.get() - lost_before;
     assert!(lost >= 1, "the lost position is counted for alerting");
     relay.stop().await;
 

@@ -9,7 +9,7 @@ use common::relay::{
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
-use outbox_relay::devenv::TopicReader;
+use rocketmq_outbox::devenv::TopicReader;
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -38,7 +38,7 @@ async fn rows_stay_pending_while_the_relay_is_stopped_and_flow_after_it_starts()
     write_events(&db, &topic, 1, 50, 10).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Pending).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Pending).await,
         50,
         "nothing sends them while the relay is down"
     );

@@ -8,9 +8,9 @@ use common::relay::relay_fixture;
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::binlog::reader::{check_server, StartupError};
-use outbox_relay::db::Deployment;
-use outbox_relay::producer::{NewEvent, Outbox};
+use rocketmq_outbox::binlog::reader::{check_server, StartupError};
+use rocketmq_outbox::db::Deployment;
+use rocketmq_outbox::producer::{NewEvent, Outbox};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -76,7 +76,7 @@ async fn start_up_checks_name_what_to_change() {
             "binlog_row_metadata=FULL",
         ),
     ];
-    if server.kind() == outbox_relay::devenv::DatabaseKind::MySql {
+    if server.kind() == rocketmq_outbox::devenv::DatabaseKind::MySql {
         settings.push((
             "binlog_row_value_options = 'PARTIAL_JSON'",
             "binlog_row_value_options = ''",
@@ -167,7 +167,7 @@ async fn dry_run_prints_events_and_changes_nothing() {
     let ids: Vec<String> = ids.into_iter().map(String::from).collect();
     assert_eq!(printed, ids);
     assert_eq!(
-        common::relay::count_status(&db, outbox_relay::outbox::Status::Pending).await,
+        common::relay::count_status(&db, rocketmq_outbox::outbox::Status::Pending).await,
         3,
         "a dry run marks nothing"
     );

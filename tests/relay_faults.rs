@@ -13,10 +13,10 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::binlog::BinlogPosition;
-use outbox_relay::devenv::{scratch_dir, RocketMq};
-use outbox_relay::outbox::status::codes::FAILED;
-use outbox_relay::producer::{NewEvent, Outbox};
+use rocketmq_outbox::binlog::BinlogPosition;
+use rocketmq_outbox::devenv::{scratch_dir, RocketMq};
+use rocketmq_outbox::outbox::status::codes::FAILED;
+use rocketmq_outbox::producer::{NewEvent, Outbox};
 use serde_json::json;
 use std::time::Duration;
 
@@ -61,12 +61,12 @@ async fn sigkill_mid_stream_then_restart_loses_nothing() {
         )
     };
     wait_for("some events SENT", Duration::from_secs(60), || async {
-        count_status(&db, outbox_relay::outbox::Status::Sent).await >= 300
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await >= 300
     })
     .await;
     relay.kill().unwrap(); // SIGKILL
     relay.wait().unwrap();
-    let sent_at_kill = count_status(&db, outbox_relay::outbox::Status::Sent).await;
+    let sent_at_kill = count_status(&db, rocketmq_outbox::outbox::Status::Sent).await;
     assert!(sent_at_kill < TOTAL as u64, "killed mid-stream");
 
     let mut relay = spawn_relay_process(&file);
@@ -124,7 +124,7 @@ async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
     write_slowly(&db, topic, 100, Duration::from_millis(20)).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Sent).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Sent).await,
         50,
         "nothing is SENT while the broker is down"
     );
@@ -179,7 +179,7 @@ async fn connections_cut_mid_stream_lose_nothing() {
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
     assert_eq!(
-        count_status(&db, outbox_relay::outbox::Status::Failed).await,
+        count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
         "nothing FAILED"
     );

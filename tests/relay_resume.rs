@@ -12,10 +12,10 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::binlog::BinlogPosition;
-use outbox_relay::devenv::TopicReader;
-use outbox_relay::outbox::status::codes::FAILED;
-use outbox_relay::producer::{NewEvent, Outbox};
+use rocketmq_outbox::binlog::BinlogPosition;
+use rocketmq_outbox::devenv::TopicReader;
+use rocketmq_outbox::outbox::status::codes::FAILED;
+use rocketmq_outbox::producer::{NewEvent, Outbox};
 use serde_json::json;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -65,8 +65,8 @@ async fn bad_rows_fail_with_reasons_while_big_transactions_and_rotations_flow() 
         "1003 SENT and 2 FAILED",
         Duration::from_secs(90),
         || async {
-            count_status(&db, outbox_relay::outbox::Status::Sent).await == 1003
-                && count_status(&db, outbox_relay::outbox::Status::Failed).await == 2
+            count_status(&db, rocketmq_outbox::outbox::Status::Sent).await == 1003
+                && count_status(&db, rocketmq_outbox::outbox::Status::Failed).await == 2
         },
     )
     .await;
@@ -276,8 +276,8 @@ async fn kill_relay_connections(admin: &mut mysql_async::Conn, db: &TestDb) -> C
 /// wrong address), not retried for ever like the cut connections above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_at_first_start_stops_the_relay_at_once() {
-    use outbox_relay::pipeline::RunOptions;
-    use outbox_relay::relay::RelayHandle;
+    use rocketmq_outbox::pipeline::RunOptions;
+    use rocketmq_outbox::relay::RelayHandle;
     use tokio_util::sync::CancellationToken;
 
     let db = TestDb::migrated("relay_unreachable").await;

@@ -19,10 +19,10 @@ use futures_util::StreamExt;
 use mysql_async::binlog::events::{EventData, RowsEventData};
 use mysql_async::prelude::*;
 use mysql_async::BinlogStreamRequest;
-use outbox_relay::binlog::reader::server_position;
-use outbox_relay::binlog::BinlogPosition;
-use outbox_relay::devenv::DatabaseKind;
-use outbox_relay::producer::NewEvent;
+use rocketmq_outbox::binlog::reader::server_position;
+use rocketmq_outbox::binlog::BinlogPosition;
+use rocketmq_outbox::devenv::DatabaseKind;
+use rocketmq_outbox::producer::NewEvent;
 use serde_json::json;
 use std::time::Duration;
 
@@ -88,7 +88,7 @@ async fn marks_logged_with(minimal: bool) -> (Vec<(usize, usize)>, usize) {
     let topic = new_topic("row_image");
     let (mut config, _dir) = relay_fixture(&db).stream_only().build();
     config.relay.minimal_row_image = minimal;
-    let opts = outbox_relay::db::opts(&db.config).unwrap();
+    let opts = rocketmq_outbox::db::opts(&db.config).unwrap();
     let start = server_position(&opts).await.unwrap().current;
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
@@ -138,7 +138,7 @@ async fn the_writer_pool_keeps_its_session_settings_across_reuse() {
     // Found here: mysql_async resets pooled connections on return, which silently dropped the
     // READ COMMITTED of claim/mark sessions after their first use.
     let db = TestDb::migrated("writer_pool").await;
-    let pool = outbox_relay::db::writer_pool(&db.config).await.unwrap();
+    let pool = rocketmq_outbox::db::writer_pool(&db.config).await.unwrap();
     for _ in 0..3 {
         let mut conn = pool.get_conn().await.unwrap();
         // MariaDB 10.11 has no `transaction_isolation`, MySQL 8+ no `tx_isolation`.
@@ -161,8 +161,8 @@ async fn the_writer_pool_keeps_its_session_settings_across_reuse() {
 }
 
 /// `@@SESSION.binlog_row_image` of a writer-pool session for `config`.
-async fn writer_row_image(config: &outbox_relay::Config) -> String {
-    let pool = outbox_relay::db::writer_pool(config).await.unwrap();
+async fn writer_row_image(config: &rocketmq_outbox::Config) -> String {
+    let pool = rocketmq_outbox::db::writer_pool(config).await.unwrap();
     let image: String = pool
         .get_conn()
         .await
@@ -237,7 +237,7 @@ async fn an_undecodable_row_fails_alone_and_its_neighbours_stream() {
     let (config, dir) = relay_fixture(&db).stream_only().at_current_end().await;
     let file = write_config_file(&config, dir.path());
     let log = dir.path().join("relay.log");
-    let on = format!("{}=on", outbox_relay::failpoint::UNDECODABLE_BINLOG_VALUE);
+    let on = format!("{}=on", rocketmq_outbox::failpoint::UNDECODABLE_BINLOG_VALUE);
     let hook = [("FAILPOINTS", on.as_str())];
     let relay = RelayProcess::spawn_serving(&file, "", &log, &hook);
 

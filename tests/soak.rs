@@ -41,7 +41,7 @@ async fn soak(spec: SoakSpec) {
     // The broker client warns at every reconnect during broker faults: errors only, unless
     // RUST_LOG says otherwise.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error,outbox_relay=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error,rocketmq_outbox=warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_test_writer()

@@ -14,8 +14,8 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENT};
-use outbox_relay::producer::{NewEvent, Outbox};
+use rocketmq_outbox::outbox::status::codes::{FAILED, PENDING, SENT};
+use rocketmq_outbox::producer::{NewEvent, Outbox};
 use serde_json::json;
 use std::time::Duration;
 
@@ -37,13 +37,13 @@ async fn rows_the_stream_never_saw_and_rows_put_back_by_hand_are_swept() {
     let topic = new_topic("sweep_missed");
     let (config, _dir) = sweeping_config(&db);
     seed_checkpoint(&config, &current_position(&db).await);
-    let swept_before = outbox_relay::metrics::relay().rows_swept.get();
+    let swept_before = rocketmq_outbox::metrics::relay().rows_swept.get();
     let relay = RunningRelay::start(&config).await;
 
     write_events(&db, &topic, 2, 50, 10).await;
     let hidden = write_unlogged(&db, &topic, 5).await;
     wait_until_sent(&db, 105, Duration::from_secs(60)).await;
-    let swept = outbox_relay::metrics::relay().rows_swept.get() - swept_before;
+    let swept = rocketmq_outbox::metrics::relay().rows_swept.get() - swept_before;
     assert!(
         swept >= 5,
         "the sweeper claimed the 5 unlogged rows ({swept})"
@@ -119,7 +119,7 @@ async fn a_topic_the_broker_rejects_is_failed_with_its_reason_while_other_keys_f
     wait_for(
         "the rejected row FAILED",
         Duration::from_secs(60),
-        || async { count_status(&db, outbox_relay::outbox::Status::Failed).await == 1 },
+        || async { count_status(&db, rocketmq_outbox::outbox::Status::Failed).await == 1 },
     )
     .await;
     wait_until_sent(&db, 200, Duration::from_secs(60)).await;
@@ -138,7 +138,7 @@ async fn a_topic_the_broker_rejects_is_failed_with_its_reason_while_other_keys_f
         last_error.contains(&missing),
         "the reason names the topic: {last_error}"
     );
-    let failed_total = outbox_relay::metrics::relay().events_failed.get();
+    let failed_total = rocketmq_outbox::metrics::relay().events_failed.get();
     assert!(failed_total >= 1, "FAILED rows are counted for alerting");
     relay.stop().await;
     let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, 200).await;

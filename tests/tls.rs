@@ -13,8 +13,8 @@ use common::relay::{
 };
 use common::rocketmq::new_topic;
 use mysql_async::prelude::*;
-use outbox_relay::config::TlsMode;
-use outbox_relay::devenv::{
+use rocketmq_outbox::config::TlsMode;
+use rocketmq_outbox::devenv::{
     scratch_dir, Database, DatabaseKind, DatabaseOptions, ServerTls, SqlServer,
 };
 use std::path::Path;
@@ -141,10 +141,10 @@ async fn a_user_that_requires_tls_relays_over_a_verified_connection() {
     let secure_url = url.replacen("root@", "secure:pw@", 1);
     assert_ne!(secure_url, url, "the URL names root: {url}");
 
-    let mut config = outbox_relay::Config::default();
+    let mut config = rocketmq_outbox::Config::default();
     config.mysql.url = Some(secure_url.clone());
     // Without TLS the server refuses the user.
-    assert!(outbox_relay::db::pool(&config)
+    assert!(rocketmq_outbox::db::pool(&config)
         .unwrap()
         .get_conn()
         .await
@@ -152,14 +152,14 @@ async fn a_user_that_requires_tls_relays_over_a_verified_connection() {
     // With a CA that did not sign the server's certificate, the client refuses the server.
     config.mysql.tls = TlsMode::VerifyIdentity;
     config.mysql.tls_ca = Some(certs.path().join("other.pem"));
-    assert!(outbox_relay::db::pool(&config)
+    assert!(rocketmq_outbox::db::pool(&config)
         .unwrap()
         .get_conn()
         .await
         .is_err());
     // With the right CA: encrypted and verified.
     config.mysql.tls_ca = Some(certs.path().join("ca.pem"));
-    let pool = outbox_relay::db::pool(&config).unwrap();
+    let pool = rocketmq_outbox::db::pool(&config).unwrap();
     let mut conn = pool.get_conn().await.unwrap();
     let cipher: Option<(String, String)> = conn
         .query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
@@ -168,7 +168,7 @@ async fn a_user_that_requires_tls_relays_over_a_verified_connection() {
     let cipher = cipher.unwrap().1;
     println!("TLS cipher: {cipher}");
     assert!(!cipher.is_empty(), "the session is encrypted");
-    outbox_relay::schema::migrate(&mut conn, &config.outbox_tables())
+    rocketmq_outbox::schema::migrate(&mut conn, &config.outbox_tables())
         .await
         .unwrap();
     drop(conn);
@@ -239,17 +239,17 @@ async fn a_password_user_relays_over_plain_tcp() {
     }
     assert_auth_plugin(&mut root, kind, &user).await;
     let plain_url = db.url.replacen("root@", &format!("{user}:plain-pw@"), 1);
-    let mut config = outbox_relay::Config::default();
+    let mut config = rocketmq_outbox::Config::default();
     config.mysql.url = Some(plain_url.clone());
     assert_eq!(config.mysql.tls, TlsMode::Disabled);
-    let pool = outbox_relay::db::pool(&config).unwrap();
+    let pool = rocketmq_outbox::db::pool(&config).unwrap();
     let mut conn = pool.get_conn().await.unwrap();
     let cipher: Option<(String, String)> = conn
         .query_first("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
         .await
         .unwrap();
     assert_eq!(cipher.unwrap().1, "", "the session is not encrypted");
-    outbox_relay::schema::migrate(&mut conn, &config.outbox_tables())
+    rocketmq_outbox::schema::migrate(&mut conn, &config.outbox_tables())
         .await
         .unwrap();
     drop(conn);
@@ -258,7 +258,7 @@ async fn a_password_user_relays_over_plain_tcp() {
     root.query_drop("FLUSH PRIVILEGES").await.unwrap();
     let db = common::TestDb {
         url: plain_url,
-        pool: outbox_relay::db::pool(&config).unwrap(),
+        pool: rocketmq_outbox::db::pool(&config).unwrap(),
         config,
     };
     relay_twenty_events(&db, "plain").await;

@@ -14,9 +14,9 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::{database, TestDb};
 use mysql_async::prelude::*;
-use outbox_relay::binlog::BinlogPosition;
-use outbox_relay::config::Config;
-use outbox_relay::devenv::{DatabaseKind, TopicReader};
+use rocketmq_outbox::binlog::BinlogPosition;
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::{DatabaseKind, TopicReader};
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -2,8 +2,8 @@
 
 use super::GlobalArgs;
 use clap::Args;
-use outbox_relay::db;
-use outbox_relay::operate::{select_tables, thousands, Cleanup};
+use rocketmq_outbox::db;
+use rocketmq_outbox::operate::{select_tables, thousands, Cleanup};
 use std::time::Duration;
 
 #[derive(Debug, Args)]

@@ -2,8 +2,8 @@
 
 use super::GlobalArgs;
 use clap::Args;
-use outbox_relay::db;
-use outbox_relay::operate::{
+use rocketmq_outbox::db;
+use rocketmq_outbox::operate::{
     select_tables, Action, Compensation, CompensationReport, Selection, TimeBound,
 };
 
@@ -82,7 +82,7 @@ fn print_table(report: &CompensationReport) {
             "table", "id", "event_id", "topic", "before", "after"
         );
     }
-    let status = |s: Option<outbox_relay::outbox::Status>| s.map_or("-", |s| s.name());
+    let status = |s: Option<rocketmq_outbox::outbox::Status>| s.map_or("-", |s| s.name());
     for row in &report.rows {
         let outcome = serde_json::to_value(row.outcome)
             .ok()

@@ -10,13 +10,13 @@ use anyhow::Context;
 use clap::Args;
 use mysql_async::prelude::*;
 use mysql_async::Transaction;
-use outbox_relay::consumer::{
+use rocketmq_outbox::consumer::{
     ClientSecurity, ConsumedEvent, ConsumerMetrics, Disposition, Handler, IdempotentProcessor,
     IdempotentPushConsumer, ListenerMode, Outcome, PushConsumerOptions, StateGuard, StateMachine,
     Transition,
 };
-use outbox_relay::db;
-use outbox_relay::rocketmq_client::ClientHost;
+use rocketmq_outbox::db;
+use rocketmq_outbox::rocketmq_client::ClientHost;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;

@@ -6,8 +6,8 @@ use super::GlobalArgs;
 use clap::Args;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::db;
-use outbox_relay::producer::{NewEvent, Outbox};
+use rocketmq_outbox::db;
+use rocketmq_outbox::producer::{NewEvent, Outbox};
 use serde_json::json;
 
 #[derive(Debug, Args)]

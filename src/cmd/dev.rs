@@ -6,18 +6,18 @@ use super::GlobalArgs;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use mysql_async::prelude::*;
-use outbox_relay::binlog::reader::check_server;
-use outbox_relay::checkpoint::{CheckpointStore, SledStore};
-use outbox_relay::config::Config;
-use outbox_relay::devenv::SqlServer;
-use outbox_relay::devenv::{
+use rocketmq_outbox::binlog::reader::check_server;
+use rocketmq_outbox::checkpoint::{CheckpointStore, SledStore};
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::SqlServer;
+use rocketmq_outbox::devenv::{
     scratch_dir, shared, BrokerKind, Database, DatabaseKind, MariaDb, MariaDbOptions, RocketMq,
     RocketMqOptions, TopicReader,
 };
-use outbox_relay::pipeline::RunOptions;
-use outbox_relay::producer::Outbox;
-use outbox_relay::relay::RelayHandle;
-use outbox_relay::{db, schema};
+use rocketmq_outbox::pipeline::RunOptions;
+use rocketmq_outbox::producer::Outbox;
+use rocketmq_outbox::relay::RelayHandle;
+use rocketmq_outbox::{db, schema};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -253,7 +253,7 @@ async fn wait_until_sent(pool: &mysql_async::Pool, event_ids: &[String]) -> anyh
     let placeholders = vec!["?"; event_ids.len()].join(", ");
     let sql = format!(
         "SELECT COUNT(*) FROM outbox_event WHERE {} AND event_id IN ({placeholders})",
-        outbox_relay::outbox::Status::Sent.sql()
+        rocketmq_outbox::outbox::Status::Sent.sql()
     );
     loop {
         let sent: u64 = pool

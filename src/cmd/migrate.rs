@@ -3,7 +3,7 @@
 use super::GlobalArgs;
 use clap::Args;
 use mysql_async::Conn;
-use outbox_relay::{db, schema};
+use rocketmq_outbox::{db, schema};
 
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
@@ -19,7 +19,7 @@ pub async fn run(global: &GlobalArgs, args: MigrateArgs) -> anyhow::Result<()> {
     let mut conn = Conn::new(opts).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot connect to MySQL at {}: {e}",
-            outbox_relay::config::redact_url_password(config.mysql_url().unwrap_or_default())
+            rocketmq_outbox::config::redact_url_password(config.mysql_url().unwrap_or_default())
         )
     })?;
     if args.status {

@@ -14,8 +14,8 @@ mod run;
 mod status;
 
 use clap::{Args, Parser, Subcommand};
-use outbox_relay::config::{Config, RelayMode};
-use outbox_relay::operate::Action;
+use rocketmq_outbox::config::{Config, RelayMode};
+use rocketmq_outbox::operate::Action;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 

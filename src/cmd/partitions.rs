@@ -2,9 +2,9 @@
 
 use super::GlobalArgs;
 use clap::{Args, Subcommand};
-use outbox_relay::db;
-use outbox_relay::operate::partitions::{self, Convert, ConvertOutcome, Maintain};
-use outbox_relay::operate::{select_tables, thousands};
+use rocketmq_outbox::db;
+use rocketmq_outbox::operate::partitions::{self, Convert, ConvertOutcome, Maintain};
+use rocketmq_outbox::operate::{select_tables, thousands};
 use std::time::Duration;
 
 #[derive(Debug, Args)]

@@ -2,10 +2,10 @@
 
 use super::GlobalArgs;
 use clap::Args;
-use outbox_relay::db;
-use outbox_relay::operate::reconcile::DIFF_TABLE;
-use outbox_relay::operate::{select_tables, thousands, Reconcile, ReconcileReport};
-use outbox_relay::outbox::TableName;
+use rocketmq_outbox::db;
+use rocketmq_outbox::operate::reconcile::DIFF_TABLE;
+use rocketmq_outbox::operate::{select_tables, thousands, Reconcile, ReconcileReport};
+use rocketmq_outbox::outbox::TableName;
 use std::time::Duration;
 
 #[derive(Debug, Args)]

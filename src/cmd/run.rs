@@ -2,9 +2,9 @@
 
 use super::GlobalArgs;
 use clap::Args;
-use outbox_relay::config::RelayMode;
-use outbox_relay::pipeline::RunOptions;
-use outbox_relay::relay::{self, RelayHandle};
+use rocketmq_outbox::config::RelayMode;
+use rocketmq_outbox::pipeline::RunOptions;
+use rocketmq_outbox::relay::{self, RelayHandle};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -30,8 +30,8 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
     }
     config.namesrv_addr()?;
     if !config.metrics.listen.is_empty() {
-        let listener = outbox_relay::metrics::server::bind(&config.metrics.listen).await?;
-        let server = outbox_relay::metrics::server::serve(listener, cancel.clone());
+        let listener = rocketmq_outbox::metrics::server::bind(&config.metrics.listen).await?;
+        let server = rocketmq_outbox::metrics::server::serve(listener, cancel.clone());
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!(error = %e, "the metrics endpoint stopped");

@@ -2,8 +2,8 @@
 
 use super::GlobalArgs;
 use clap::Args;
-use outbox_relay::operate::status::{StatusOptions, StatusReport, TableStatus};
-use outbox_relay::operate::thousands;
+use rocketmq_outbox::operate::status::{StatusOptions, StatusReport, TableStatus};
+use rocketmq_outbox::operate::thousands;
 use std::time::Duration;
 
 /// Exit code when the status could not be read at all.

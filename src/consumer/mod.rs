@@ -17,7 +17,7 @@
 //!
 //! ```no_run
 //! use mysql_async::prelude::*;
-//! use outbox_relay::consumer::{ConsumedEvent, Handler, IdempotentProcessor, Outcome};
+//! use rocketmq_outbox::consumer::{ConsumedEvent, Handler, IdempotentProcessor, Outcome};
 //!
 //! struct CreditPoints;
 //!

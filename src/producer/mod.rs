@@ -3,7 +3,7 @@
 //! ```no_run
 //! # async fn example(pool: mysql_async::Pool) -> Result<(), Box<dyn std::error::Error>> {
 //! use mysql_async::prelude::*;
-//! use outbox_relay::producer::{NewEvent, Outbox};
+//! use rocketmq_outbox::producer::{NewEvent, Outbox};
 //!
 //! let outbox = Outbox::default(); // table `outbox_event`, payloads up to 4 MiB
 //! let mut tx = pool.start_transaction(Default::default()).await?;

@@ -5,7 +5,7 @@
 use super::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::Transaction;
-use outbox_relay::consumer::{ConsumedEvent, Handler, Outcome};
+use rocketmq_outbox::consumer::{ConsumedEvent, Handler, Outcome};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;

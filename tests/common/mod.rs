@@ -13,10 +13,10 @@ pub mod rows;
 
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
-use outbox_relay::config::Config;
-use outbox_relay::devenv::SqlServer;
-use outbox_relay::devenv::{scratch_dir, Database, DatabaseKind};
-use outbox_relay::outbox::TableName;
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::SqlServer;
+use rocketmq_outbox::devenv::{scratch_dir, Database, DatabaseKind};
+use rocketmq_outbox::outbox::TableName;
 use std::sync::OnceLock;
 
 /// The binary's SQL server, of `$OUTBOX_TEST_DB`'s kind. Tests must not stop it, nor change
@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 pub fn database() -> &'static Database {
     static SERVER: OnceLock<Database> = OnceLock::new();
     SERVER.get_or_init(|| {
-        if let Some(shared) = outbox_relay::devenv::shared::database() {
+        if let Some(shared) = rocketmq_outbox::devenv::shared::database() {
             return shared;
         }
         own_database("shared")
@@ -70,7 +70,7 @@ impl TestDb {
         let url = server.create_database(prefix).expect("create database");
         let mut config = Config::default();
         config.mysql.url = Some(url.clone());
-        let pool = outbox_relay::db::pool(&config).expect("pool");
+        let pool = rocketmq_outbox::db::pool(&config).expect("pool");
         TestDb { url, pool, config }
     }
 
@@ -83,7 +83,7 @@ impl TestDb {
     pub async fn migrated_on(server: &Database, prefix: &str) -> Self {
         let db = Self::empty_on(server, prefix).await;
         let mut conn = db.conn().await;
-        outbox_relay::schema::migrate(&mut conn, &db.config.outbox_tables())
+        rocketmq_outbox::schema::migrate(&mut conn, &db.config.outbox_tables())
             .await
             .expect("migrate");
         db
@@ -175,10 +175,10 @@ fn timeout_notes() -> std::sync::MutexGuard<'static, Vec<String>> {
 }
 
 /// Relay logs go to the test's captured output (shown when a test fails); `RUST_LOG` overrides
-/// the default `warn,outbox_relay=info`.
+/// the default `warn,rocketmq_outbox=info`.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,outbox_relay=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rocketmq_outbox=info"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_test_writer()

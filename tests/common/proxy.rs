@@ -1,7 +1,7 @@
 //! A TCP proxy in front of MariaDB that cuts connections at chosen points: a fault `KILL` can
 //! only hit by luck (in the middle of the relay's start-up checks, say).
 
-use outbox_relay::config::Config;
+use rocketmq_outbox::config::Config;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

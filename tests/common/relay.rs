@@ -4,15 +4,15 @@ use super::rocketmq::rocketmq;
 use super::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
-use outbox_relay::binlog::reader::server_position;
-use outbox_relay::binlog::{BinlogPosition, MariaDbGtidPos};
-use outbox_relay::checkpoint::{CheckpointStore, SledStore};
-use outbox_relay::config::Config;
-use outbox_relay::devenv::{DatabaseKind, ReceivedMessage, TopicReader};
-use outbox_relay::outbox::status::codes::SENT;
-use outbox_relay::pipeline::{RunOptions, RunSummary};
-use outbox_relay::producer::{EnqueueError, NewEvent, Outbox};
-use outbox_relay::relay::RelayHandle;
+use rocketmq_outbox::binlog::reader::server_position;
+use rocketmq_outbox::binlog::{BinlogPosition, MariaDbGtidPos};
+use rocketmq_outbox::checkpoint::{CheckpointStore, SledStore};
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::{DatabaseKind, ReceivedMessage, TopicReader};
+use rocketmq_outbox::outbox::status::codes::SENT;
+use rocketmq_outbox::pipeline::{RunOptions, RunSummary};
+use rocketmq_outbox::producer::{EnqueueError, NewEvent, Outbox};
+use rocketmq_outbox::relay::RelayHandle;
 use serde_json::json;
 use std::collections::HashMap;
 use std::collections::{BTreeMap, HashSet};
@@ -123,7 +123,7 @@ impl RelayFixture<'_> {
 /// itself reads it: MariaDB's `gtid_binlog_pos` or MySQL's `gtid_executed`. Only the GTID form
 /// is kept (the relay resumes by it); file/offset only on a server without GTIDs.
 pub async fn current_position(db: &TestDb) -> BinlogPosition {
-    let opts = outbox_relay::db::opts(&db.config).unwrap();
+    let opts = rocketmq_outbox::db::opts(&db.config).unwrap();
     let current = server_position(&opts).await.unwrap().current;
     if current.mariadb_gtid.is_none() && current.mysql_gtid_set.is_none() {
         return current;
@@ -233,7 +233,7 @@ where
 /// Waits (see [`wait_for`]) until exactly `total` rows of the outbox are SENT.
 pub async fn wait_until_sent(db: &TestDb, total: u64, timeout: Duration) {
     wait_for(&format!("{total} rows SENT"), timeout, || async {
-        count_status(db, outbox_relay::outbox::Status::Sent).await == total
+        count_status(db, rocketmq_outbox::outbox::Status::Sent).await == total
     })
     .await;
 }
@@ -257,7 +257,7 @@ pub async fn stop_when_all_sent(
 }
 
 /// Rows of the outbox with `status`.
-pub async fn count_status(db: &TestDb, status: outbox_relay::outbox::Status) -> u64 {
+pub async fn count_status(db: &TestDb, status: rocketmq_outbox::outbox::Status) -> u64 {
     db.conn()
         .await
         .exec_first(
@@ -431,7 +431,7 @@ pub fn sweeping_config(db: &TestDb) -> (Config, tempfile::TempDir) {
 /// A poll-mode config for `db`: short lease (`lease`), 100 ms poll interval, own instance id.
 pub fn poll_config(db: &TestDb, instance: &str, lease: Duration) -> (Config, tempfile::TempDir) {
     let (mut config, dir) = relay_config(db);
-    config.relay.mode = outbox_relay::config::RelayMode::Poll;
+    config.relay.mode = rocketmq_outbox::config::RelayMode::Poll;
     config.relay.instance_id = Some(instance.to_string());
     config.rocketmq.producer_group = format!("poll_test_{}_{instance}", std::process::id());
     config.poll.interval = Duration::from_millis(100);

@@ -7,18 +7,18 @@ use crate::common::rocketmq::rocketmq;
 use crate::common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::{TxOpts, Value};
-use outbox_relay::config::Config;
-use outbox_relay::devenv::{ReceivedMessage, TopicReader};
-use outbox_relay::outbox::TableName;
-use outbox_relay::pipeline::{RunOptions, RunSummary};
-use outbox_relay::producer::{NewEvent, Outbox};
-use outbox_relay::relay::RelayHandle;
+use rocketmq_outbox::config::Config;
+use rocketmq_outbox::devenv::{ReceivedMessage, TopicReader};
+use rocketmq_outbox::outbox::TableName;
+use rocketmq_outbox::pipeline::{RunOptions, RunSummary};
+use rocketmq_outbox::producer::{NewEvent, Outbox};
+use rocketmq_outbox::relay::RelayHandle;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 #[allow(unused_imports)] // the soak binary includes tests/common too, and uses none of them
-pub use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENT};
+pub use rocketmq_outbox::outbox::status::codes::{FAILED, PENDING, SENT};
 
 /// One outbox row as the relay left it.
 #[derive(Debug, Clone, PartialEq)]

@@ -3,9 +3,9 @@
 
 use crate::common::TestDb;
 use mysql_async::prelude::*;
-use outbox_relay::outbox::TableName;
+use rocketmq_outbox::outbox::TableName;
 
-pub use outbox_relay::outbox::status::codes::{FAILED, PENDING, SENDING, SENT};
+pub use rocketmq_outbox::outbox::status::codes::{FAILED, PENDING, SENDING, SENT};
 
 /// Inserts `n` rows `{prefix}-{i}` on `topic` with `status` (SENT rows get a msg_id and
 /// sent_at, FAILED rows a last_error), in multi-row INSERTs.

@@ -6,9 +6,9 @@ use crate::common::relay::commit_events;
 use crate::common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::Conn;
-use outbox_relay::operate::partitions::{Convert, Maintain, TableMaintain};
-use outbox_relay::outbox::TableName;
-use outbox_relay::producer::NewEvent;
+use rocketmq_outbox::operate::partitions::{Convert, Maintain, TableMaintain};
+use rocketmq_outbox::outbox::TableName;
+use rocketmq_outbox::producer::NewEvent;
 use serde_json::json;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

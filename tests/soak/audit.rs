@@ -5,8 +5,8 @@ use super::consumer::{Delivery, GROUP};
 use super::faults::FaultKind;
 use super::servers::{Servers, TOPIC};
 use super::workload::WriteLog;
-use outbox_relay::consumer::Disposition;
-use outbox_relay::outbox::status::codes::{FAILED, SENT};
+use rocketmq_outbox::consumer::Disposition;
+use rocketmq_outbox::outbox::status::codes::{FAILED, SENT};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -346,7 +346,7 @@ pub async fn audit(
 /// not through the consumer group).
 async fn stored_event_ids(servers: &Servers) -> HashSet<String> {
     let read = async {
-        let mut reader = outbox_relay::devenv::TopicReader::new(&servers.namesrv_addr(), TOPIC)
+        let mut reader = rocketmq_outbox::devenv::TopicReader::new(&servers.namesrv_addr(), TOPIC)
             .await
             .ok()?;
         let messages = reader.read_all_for(Duration::from_secs(3)).await.ok();

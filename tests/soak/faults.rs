@@ -10,8 +10,8 @@ use super::relays::Relays;
 use super::rng::Rng;
 use super::servers::{Servers, RELAY_USER};
 use mysql_async::prelude::*;
-use outbox_relay::devenv::SqlServer;
-use outbox_relay::outbox::status::codes::{PENDING, SENDING};
+use rocketmq_outbox::devenv::SqlServer;
+use rocketmq_outbox::outbox::status::codes::{PENDING, SENDING};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

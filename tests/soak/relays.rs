@@ -3,7 +3,7 @@
 //! them down (a purge-while-down fault). Each instance has its own config file, checkpoint
 //! directory, server id and log file (`relay-<instance>.log` beside its config).
 
-use outbox_relay::config::Config;
+use rocketmq_outbox::config::Config;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -171,7 +171,7 @@ impl Relays {
                     "--- relay {} ({}):\n{}",
                     i.id,
                     i.log_file.display(),
-                    outbox_relay::devenv::process::log_tail(&i.log_file, lines)
+                    rocketmq_outbox::devenv::process::log_tail(&i.log_file, lines)
                 )
             })
             .collect::<Vec<_>>()

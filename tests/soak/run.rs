@@ -7,7 +7,7 @@ use super::faults::{inject, leader, schedule};
 use super::relays::{soak_config, Relays};
 use super::servers::{Servers, TOPIC};
 use super::workload::{self, WorkloadSpec};
-use outbox_relay::outbox::status::codes::{PENDING, SENDING, SENT};
+use rocketmq_outbox::outbox::status::codes::{PENDING, SENDING, SENT};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

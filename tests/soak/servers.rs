@@ -6,11 +6,11 @@
 
 use mysql_async::prelude::*;
 use mysql_async::{Opts, Pool};
-use outbox_relay::devenv::SqlServer;
-use outbox_relay::devenv::{
+use rocketmq_outbox::devenv::SqlServer;
+use rocketmq_outbox::devenv::{
     scratch_dir, Database, DatabaseKind, DatabaseOptions, RocketMq, RocketMqOptions,
 };
-use outbox_relay::outbox::status::codes::{PENDING, SENDING};
+use rocketmq_outbox::outbox::status::codes::{PENDING, SENDING};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -93,8 +93,8 @@ impl Servers {
         let opts = Opts::from_url(&format!("{url}?pool_min=1&pool_max=40")).unwrap();
         let pool = Pool::new(opts);
         let mut conn = pool.get_conn().await.unwrap();
-        let tables = outbox_relay::config::Config::default().outbox_tables();
-        outbox_relay::schema::migrate(&mut conn, &tables)
+        let tables = rocketmq_outbox::config::Config::default().outbox_tables();
+        rocketmq_outbox::schema::migrate(&mut conn, &tables)
             .await
             .expect("migrate");
         conn.query_drop(ACCOUNT_DDL).await.unwrap();

@@ -8,7 +8,7 @@
 
 use mysql_async::prelude::*;
 use mysql_async::{Pool, TxOpts};
-use outbox_relay::producer::{EventId, NewEvent, Outbox};
+use rocketmq_outbox::producer::{EventId, NewEvent, Outbox};
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
