@@ -2,12 +2,12 @@
 //! (`DefaultMQProducer`, as `src/send/rocketmq.rs` uses it), no database and no relay.
 
 use futures_util::future::join_all;
-use rocketmq_outbox::rocketmq_client::ClientHost;
-use rocketmq_outbox::route::{index_for, java_string_hash};
 use rocketmq_client_rust::{DefaultMQProducer, SendStatus};
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
+use rocketmq_outbox::rocketmq_client::ClientHost;
+use rocketmq_outbox::route::{index_for, java_string_hash};
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -41,11 +41,11 @@ mod stages;
 mod workload;
 
 use ceiling::Sample;
+use procs::Watched;
+use report::{MarkCeiling, Report};
 use rocketmq_outbox::config::Config;
 use rocketmq_outbox::devenv::{scratch_dir, BrokerKind, Database, DatabaseKind, SqlServer};
 use rocketmq_outbox::devenv::{RocketMq, RocketMqOptions};
-use procs::Watched;
-use report::{MarkCeiling, Report};
 use runs::{Bench, System};
 use std::path::PathBuf;
 use std::sync::Arc;

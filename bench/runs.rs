@@ -179,9 +179,12 @@ impl Bench {
         let mut config = self.config.clone();
         config.mysql.url = Some(url.clone());
         let pool = rocketmq_outbox::db::pool(&config).unwrap();
-        rocketmq_outbox::schema::migrate(&mut pool.get_conn().await.unwrap(), &config.outbox_tables())
-            .await
-            .unwrap();
+        rocketmq_outbox::schema::migrate(
+            &mut pool.get_conn().await.unwrap(),
+            &config.outbox_tables(),
+        )
+        .await
+        .unwrap();
         self.rocketmq.create_topic(name, 8).unwrap();
         (pool, url)
     }

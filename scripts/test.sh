@@ -130,7 +130,7 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # (mysql_file_position starts a MySQL of its own, without GTIDs: it ran in the first phase.)
   modules=(relay relay_faults relay_resume failover purged_binlog row_image poll poll_processes
     marker memory_broker bad_input bad_input_access relay_checks sweeper producer migrate operate
-    operate_status_replay partitions tls xa binlog_variants metrics)
+    operate_status_replay partitions tls xa binlog_variants metrics switch_over)
   cargo test "${FEATURES[@]}" --test suite -- "${modules[@]/%/::}"
   say "MySQL phase: the suite's relay modules: $((SECONDS - started)) s"
   soak_started=$SECONDS

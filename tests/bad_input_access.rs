@@ -324,7 +324,8 @@ async fn the_mysql_password_never_appears_in_output_or_debug_logs() {
 async fn enqueue_many(db: &TestDb, topic: &str, from: usize, n: usize) -> Vec<(u64, String)> {
     let mut rows = Vec::new();
     for i in from..from + n {
-        let event = rocketmq_outbox::producer::NewEvent::new(topic, format!("k-{i}"), json!({"i": i}));
+        let event =
+            rocketmq_outbox::producer::NewEvent::new(topic, format!("k-{i}"), json!({"i": i}));
         rows.push(enqueue(db, "outbox_event", event).await);
     }
     rows

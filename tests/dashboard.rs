@@ -22,8 +22,8 @@ use common::relay::{
     relay_config, wait_for, wait_until_sent, write_config_file, write_events, RelayProcess,
 };
 use common::rocketmq::new_topic;
-use rocketmq_outbox::consumer::{ConsumedEvent, ConsumerMetrics, Disposition, IdempotentProcessor};
 use prometheus_client::registry::Registry;
+use rocketmq_outbox::consumer::{ConsumedEvent, ConsumerMetrics, Disposition, IdempotentProcessor};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

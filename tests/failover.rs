@@ -95,7 +95,9 @@ async fn killing_the_leader_three_times_loses_nothing() {
         wait_for(
             "events SENT before the next kill",
             Duration::from_secs(120),
-            || async { count_status(&db, rocketmq_outbox::outbox::Status::Sent).await >= threshold },
+            || async {
+                count_status(&db, rocketmq_outbox::outbox::Status::Sent).await >= threshold
+            },
         )
         .await;
         let (current, epoch) = leader(&db, &name).await.unwrap();

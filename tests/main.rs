@@ -51,5 +51,6 @@ mod relay_faults;
 mod relay_resume;
 mod row_image;
 mod sweeper;
+mod switch_over;
 mod tls;
 mod xa;

@@ -124,7 +124,9 @@ async fn every_bad_input_is_a_typed_error_and_writes_nothing() {
         (event("k").with_event_id("not valid"), |e| {
             matches!(
                 e,
-                EnqueueError::Invalid(rocketmq_outbox::outbox::RuleViolation::InvalidEventId { .. })
+                EnqueueError::Invalid(
+                    rocketmq_outbox::outbox::RuleViolation::InvalidEventId { .. }
+                )
             )
         }),
     ];

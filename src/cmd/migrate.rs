@@ -1,4 +1,4 @@
-//! `outbox-relay migrate [--status]`.
+//! `outbox-relay migrate [--status | --plan] [--max-rows N]`.
 
 use super::GlobalArgs;
 use clap::Args;
@@ -8,8 +8,16 @@ use rocketmq_outbox::{db, schema};
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
     /// Only list the migrations and whether each is applied.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "plan")]
     status: bool,
+    /// Print the SQL migrate would run (the adoption of existing outbox tables, then the
+    /// migrations not yet applied) and change nothing: for a DBA who applies schema changes.
+    #[arg(long)]
+    plan: bool,
+    /// Largest existing outbox table (the server's row estimate) migrate builds an index on by
+    /// itself; over it, migrate changes nothing and prints the statements to run. 0: no limit.
+    #[arg(long, env = "OUTBOX_MIGRATE_MAX_ROWS", default_value_t = schema::adopt::DEFAULT_MAX_ROWS)]
+    max_rows: u64,
 }
 
 pub async fn run(global: &GlobalArgs, args: MigrateArgs) -> anyhow::Result<()> {
@@ -22,13 +30,27 @@ pub async fn run(global: &GlobalArgs, args: MigrateArgs) -> anyhow::Result<()> {
             rocketmq_outbox::config::redact_url_password(config.mysql_url().unwrap_or_default())
         )
     })?;
-    if args.status {
+    let rule = schema::adopt::OnlineRule {
+        max_rows: (args.max_rows > 0).then_some(args.max_rows),
+    };
+    if args.plan {
+        print!(
+            "-- outbox-relay migrate --plan: database `{database}`\n\n{}",
+            schema::plan(&mut conn, &config.outbox_tables(), rule).await?
+        );
+    } else if args.status {
         for (version, name, applied) in schema::status(&mut conn).await? {
             let state = if applied { "applied" } else { "pending" };
             println!("{version:>4}  {name:<24} {state}");
         }
     } else {
-        let report = schema::migrate(&mut conn, &config.outbox_tables()).await?;
+        let report = schema::migrate_with(&mut conn, &config.outbox_tables(), rule).await?;
+        for (table, statements) in &report.adopted {
+            println!("adopted outbox table {table} (recorded in outbox_schema_changes):");
+            for statement in statements {
+                println!("  {statement}");
+            }
+        }
         for (version, name) in &report.applied {
             println!("applied {version:04} {name}");
         }

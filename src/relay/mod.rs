@@ -69,6 +69,32 @@ pub async fn dry_run(config: &Config, cancel: CancellationToken) -> anyhow::Resu
     Ok(())
 }
 
+/// Stops the relay before it starts when an outbox table lacks what the relay needs (the same
+/// comparison `migrate --plan` prints), naming what is missing and the command that adds it;
+/// warns of a missing index. A server that cannot be reached or read here is left to the
+/// pipeline's own start-up checks, which classify and retry such errors.
+async fn check_tables(deployment: &Deployment) -> anyhow::Result<()> {
+    let checked = async {
+        let mut conn = mysql_async::Conn::new(deployment.opts.clone()).await?;
+        let result = crate::schema::check_for_run(&mut conn, &deployment.tables).await;
+        let _ = conn.disconnect().await;
+        anyhow::Ok(result?)
+    };
+    match checked.await {
+        Ok(Ok(warnings)) => {
+            for warning in warnings {
+                tracing::warn!("{warning}");
+            }
+            Ok(())
+        }
+        Ok(Err(blocked)) => Err(anyhow::anyhow!(blocked)),
+        Err(e) => {
+            tracing::debug!(error = %e, "outbox tables not checked before the start");
+            Ok(())
+        }
+    }
+}
+
 /// A relay running on the current Tokio runtime with the RocketMQ sink and the sled store in
 /// `relay.checkpoint_dir`: what `outbox-relay run`, `dev up`, the tests and the benchmark start.
 pub struct RelayHandle {
@@ -99,6 +125,7 @@ impl RelayHandle {
             }
         };
         let deployment = Deployment::resolve(config)?;
+        check_tables(&deployment).await?;
         let sink = Arc::new(crate::send::RocketMqSink::start(&config.rocketmq).await?);
         let (config, token) = (config.clone(), cancel.clone());
         let streamed = match config.relay.mode {

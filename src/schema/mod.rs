@@ -1,4 +1,5 @@
-//! Schema migrations: the SQL files in `migrations/`, applied in order by `outbox-relay migrate`.
+//! Schema migrations: the SQL files in `migrations/`, applied in order by `outbox-relay migrate`,
+//! after existing outbox tables are adopted ([`adopt`]).
 //!
 //! Guarantees: each migration is applied at most once per database (recorded in
 //! `outbox_schema_history` with a SHA-256 of its text); a migration whose file changed after it
@@ -6,11 +7,21 @@
 //! MySQL named lock. Files use `CREATE TABLE IF NOT EXISTS`, and an index that already exists (or
 //! is already gone) is accepted, so a half-applied migration (DDL is not transactional in MySQL)
 //! can be run again.
+//!
+//! An outbox table that exists before its migrations run (the reference article's table, a
+//! configured table another relay fills) is adopted first: what it lacks is added, and the
+//! migrations that create or index `outbox_event` then find it complete. A table `migrate`
+//! cannot adopt by itself stops it before it changes anything else, with the statements to run.
+
+pub mod adopt;
+pub mod shape;
 
 use crate::outbox::{TableName, DEFAULT_TABLE};
+use adopt::{OnlineRule, TablePlan};
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 use sha2::{Digest, Sha256};
+use shape::TableShape;
 
 /// One SQL file of `migrations/`.
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +57,8 @@ pub const MIGRATIONS: &[Migration] = &[
 ];
 
 const HISTORY_TABLE: &str = "outbox_schema_history";
+/// One row per adoption step: the table and the statements run on it.
+const CHANGES_TABLE: &str = "outbox_schema_changes";
 const LOCK_NAME: &str = "outbox_relay.migrate";
 
 /// Why migrating failed.
@@ -70,6 +83,16 @@ pub enum MigrateError {
     UnknownVersion { version: u32, name: String },
     #[error("another `outbox-relay migrate` holds the migration lock; try again when it ends")]
     Locked,
+    #[error(
+        "migrate will not change outbox table {table} by itself (nothing was changed):\n{details}"
+    )]
+    Refused { table: String, details: String },
+    #[error("adopting outbox table {table} failed on `{statement}`: {source}")]
+    Adopt {
+        table: String,
+        statement: String,
+        source: mysql_async::Error,
+    },
     #[error("migration {version} ({name}) failed on `{statement}`: {source}")]
     Statement {
         version: u32,
@@ -88,6 +111,8 @@ pub struct MigrationReport {
     pub already_applied: usize,
     /// Extra outbox tables created like `outbox_event`.
     pub created_tables: Vec<String>,
+    /// Existing outbox tables adopted: the table and the statements run on it.
+    pub adopted: Vec<(String, Vec<String>)>,
 }
 
 /// SHA-256 of a migration's text, hex.
@@ -124,11 +149,21 @@ pub fn statements(sql: &str) -> Vec<String> {
     out
 }
 
-/// Applies every migration not yet applied to the connection's current database, then creates
-/// each configured outbox table that does not exist yet `LIKE outbox_event`.
+/// [`migrate_with`] under the default [`OnlineRule`].
 pub async fn migrate(
     conn: &mut Conn,
     outbox_tables: &[TableName],
+) -> Result<MigrationReport, MigrateError> {
+    migrate_with(conn, outbox_tables, OnlineRule::default()).await
+}
+
+/// Adopts every existing outbox table (`outbox_event` and `outbox_tables`) under `rule`, applies
+/// every migration not yet applied to the connection's current database, then creates each
+/// configured outbox table that does not exist yet `LIKE outbox_event`.
+pub async fn migrate_with(
+    conn: &mut Conn,
+    outbox_tables: &[TableName],
+    rule: OnlineRule,
 ) -> Result<MigrationReport, MigrateError> {
     let locked: Option<i64> = conn
         .exec_first("SELECT GET_LOCK(?, 60)", (LOCK_NAME,))
@@ -136,7 +171,7 @@ pub async fn migrate(
     if locked != Some(1) {
         return Err(MigrateError::Locked);
     }
-    let result = migrate_locked(conn, outbox_tables).await;
+    let result = migrate_locked(conn, outbox_tables, rule).await;
     let _: Option<i64> = conn
         .exec_first("SELECT RELEASE_LOCK(?)", (LOCK_NAME,))
         .await?;
@@ -146,7 +181,18 @@ pub async fn migrate(
 async fn migrate_locked(
     conn: &mut Conn,
     outbox_tables: &[TableName],
+    rule: OnlineRule,
 ) -> Result<MigrationReport, MigrateError> {
+    conn.query_drop(format!(
+        "CREATE TABLE IF NOT EXISTS {CHANGES_TABLE} (
+           id           BIGINT        NOT NULL AUTO_INCREMENT,
+           outbox_table VARCHAR(130)  NOT NULL,
+           statements   TEXT          NOT NULL,
+           applied_at   DATETIME(3)   NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+           PRIMARY KEY (id)
+         ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4"
+    ))
+    .await?;
     conn.query_drop(format!(
         "CREATE TABLE IF NOT EXISTS {HISTORY_TABLE} (
            version    INT          NOT NULL,
@@ -180,6 +226,12 @@ async fn migrate_locked(
             });
         }
         report.already_applied += 1;
+    }
+    for plan in adoption_plans(conn, outbox_tables, rule).await? {
+        let statements = adopt_table(conn, &plan, rule).await?;
+        if !statements.is_empty() {
+            report.adopted.push((plan.table.to_string(), statements));
+        }
     }
     for migration in MIGRATIONS {
         if applied.iter().any(|(v, _, _)| *v == migration.version) {
@@ -230,6 +282,230 @@ async fn migrate_locked(
         }
     }
     Ok(report)
+}
+
+/// `outbox_event` and `outbox_tables`, each once: the tables `migrate` adopts or creates.
+fn outbox_tables_with_default(outbox_tables: &[TableName]) -> Vec<TableName> {
+    let mut tables = vec![TableName {
+        schema: None,
+        table: DEFAULT_TABLE.to_string(),
+    }];
+    for table in outbox_tables {
+        if !tables.contains(table) {
+            tables.push(table.clone());
+        }
+    }
+    tables
+}
+
+/// The adoption plan of every outbox table that exists (`outbox_event` and `outbox_tables`).
+pub async fn adoption_plans(
+    conn: &mut Conn,
+    outbox_tables: &[TableName],
+    rule: OnlineRule,
+) -> Result<Vec<TablePlan>, MigrateError> {
+    let mut plans = Vec::new();
+    for table in outbox_tables_with_default(outbox_tables) {
+        if let Some(shape) = TableShape::read(conn, &table).await? {
+            plans.push(TablePlan::compare(&table, &shape, rule));
+        }
+    }
+    Ok(plans)
+}
+
+/// Runs `plan`'s statements on its table and records them in `outbox_schema_changes` (what ran,
+/// even when a later statement fails); returns them. Column adds fall back from instant to
+/// online where the server has no instant ADD COLUMN for them, under `rule`.
+async fn adopt_table(
+    conn: &mut Conn,
+    plan: &TablePlan,
+    rule: OnlineRule,
+) -> Result<Vec<String>, MigrateError> {
+    let table = plan.table.to_string();
+    let refused = |plan: &TablePlan| {
+        let mut details = String::new();
+        plan.render(&mut details);
+        MigrateError::Refused {
+            table: table.clone(),
+            details,
+        }
+    };
+    if plan.is_refused() {
+        return Err(refused(plan));
+    }
+    let mut ran = Vec::new();
+    let mut failure = None;
+    for statement in plan.statements() {
+        let mut result = conn.query_drop(&statement).await;
+        let mut statement = statement;
+        // ER_ALTER_OPERATION_NOT_SUPPORTED(_REASON): no instant ADD COLUMN here (an older server,
+        // a table format without it): the same change online, which rebuilds the table.
+        if matches!(&result, Err(mysql_async::Error::Server(e)) if e.code == 1845 || e.code == 1846)
+            && statement.ends_with(adopt::INSTANT)
+        {
+            if rule.max_rows.is_some_and(|max| plan.estimated_rows > max) {
+                let mut rebuilt = plan.clone();
+                rebuilt.add_indexes.clear();
+                rebuilt.refusals.push(adopt::Refusal {
+                    kind: adopt::RefusalKind::TooLarge,
+                    reason: format!(
+                        "this server cannot add the columns instantly, and {table} has about {} \
+                         rows, over the limit for a rebuild by migrate (--max-rows)",
+                        plan.estimated_rows
+                    ),
+                    statement: statement.replace(adopt::INSTANT, adopt::ONLINE),
+                });
+                return Err(refused(&rebuilt));
+            }
+            tracing::info!(%table, "no instant ADD COLUMN on this server: adding the columns online");
+            statement = statement.replace(adopt::INSTANT, adopt::ONLINE);
+            result = conn.query_drop(&statement).await;
+        }
+        match result {
+            Ok(()) => {
+                tracing::info!(%table, %statement, "adopted outbox table");
+                ran.push(statement);
+            }
+            Err(source) => {
+                failure = Some(MigrateError::Adopt {
+                    table: table.clone(),
+                    statement,
+                    source,
+                });
+                break;
+            }
+        }
+    }
+    if !ran.is_empty() {
+        conn.exec_drop(
+            format!("INSERT INTO {CHANGES_TABLE} (outbox_table, statements) VALUES (?, ?)"),
+            (table.as_str(), ran.join(";\n")),
+        )
+        .await?;
+    }
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(ran),
+    }
+}
+
+/// What `migrate` would do now, changing nothing: the adoption of each existing outbox table,
+/// then each migration not yet applied, as SQL with comments (`outbox-relay migrate --plan`).
+pub async fn plan(
+    conn: &mut Conn,
+    outbox_tables: &[TableName],
+    rule: OnlineRule,
+) -> Result<String, MigrateError> {
+    use std::fmt::Write as _;
+    let mut out = String::from(
+        "-- Applied by hand? Then run `outbox-relay migrate` once: it finds this done and records \
+         the migrations.\n\n",
+    );
+    let plans = adoption_plans(conn, outbox_tables, rule).await?;
+    for table_plan in &plans {
+        table_plan.render(&mut out);
+        out.push('\n');
+    }
+    let applied: Vec<u32> = status(conn)
+        .await?
+        .into_iter()
+        .filter_map(|(version, _, applied)| applied.then_some(version))
+        .collect();
+    let default_table = TableName {
+        schema: None,
+        table: DEFAULT_TABLE.to_string(),
+    };
+    let adopted = TableShape::read(conn, &default_table).await?;
+    for migration in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+        let _ = writeln!(
+            out,
+            "-- migration {} (recorded in {HISTORY_TABLE})",
+            migration.name
+        );
+        for statement in statements(migration.sql) {
+            if adopted
+                .as_ref()
+                .is_some_and(|shape| no_op_after_adoption(shape, &statement))
+            {
+                // A no-op for migrate, an error for a DBA running the script by hand.
+                let first = statement.lines().next().unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "-- (nothing to do on the adopted {DEFAULT_TABLE}): {first}"
+                );
+            } else {
+                let _ = writeln!(out, "{statement};");
+            }
+        }
+        out.push('\n');
+    }
+    for table in outbox_tables_with_default(outbox_tables) {
+        let known = plans.iter().any(|p| p.table == table);
+        if !known && !(table.schema.is_none() && table.table == DEFAULT_TABLE) {
+            let _ = writeln!(out, "CREATE TABLE {} LIKE {DEFAULT_TABLE};", table.sql());
+        }
+    }
+    if plans.iter().all(TablePlan::is_empty) && applied.len() == MIGRATIONS.len() {
+        out = "-- nothing to do: the schema is up to date\n".into();
+        for note in plans.iter().flat_map(|p| &p.notes) {
+            let _ = writeln!(out, "-- note: {note}");
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a migration's `statement` does nothing on `outbox_event` once it is adopted: the
+/// table it creates is there, an index it adds is there (adoption adds every index the relay
+/// needs, or the name is taken), or the index it drops is not there.
+fn no_op_after_adoption(shape: &TableShape, statement: &str) -> bool {
+    if !statement.contains(DEFAULT_TABLE) {
+        return false;
+    }
+    let words: Vec<&str> = statement.split_whitespace().collect();
+    let index_after = |verb: &str| {
+        words
+            .windows(3)
+            .find(|w| w[0].eq_ignore_ascii_case(verb) && w[1].eq_ignore_ascii_case("INDEX"))
+            .map(|w| w[2])
+    };
+    if statement.starts_with("CREATE TABLE IF NOT EXISTS") {
+        true
+    } else if index_after("ADD").is_some() {
+        true
+    } else if let Some(name) = index_after("DROP") {
+        shape.index(name).is_none()
+    } else {
+        false
+    }
+}
+
+/// The check `run` makes before it starts, the same comparison `migrate --plan` prints: an
+/// error naming what each table lacks (and how to add it) when the relay cannot run on it;
+/// otherwise the warnings of tables it runs on more slowly.
+pub async fn check_for_run(
+    conn: &mut Conn,
+    outbox_tables: &[TableName],
+) -> Result<Result<Vec<String>, String>, MigrateError> {
+    let mut warnings = Vec::new();
+    let mut blocked = Vec::new();
+    for table in outbox_tables {
+        match TableShape::read(conn, table).await? {
+            None => blocked.push(format!(
+                "outbox table {table} does not exist: run `outbox-relay migrate` (it creates it), \
+                 or fix outbox.tables"
+            )),
+            Some(shape) => {
+                let plan = TablePlan::compare(table, &shape, OnlineRule { max_rows: None });
+                blocked.extend(plan.blocks_run());
+                warnings.extend(plan.slows_run());
+            }
+        }
+    }
+    Ok(if blocked.is_empty() {
+        Ok(warnings)
+    } else {
+        Err(blocked.join("\n"))
+    })
 }
 
 /// `(version, name, applied)` for every known migration, for `outbox-relay migrate --status`.

@@ -1,11 +1,11 @@
 //! Broker fixtures for consumer tests: one real RocketMQ per test binary, a topic per test, and
 //! a producer that publishes messages the way the relay does (the message contract).
 
-use rocketmq_outbox::devenv::{scratch_dir, ClientHost, RocketMq, RocketMqOptions};
 use rocketmq_client_rust::{DefaultMQProducer, SendResult, SendStatus};
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
+use rocketmq_outbox::devenv::{scratch_dir, ClientHost, RocketMq, RocketMqOptions};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -106,6 +106,11 @@ pub struct TestProducer {
 
 impl TestProducer {
     pub async fn start() -> Self {
+        Self::start_on(&rocketmq().namesrv_addr()).await
+    }
+
+    /// A producer of the cluster of name server `namesrv`.
+    pub async fn start_on(namesrv: &str) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let host = ClientHost::new("test-producer").expect("client host");
         let producer = DefaultMQProducer::builder(host.client_runtime())
@@ -114,7 +119,7 @@ impl TestProducer {
                 std::process::id(),
                 NEXT.fetch_add(1, Ordering::Relaxed)
             ))
-            .name_server_addr(rocketmq().namesrv_addr())
+            .name_server_addr(namesrv)
             .send_msg_timeout(3_000)
             .build();
         let mut starting = producer.clone();

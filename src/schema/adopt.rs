@@ -1,0 +1,395 @@
+//! Adopting an existing outbox table: what `migrate` adds to a table it did not create (the
+//! reference article's `outbox_event`, a table another relay fills), what it refuses to do by
+//! itself, and the check `run` makes before it starts.
+//!
+//! Guarantees: adoption only adds (columns, then indexes); it never drops, renames, retypes or
+//! rewrites anything. Columns are added `ALGORITHM=INSTANT` (metadata only, at any table size;
+//! where the server cannot, `INPLACE, LOCK=NONE`), indexes `ALGORITHM=INPLACE, LOCK=NONE`, so
+//! writers and a polling relay keep working while it runs. A table larger than the operator's
+//! rule ([`OnlineRule`]) is not changed at all: the statements are printed for a DBA instead.
+//! What it does to a table is one step, recorded with its statements in
+//! `outbox_schema_changes`.
+
+use super::shape::{ExistingIndex, Filled, Lookup, RequiredColumn, RequiredIndex, TableShape};
+use super::shape::{COLUMNS, INDEXES};
+use crate::outbox::TableName;
+use std::fmt::Write as _;
+
+/// The operator's rule for changes that copy or rebuild data (index builds; column adds where the
+/// server has no instant ADD COLUMN).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnlineRule {
+    /// Largest table (the server's row estimate) `migrate` changes that way by itself; `None`: any.
+    pub max_rows: Option<u64>,
+}
+
+/// The default row limit: an outbox keeps only a short window of events (SENT rows are cleaned
+/// up after days), so a larger one is worth a DBA's look before an index build.
+pub const DEFAULT_MAX_ROWS: u64 = 1_000_000;
+
+impl Default for OnlineRule {
+    fn default() -> Self {
+        OnlineRule {
+            max_rows: Some(DEFAULT_MAX_ROWS),
+        }
+    }
+}
+
+/// Something `migrate` will not do by itself, with what to run instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub kind: RefusalKind,
+    pub reason: String,
+    /// The statement(s) that would resolve it, for an operator to run (after the step the reason
+    /// names, if any).
+    pub statement: String,
+}
+
+/// What a [`Refusal`] is about, which decides what it holds back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// A column missing that migrate cannot add, or of an incompatible type: the relay cannot
+    /// run on the table, and migrate changes nothing on it.
+    Column,
+    /// The table is over the operator's row limit for an index build: migrate changes nothing
+    /// on it (the relay cannot run while columns are missing).
+    TooLarge,
+    /// An index name taken by another index: the relay runs, slower; migrate adds the rest.
+    Index,
+}
+
+/// What adopting one existing table takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TablePlan {
+    pub table: TableName,
+    pub estimated_rows: u64,
+    pub add_columns: Vec<RequiredColumn>,
+    pub add_indexes: Vec<RequiredIndex>,
+    pub refusals: Vec<Refusal>,
+    /// Differences the relay works with, and why, for the plan's comments.
+    pub notes: Vec<String>,
+}
+
+/// `ALGORITHM` clauses: the first one tried for column adds, the fallback, and index adds'.
+pub const INSTANT: &str = "ALGORITHM=INSTANT";
+pub const ONLINE: &str = "ALGORITHM=INPLACE, LOCK=NONE";
+
+impl TablePlan {
+    /// Compares `shape` (of existing `table`) with what the relay needs.
+    pub fn compare(table: &TableName, shape: &TableShape, rule: OnlineRule) -> Self {
+        let mut plan = TablePlan {
+            table: table.clone(),
+            estimated_rows: shape.estimated_rows,
+            add_columns: Vec::new(),
+            add_indexes: Vec::new(),
+            refusals: Vec::new(),
+            notes: Vec::new(),
+        };
+        for required in COLUMNS {
+            plan.compare_column(required, shape);
+        }
+        match shape.index("PRIMARY") {
+            Some(pk) if pk.columns.len() == 1 && pk.columns[0].eq_ignore_ascii_case("id") => {}
+            _ => plan.refuse(
+                RefusalKind::Column,
+                "the primary key must be (id): the relay orders each key's events by it".into(),
+                format!("ALTER TABLE {} ADD PRIMARY KEY (id)", table.sql()),
+            ),
+        }
+        for required in INDEXES {
+            plan.compare_index(required, shape);
+        }
+        plan.apply_rule(rule);
+        plan
+    }
+
+    fn refuse(&mut self, kind: RefusalKind, reason: String, statement: String) {
+        self.refusals.push(Refusal {
+            kind,
+            reason,
+            statement,
+        });
+    }
+
+    fn compare_column(&mut self, required: &RequiredColumn, shape: &TableShape) {
+        let (name, table) = (required.name, self.table.sql());
+        let modify = format!(
+            "ALTER TABLE {table} MODIFY COLUMN `{name}` {}",
+            required.definition
+        );
+        let Some(existing) = shape.column(name) else {
+            match required.filled {
+                Filled::ByRelay => self.add_columns.push(*required),
+                Filled::ByProducer => self.refuse(
+                    RefusalKind::Column,
+                    format!(
+                        "column `{name}` is missing: business code writes it in every event, so \
+                         migrate cannot fill it for the rows already there"
+                    ),
+                    format!(
+                        "ALTER TABLE {table} ADD COLUMN `{name}` {}",
+                        required.definition
+                    ),
+                ),
+            }
+            return;
+        };
+        if !required.kind.admits(existing) {
+            let mut reason = format!(
+                "column `{name}` is {}; the relay needs {}",
+                existing.column_type,
+                required.kind.describe()
+            );
+            if name == "status" {
+                reason.push_str(
+                    " (codes 0 PENDING, 1 SENDING, 2 SENT, 3 FAILED: convert the values first)",
+                );
+            }
+            self.refuse(RefusalKind::Column, reason, modify);
+        } else if required.relay_writes_null && !existing.nullable {
+            self.refuse(
+                RefusalKind::Column,
+                format!("column `{name}` is NOT NULL; the relay sets it to NULL"),
+                modify,
+            );
+        }
+    }
+
+    fn compare_index(&mut self, required: &RequiredIndex, shape: &TableShape) {
+        let table = self.table.sql();
+        let same_name = shape.index(required.name);
+        let wanted = column_list(required.columns);
+        match (required.lookup, same_name) {
+            (Lookup::ByName, Some(existing))
+                if existing
+                    .columns
+                    .first()
+                    .is_some_and(|c| c.eq_ignore_ascii_case(required.columns[0])) =>
+            {
+                if !same_columns(existing, required.columns) {
+                    self.notes.push(format!(
+                        "{} is ({}) here, the relay's is ({wanted}): the relay uses it as it is \
+                         (its claims then sort the PENDING rows by id). To match it: ALTER TABLE \
+                         {table} DROP INDEX {}, ADD INDEX {} ({wanted}), {ONLINE}",
+                        required.name,
+                        column_list_of(existing),
+                        required.name,
+                        required.name
+                    ));
+                }
+            }
+            (_, Some(existing))
+                if !(required.lookup == Lookup::ByColumns
+                    && same_columns(existing, required.columns)) =>
+            {
+                if required.lookup == Lookup::ByColumns
+                    && shape
+                        .index_leading_with(required.columns, required.unique)
+                        .is_some()
+                {
+                    return;
+                }
+                self.refuse(
+                    RefusalKind::Index,
+                    format!(
+                        "an index named {} exists on ({}); the relay needs that name for \
+                         ({wanted}), for {}",
+                        required.name,
+                        column_list_of(existing),
+                        required.serves
+                    ),
+                    format!(
+                        "ALTER TABLE {table} RENAME INDEX {} TO {}_old",
+                        required.name, required.name
+                    ),
+                );
+            }
+            (_, Some(_)) => {}
+            (Lookup::ByColumns, None)
+                if shape
+                    .index_leading_with(required.columns, required.unique)
+                    .is_some() => {}
+            (_, None) => self.add_indexes.push(*required),
+        }
+    }
+
+    /// A table over the operator's row limit gets nothing by itself when an index must be built.
+    fn apply_rule(&mut self, rule: OnlineRule) {
+        let Some(max) = rule.max_rows else { return };
+        if self.add_indexes.is_empty() || self.estimated_rows <= max {
+            return;
+        }
+        let statements = self.statements().join(";\n");
+        self.refuse(
+            RefusalKind::TooLarge,
+            format!(
+                "{} has about {} rows, over the limit of {max} for an index build by migrate \
+                 (--max-rows): run these statements yourself (or with your online schema change \
+                 tool), then `outbox-relay migrate` again",
+                self.table, self.estimated_rows
+            ),
+            statements,
+        );
+    }
+
+    /// Whether the table needs nothing and nothing is refused.
+    pub fn is_empty(&self) -> bool {
+        self.add_columns.is_empty() && self.add_indexes.is_empty() && self.refusals.is_empty()
+    }
+
+    /// Whether `migrate` leaves the table as it is (a refusal it cannot work around).
+    pub fn is_refused(&self) -> bool {
+        self.refusals.iter().any(|r| r.kind != RefusalKind::Index)
+    }
+
+    /// The statements adoption runs: one ALTER adding the columns (instant), one adding the
+    /// indexes (online).
+    pub fn statements(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let table = self.table.sql();
+        if !self.add_columns.is_empty() {
+            let adds: Vec<String> = self
+                .add_columns
+                .iter()
+                .map(|c| format!("ADD COLUMN `{}` {}", c.name, c.definition))
+                .collect();
+            out.push(format!(
+                "ALTER TABLE {table} {}, {INSTANT}",
+                adds.join(", ")
+            ));
+        }
+        if !self.add_indexes.is_empty() {
+            let adds: Vec<String> = self
+                .add_indexes
+                .iter()
+                .map(|i| {
+                    let unique = if i.unique { "UNIQUE " } else { "" };
+                    format!(
+                        "ADD {unique}INDEX `{}` ({})",
+                        i.name,
+                        column_list(i.columns)
+                    )
+                })
+                .collect();
+            out.push(format!("ALTER TABLE {table} {}, {ONLINE}", adds.join(", ")));
+        }
+        out
+    }
+
+    /// Why `run` cannot start on this table (missing or incompatible columns), if it cannot.
+    pub fn blocks_run(&self) -> Option<String> {
+        let blocking: Vec<&Refusal> = self
+            .refusals
+            .iter()
+            .filter(|r| r.kind == RefusalKind::Column)
+            .collect();
+        if self.add_columns.is_empty() && blocking.is_empty() {
+            return None;
+        }
+        let mut text = format!("outbox table {} is not ready for the relay:", self.table);
+        if !self.add_columns.is_empty() {
+            let names: Vec<&str> = self.add_columns.iter().map(|c| c.name).collect();
+            let _ = write!(text, " it lacks the column(s) {}", names.join(", "));
+        }
+        for refusal in &blocking {
+            let _ = write!(text, "; {}", refusal.reason);
+        }
+        let _ = write!(
+            text,
+            ". Run `outbox-relay migrate` (it adds what is missing online and drops nothing; \
+             `outbox-relay migrate --plan` prints the statements first)"
+        );
+        Some(text)
+    }
+
+    /// Why the relay will be slower on this table (a missing index), if it will.
+    pub fn slows_run(&self) -> Option<String> {
+        let mut reasons: Vec<String> = self
+            .add_indexes
+            .iter()
+            .map(|i| format!("index {} ({}) is missing", i.name, column_list(i.columns)))
+            .collect();
+        reasons.extend(
+            self.refusals
+                .iter()
+                .filter(|r| r.kind == RefusalKind::Index)
+                .map(|r| r.reason.clone()),
+        );
+        (!reasons.is_empty()).then(|| {
+            format!(
+                "outbox table {}: {}; the relay works, but reads more rows than it needs \
+                 (run `outbox-relay migrate`)",
+                self.table,
+                reasons.join("; ")
+            )
+        })
+    }
+
+    /// The plan as SQL with comments, for `migrate --plan`.
+    pub fn render(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "-- Adopt the existing table {} (about {} rows): add what the relay needs, drop nothing.",
+            self.table, self.estimated_rows
+        );
+        for note in &self.notes {
+            let _ = writeln!(out, "-- note: {note}");
+        }
+        for refusal in &self.refusals {
+            let what = if refusal.kind != RefusalKind::Index {
+                "migrate will not do this by itself"
+            } else {
+                "left as it is; to resolve it run"
+            };
+            let _ = writeln!(out, "-- REFUSED: {}", refusal.reason);
+            let _ = writeln!(out, "-- ({what}:)");
+            for line in refusal.statement.lines() {
+                let _ = writeln!(out, "--   {line}");
+            }
+        }
+        if self.is_refused() {
+            let _ = writeln!(
+                out,
+                "-- nothing is changed on {} until the above is resolved",
+                self.table
+            );
+            return;
+        }
+        if self.add_columns.is_empty() && self.add_indexes.is_empty() {
+            let _ = writeln!(
+                out,
+                "-- {} has every column and index the relay needs",
+                self.table
+            );
+        }
+        for statement in self.statements() {
+            let _ = writeln!(out, "{statement};");
+        }
+    }
+}
+
+fn same_columns(existing: &ExistingIndex, columns: &[&str]) -> bool {
+    existing.columns.len() == columns.len()
+        && existing
+            .columns
+            .iter()
+            .zip(columns)
+            .all(|(a, b)| a.eq_ignore_ascii_case(b))
+}
+
+fn column_list(columns: &[&str]) -> String {
+    columns
+        .iter()
+        .map(|c| format!("`{c}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn column_list_of(index: &ExistingIndex) -> String {
+    let names: Vec<&str> = index.columns.iter().map(String::as_str).collect();
+    column_list(&names)
+}
+
+#[cfg(test)]
+#[path = "adopt_tests.rs"]
+mod tests;

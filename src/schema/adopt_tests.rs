@@ -1,0 +1,217 @@
+use super::*;
+use crate::schema::shape::{ExistingColumn, ExistingIndex, TableShape};
+
+fn col(
+    name: &str,
+    data_type: &str,
+    column_type: &str,
+    max: Option<u64>,
+    nullable: bool,
+) -> ExistingColumn {
+    ExistingColumn {
+        name: name.into(),
+        data_type: data_type.into(),
+        column_type: column_type.into(),
+        max_chars: max,
+        nullable,
+    }
+}
+
+fn idx(name: &str, columns: &[&str], unique: bool) -> ExistingIndex {
+    ExistingIndex {
+        name: name.into(),
+        columns: columns.iter().map(|c| c.to_string()).collect(),
+        unique,
+    }
+}
+
+/// The reference article's `outbox_event` as MySQL describes it ("最小上手").
+fn article_table(rows: u64) -> TableShape {
+    TableShape {
+        columns: vec![
+            col("id", "bigint", "bigint", None, false),
+            col("event_id", "varchar", "varchar(64)", Some(64), false),
+            col("biz_key", "varchar", "varchar(64)", Some(64), false),
+            col("topic", "varchar", "varchar(128)", Some(128), false),
+            col("payload", "json", "json", None, false),
+            col("status", "tinyint", "tinyint", None, false),
+            col("retry_count", "int", "int", None, false),
+            col("next_retry_at", "datetime", "datetime(3)", None, false),
+            col("lease_until", "datetime", "datetime(3)", None, true),
+            col("created_at", "datetime", "datetime(3)", None, false),
+        ],
+        indexes: vec![
+            idx("PRIMARY", &["id"], true),
+            idx("uk_event_id", &["event_id"], true),
+            idx("idx_pending", &["status", "next_retry_at"], false),
+        ],
+        estimated_rows: rows,
+    }
+}
+
+fn table() -> TableName {
+    TableName::parse("outbox_event").unwrap()
+}
+
+#[test]
+fn the_article_table_gets_the_relay_columns_and_indexes_and_keeps_its_own() {
+    let plan = TablePlan::compare(&table(), &article_table(57), OnlineRule::default());
+    let columns: Vec<&str> = plan.add_columns.iter().map(|c| c.name).collect();
+    assert_eq!(
+        columns,
+        [
+            "tags",
+            "headers",
+            "owner",
+            "msg_id",
+            "sent_at",
+            "last_error",
+            "updated_at"
+        ]
+    );
+    let indexes: Vec<&str> = plan.add_indexes.iter().map(|i| i.name).collect();
+    assert_eq!(indexes, ["idx_status_created", "idx_key_order"]);
+    assert!(plan.refusals.is_empty(), "{:?}", plan.refusals);
+    // Its idx_pending (status, next_retry_at) leads with status: used as it is, noted.
+    assert_eq!(plan.notes.len(), 1);
+    assert!(plan.notes[0].contains("idx_pending"), "{}", plan.notes[0]);
+    let statements = plan.statements();
+    assert_eq!(statements.len(), 2);
+    assert!(statements[0]
+        .starts_with("ALTER TABLE `outbox_event` ADD COLUMN `tags` VARCHAR(128) NULL,"));
+    assert!(statements[0].ends_with("ALGORITHM=INSTANT"));
+    assert!(statements[1].contains("ADD INDEX `idx_key_order` (`biz_key`, `id`)"));
+    assert!(statements[1].ends_with("ALGORITHM=INPLACE, LOCK=NONE"));
+    assert!(statements
+        .iter()
+        .all(|s| !s.contains("DROP") && !s.contains("MODIFY")));
+    let blocked = plan
+        .blocks_run()
+        .expect("the relay cannot run without the columns");
+    assert!(
+        blocked.contains("tags, headers, owner, msg_id, sent_at, last_error, updated_at"),
+        "{blocked}"
+    );
+    assert!(blocked.contains("outbox-relay migrate"), "{blocked}");
+}
+
+#[test]
+fn a_complete_table_needs_nothing() {
+    let mut shape = article_table(10);
+    for c in super::COLUMNS {
+        if shape.column(c.name).is_none() {
+            shape
+                .columns
+                .push(col(c.name, "varchar", "varchar(1024)", Some(1024), true));
+        }
+    }
+    // Types of the relay's own columns, as migration 0001 makes them.
+    for (name, t) in [("sent_at", "datetime"), ("updated_at", "datetime")] {
+        let c = shape.columns.iter_mut().find(|c| c.name == name).unwrap();
+        c.data_type = t.into();
+    }
+    shape
+        .indexes
+        .push(idx("idx_status_created", &["status", "created_at"], false));
+    shape
+        .indexes
+        .push(idx("idx_key_order", &["biz_key", "id"], false));
+    shape.indexes[2] = idx("idx_pending", &["status"], false);
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert!(plan.is_empty(), "{plan:?}");
+    assert!(plan.statements().is_empty());
+    assert_eq!(plan.blocks_run(), None);
+    assert_eq!(plan.slows_run(), None);
+}
+
+#[test]
+fn an_incompatible_column_is_refused_with_the_statement_to_run() {
+    let mut shape = article_table(10);
+    shape.columns[5] = col("status", "varchar", "varchar(16)", Some(16), false);
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert!(plan.is_refused());
+    let refusal = &plan.refusals[0];
+    assert!(
+        refusal.reason.contains("`status` is varchar(16)"),
+        "{}",
+        refusal.reason
+    );
+    assert_eq!(
+        refusal.statement,
+        "ALTER TABLE `outbox_event` MODIFY COLUMN `status` TINYINT NOT NULL DEFAULT 0"
+    );
+    let mut rendered = String::new();
+    plan.render(&mut rendered);
+    assert!(
+        rendered.contains("nothing is changed on outbox_event"),
+        "{rendered}"
+    );
+    assert!(
+        !rendered.lines().any(|l| l.starts_with("ALTER")),
+        "{rendered}"
+    );
+}
+
+#[test]
+fn a_missing_producer_column_is_refused_not_invented() {
+    let mut shape = article_table(10);
+    shape.columns.retain(|c| c.name != "biz_key");
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert!(plan.is_refused());
+    assert!(plan.refusals[0].reason.contains("`biz_key` is missing"));
+    assert!(plan.add_columns.iter().all(|c| c.name != "biz_key"));
+}
+
+#[test]
+fn a_not_null_column_the_relay_clears_is_refused() {
+    let mut shape = article_table(10);
+    shape.columns[8].nullable = false; // lease_until
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert!(plan.refusals[0]
+        .reason
+        .contains("`lease_until` is NOT NULL"));
+}
+
+#[test]
+fn an_index_build_on_a_table_over_the_rule_is_left_to_the_operator() {
+    let rule = OnlineRule {
+        max_rows: Some(1_000),
+    };
+    let plan = TablePlan::compare(&table(), &article_table(5_000), rule);
+    assert!(plan.is_refused());
+    let refusal = plan.refusals.last().unwrap();
+    assert_eq!(refusal.kind, RefusalKind::TooLarge);
+    assert!(
+        refusal.reason.contains("about 5000 rows"),
+        "{}",
+        refusal.reason
+    );
+    assert_eq!(refusal.statement, plan.statements().join(";\n"));
+    // Under the rule, or with no rule, the same table is adopted.
+    assert!(!TablePlan::compare(&table(), &article_table(999), rule).is_refused());
+    let unlimited = OnlineRule { max_rows: None };
+    assert!(!TablePlan::compare(&table(), &article_table(5_000), unlimited).is_refused());
+}
+
+#[test]
+fn an_index_with_the_relays_columns_under_another_name_serves() {
+    let mut shape = article_table(10);
+    shape.indexes[1] = idx("uq_event", &["event_id"], true);
+    shape.indexes.push(idx("by_key", &["biz_key", "id"], false));
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    let indexes: Vec<&str> = plan.add_indexes.iter().map(|i| i.name).collect();
+    assert_eq!(indexes, ["idx_status_created"]);
+}
+
+#[test]
+fn a_name_taken_by_another_index_slows_the_relay_but_does_not_stop_it() {
+    let mut shape = article_table(10);
+    shape.indexes[2] = idx("idx_pending", &["created_at"], false);
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert!(!plan.is_refused());
+    assert_eq!(plan.refusals[0].kind, RefusalKind::Index);
+    assert!(plan.refusals[0]
+        .statement
+        .contains("RENAME INDEX idx_pending TO idx_pending_old"));
+    assert!(plan.slows_run().unwrap().contains("idx_pending"));
+}

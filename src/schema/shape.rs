@@ -1,0 +1,381 @@
+//! What an outbox table must have for the relay, and what an existing one has: the one home of
+//! the table's required shape, which `migrate` adopts existing tables to
+//! ([`super::adopt`]) and `run` checks at start-up.
+//!
+//! The shape is the one the migrations in `migrations/` leave (a test compares a freshly migrated
+//! table with it), written as requirements rather than as DDL: an existing table written by
+//! another relay (the reference article's polling relay, say) fits when its columns are of a
+//! compatible kind, whatever their exact types, lengths or positions.
+
+use crate::outbox::TableName;
+use mysql_async::prelude::*;
+use mysql_async::Conn;
+
+/// The family of SQL types a column may have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnKind {
+    /// Any integer type.
+    Integer,
+    /// CHAR, VARCHAR or a TEXT type of at least `min_chars` characters (what the relay writes
+    /// into it must fit; 0 for columns the relay only reads).
+    Text { min_chars: u64 },
+    /// JSON, or any text type (MariaDB's JSON is LONGTEXT).
+    Document,
+    /// DATETIME or TIMESTAMP.
+    Time,
+}
+
+/// Who fills a column, which decides whether `migrate` may add it to an existing table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filled {
+    /// Business code writes it in every row: a table without it holds no outbox events the
+    /// relay could publish, and `migrate` cannot invent its values for existing rows.
+    ByProducer,
+    /// The relay writes it, or it has a default (or may be NULL): `migrate` adds it.
+    ByRelay,
+}
+
+/// A column the relay reads or writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequiredColumn {
+    pub name: &'static str,
+    pub kind: ColumnKind,
+    /// Whether the relay writes NULL into it (so a NOT NULL column will not do).
+    pub relay_writes_null: bool,
+    pub filled: Filled,
+    /// The column's definition after its name, as migration 0001 creates it.
+    pub definition: &'static str,
+}
+
+const fn column(
+    name: &'static str,
+    kind: ColumnKind,
+    relay_writes_null: bool,
+    filled: Filled,
+    definition: &'static str,
+) -> RequiredColumn {
+    RequiredColumn {
+        name,
+        kind,
+        relay_writes_null,
+        filled,
+        definition,
+    }
+}
+
+/// Every column of an outbox table, in migration 0001's order.
+pub const COLUMNS: &[RequiredColumn] = {
+    use ColumnKind::*;
+    use Filled::*;
+    &[
+        column(
+            "id",
+            Integer,
+            false,
+            ByProducer,
+            "BIGINT NOT NULL AUTO_INCREMENT",
+        ),
+        column(
+            "event_id",
+            Text { min_chars: 0 },
+            false,
+            ByProducer,
+            "VARCHAR(64) NOT NULL",
+        ),
+        column(
+            "biz_key",
+            Text { min_chars: 0 },
+            false,
+            ByProducer,
+            "VARCHAR(64) NOT NULL",
+        ),
+        column(
+            "topic",
+            Text { min_chars: 0 },
+            false,
+            ByProducer,
+            "VARCHAR(127) NOT NULL",
+        ),
+        column(
+            "tags",
+            Text { min_chars: 0 },
+            false,
+            ByRelay,
+            "VARCHAR(128) NULL",
+        ),
+        column("headers", Document, false, ByRelay, "JSON NULL"),
+        column("payload", Document, false, ByProducer, "JSON NOT NULL"),
+        column(
+            "status",
+            Integer,
+            false,
+            ByRelay,
+            "TINYINT NOT NULL DEFAULT 0",
+        ),
+        column(
+            "retry_count",
+            Integer,
+            false,
+            ByRelay,
+            "INT NOT NULL DEFAULT 0",
+        ),
+        column(
+            "next_retry_at",
+            Time,
+            false,
+            ByRelay,
+            "DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)",
+        ),
+        column("lease_until", Time, true, ByRelay, "DATETIME(3) NULL"),
+        column(
+            "owner",
+            Text { min_chars: 128 },
+            true,
+            ByRelay,
+            "VARCHAR(128) NULL",
+        ),
+        column(
+            "msg_id",
+            Text { min_chars: 64 },
+            false,
+            ByRelay,
+            "VARCHAR(128) NULL",
+        ),
+        column("sent_at", Time, false, ByRelay, "DATETIME(3) NULL"),
+        // The marker keeps the first 1,000 characters of a reason.
+        column(
+            "last_error",
+            Text { min_chars: 1000 },
+            false,
+            ByRelay,
+            "VARCHAR(1024) NULL",
+        ),
+        column(
+            "created_at",
+            Time,
+            false,
+            ByRelay,
+            "DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)",
+        ),
+        column(
+            "updated_at",
+            Time,
+            false,
+            ByRelay,
+            "DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3)",
+        ),
+    ]
+};
+
+/// How the relay finds an index it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// Any index whose leading columns are these serves (the optimizer picks it).
+    ByColumns,
+    /// Queries name it in `FORCE INDEX`: an index of this name must exist and lead with the
+    /// first of these columns.
+    ByName,
+}
+
+/// A secondary index the relay's queries need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequiredIndex {
+    pub name: &'static str,
+    pub columns: &'static [&'static str],
+    pub unique: bool,
+    pub lookup: Lookup,
+    /// What it serves, for the plan's comments.
+    pub serves: &'static str,
+}
+
+/// Every secondary index an outbox table needs (the primary key is `(id)`).
+pub const INDEXES: &[RequiredIndex] = &[
+    RequiredIndex {
+        name: "uk_event_id",
+        columns: &["event_id"],
+        unique: true,
+        lookup: Lookup::ByColumns,
+        serves: "one row per event_id (operators' look-ups, replays)",
+    },
+    RequiredIndex {
+        name: "idx_pending",
+        columns: &["status"],
+        unique: false,
+        lookup: Lookup::ByName,
+        serves: "claims of PENDING rows in id order, the key-order guard, lease recovery",
+    },
+    RequiredIndex {
+        name: "idx_status_created",
+        columns: &["status", "created_at"],
+        unique: false,
+        lookup: Lookup::ByColumns,
+        serves: "the oldest-PENDING metric, cleanup, status counts, reconcile",
+    },
+    RequiredIndex {
+        name: "idx_key_order",
+        columns: &["biz_key", "id"],
+        unique: false,
+        lookup: Lookup::ByColumns,
+        serves: "a key's older rows (compensate, replays)",
+    },
+];
+
+/// A column as the server describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExistingColumn {
+    pub name: String,
+    /// `DATA_TYPE`, lower case (`varchar`, `json`, `longtext`, `bigint`, …).
+    pub data_type: String,
+    /// `COLUMN_TYPE` as the server prints it (`varchar(64)`, `tinyint(4)`).
+    pub column_type: String,
+    /// `CHARACTER_MAXIMUM_LENGTH` of a text column.
+    pub max_chars: Option<u64>,
+    pub nullable: bool,
+}
+
+/// An index as the server describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExistingIndex {
+    pub name: String,
+    pub columns: Vec<String>,
+    pub unique: bool,
+}
+
+/// An existing table's columns and indexes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableShape {
+    pub columns: Vec<ExistingColumn>,
+    pub indexes: Vec<ExistingIndex>,
+    /// The server's estimate of the table's rows (`information_schema.TABLES.TABLE_ROWS`).
+    pub estimated_rows: u64,
+}
+
+impl TableShape {
+    /// Reads `table`'s shape; `None` when it does not exist.
+    pub async fn read(
+        conn: &mut Conn,
+        table: &TableName,
+    ) -> Result<Option<Self>, mysql_async::Error> {
+        let where_table = "table_schema = COALESCE(?, DATABASE()) AND table_name = ?";
+        let params = (table.schema.as_deref(), table.table.as_str());
+        let rows: Option<Option<u64>> = conn
+            .exec_first(
+                format!("SELECT table_rows FROM information_schema.tables WHERE {where_table}"),
+                params,
+            )
+            .await?;
+        let Some(estimated_rows) = rows else {
+            return Ok(None);
+        };
+        let columns: Vec<(String, String, String, Option<u64>, String)> = conn
+            .exec(
+                format!(
+                    "SELECT column_name AS c, LOWER(data_type) AS t, LOWER(column_type) AS ct, \
+                     character_maximum_length AS l, is_nullable AS n \
+                     FROM information_schema.columns WHERE {where_table} ORDER BY ordinal_position"
+                ),
+                params,
+            )
+            .await?;
+        let parts: Vec<(String, String, i64)> = conn
+            .exec(
+                format!(
+                    "SELECT index_name AS i, column_name AS c, non_unique AS u \
+                     FROM information_schema.statistics WHERE {where_table} \
+                     ORDER BY index_name, seq_in_index"
+                ),
+                params,
+            )
+            .await?;
+        let mut indexes: Vec<ExistingIndex> = Vec::new();
+        for (name, column, non_unique) in parts {
+            match indexes.last_mut() {
+                Some(last) if last.name == name => last.columns.push(column),
+                _ => indexes.push(ExistingIndex {
+                    name,
+                    columns: vec![column],
+                    unique: non_unique == 0,
+                }),
+            }
+        }
+        Ok(Some(TableShape {
+            columns: columns
+                .into_iter()
+                .map(
+                    |(name, data_type, column_type, max_chars, nullable)| ExistingColumn {
+                        name,
+                        data_type,
+                        column_type,
+                        max_chars,
+                        nullable: nullable.eq_ignore_ascii_case("YES"),
+                    },
+                )
+                .collect(),
+            indexes,
+            estimated_rows: estimated_rows.unwrap_or(0),
+        }))
+    }
+
+    /// The column named `name` (column names are case-insensitive in MySQL).
+    pub fn column(&self, name: &str) -> Option<&ExistingColumn> {
+        self.columns
+            .iter()
+            .find(|c| c.name.eq_ignore_ascii_case(name))
+    }
+
+    /// The index named `name`.
+    pub fn index(&self, name: &str) -> Option<&ExistingIndex> {
+        self.indexes
+            .iter()
+            .find(|i| i.name.eq_ignore_ascii_case(name))
+    }
+
+    /// An index that leads with `columns` (and is unique, if `unique`).
+    pub fn index_leading_with(&self, columns: &[&str], unique: bool) -> Option<&ExistingIndex> {
+        self.indexes.iter().find(|i| {
+            (!unique || i.unique)
+                && i.columns.len() >= columns.len()
+                && i.columns
+                    .iter()
+                    .zip(columns)
+                    .all(|(a, b)| a.eq_ignore_ascii_case(b))
+        })
+    }
+}
+
+impl ColumnKind {
+    /// Whether a column of `existing`'s type is of this kind.
+    pub fn admits(self, existing: &ExistingColumn) -> bool {
+        let t = existing.data_type.as_str();
+        let text = matches!(
+            t,
+            "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext"
+        );
+        match self {
+            ColumnKind::Integer => {
+                matches!(
+                    t,
+                    "tinyint" | "smallint" | "mediumint" | "int" | "integer" | "bigint"
+                )
+            }
+            ColumnKind::Text { min_chars } => {
+                text && existing.max_chars.is_none_or(|n| n >= min_chars)
+            }
+            ColumnKind::Document => text || t == "json",
+            ColumnKind::Time => matches!(t, "datetime" | "timestamp"),
+        }
+    }
+
+    /// The kind in words, for refusals.
+    pub fn describe(self) -> String {
+        match self {
+            ColumnKind::Integer => "an integer type".into(),
+            ColumnKind::Text { min_chars: 0 } => "a text type (CHAR, VARCHAR, TEXT)".into(),
+            ColumnKind::Text { min_chars } => {
+                format!("a text type of at least {min_chars} characters")
+            }
+            ColumnKind::Document => "JSON or a text type".into(),
+            ColumnKind::Time => "DATETIME or TIMESTAMP".into(),
+        }
+    }
+}
