@@ -4,6 +4,7 @@ use crate::common;
 
 use common::TestDb;
 use mysql_async::prelude::*;
+use rocketmq_outbox::schema::adopt::OnlineRule;
 use rocketmq_outbox::schema::{self, MigrateError, MIGRATIONS};
 
 #[tokio::test]
@@ -118,5 +119,112 @@ async fn a_newer_schema_than_this_build_is_refused() {
     assert!(
         matches!(err, MigrateError::UnknownVersion { version: 999, .. }),
         "{err}"
+    );
+}
+
+/// The shape `run` checks and `migrate` adopts to (src/schema/shape.rs) is what the migrations
+/// create: a freshly migrated table needs nothing, and the relay has nothing to warn about.
+#[tokio::test]
+async fn a_migrated_table_has_the_shape_the_relay_checks_for() {
+    let db = TestDb::migrated("migrate_shape").await;
+    let mut conn = db.conn().await;
+    let tables = db.config.outbox_tables();
+    let plans = schema::adoption_plans(&mut conn, &tables, OnlineRule::default())
+        .await
+        .unwrap();
+    assert_eq!(plans.len(), 1);
+    assert!(plans[0].is_empty(), "{:?}", plans[0]);
+    assert!(plans[0].notes.is_empty(), "{:?}", plans[0].notes);
+    let checked = schema::check_for_run(&mut conn, &tables).await.unwrap();
+    assert_eq!(checked, Ok(Vec::new()));
+    let plan = schema::plan(&mut conn, &tables, OnlineRule::default())
+        .await
+        .unwrap();
+    assert_eq!(plan.trim(), "-- nothing to do: the schema is up to date");
+}
+
+/// A table migrate must not change by itself stops it before anything else runs, with the
+/// statement to run; the table is left as it was.
+#[tokio::test]
+async fn an_incompatible_outbox_table_is_refused_and_left_unchanged() {
+    let db = TestDb::empty("migrate_refuse").await;
+    let mut conn = db.conn().await;
+    conn.query_drop(
+        "CREATE TABLE outbox_event (id BIGINT PRIMARY KEY AUTO_INCREMENT, \
+         event_id VARCHAR(64) NOT NULL, biz_key VARCHAR(64) NOT NULL, topic VARCHAR(128) NOT NULL, \
+         payload JSON NOT NULL, status VARCHAR(16) NOT NULL DEFAULT 'NEW')",
+    )
+    .await
+    .unwrap();
+    let err = schema::migrate(&mut conn, &db.config.outbox_tables())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MigrateError::Refused { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("MODIFY COLUMN `status` TINYINT NOT NULL DEFAULT 0"),
+        "{text}"
+    );
+    assert_eq!(
+        db.count("outbox_schema_history").await,
+        0,
+        "no migration ran"
+    );
+    let columns: Vec<String> = conn
+        .query(
+            "SELECT column_name FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = 'outbox_event'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(columns.len(), 6, "nothing added: {columns:?}");
+    let blocked = schema::check_for_run(&mut conn, &db.config.outbox_tables())
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(blocked.contains("`status` is varchar(16)"), "{blocked}");
+}
+
+/// A configured outbox table of the article's shape beside a new `outbox_event`: created
+/// tables are created, the existing one is adopted, and the step is recorded.
+#[tokio::test]
+async fn a_configured_table_of_the_articles_shape_is_adopted_and_recorded() {
+    let db = TestDb::empty("migrate_adopt").await;
+    let mut conn = db.conn().await;
+    conn.query_drop(
+        "CREATE TABLE orders_outbox (id BIGINT PRIMARY KEY AUTO_INCREMENT, \
+         event_id VARCHAR(64) NOT NULL, biz_key VARCHAR(64) NOT NULL, topic VARCHAR(128) NOT NULL, \
+         payload JSON NOT NULL, status TINYINT NOT NULL DEFAULT 0, retry_count INT NOT NULL DEFAULT 0, \
+         next_retry_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), lease_until DATETIME(3) NULL, \
+         created_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
+         UNIQUE KEY uk_event_id (event_id), KEY idx_pending (status, next_retry_at))",
+    )
+    .await
+    .unwrap();
+    let mut config = db.config.clone();
+    config.outbox.tables = vec!["outbox_event".into(), "orders_outbox".into()];
+    let tables = config.outbox_tables();
+    let report = schema::migrate(&mut conn, &tables).await.unwrap();
+    assert_eq!(report.adopted.len(), 1, "{report:?}");
+    assert_eq!(report.adopted[0].0, "orders_outbox");
+    assert_eq!(report.adopted[0].1.len(), 2, "{:?}", report.adopted[0].1);
+    let recorded: Vec<(String, String)> = conn
+        .query("SELECT outbox_table, statements FROM outbox_schema_changes")
+        .await
+        .unwrap();
+    assert_eq!(recorded.len(), 1);
+    assert!(
+        recorded[0].1.contains("ADD COLUMN `owner`"),
+        "{}",
+        recorded[0].1
+    );
+    assert_eq!(
+        schema::check_for_run(&mut conn, &tables).await.unwrap(),
+        Ok(Vec::new())
+    );
+    let again = schema::migrate(&mut conn, &tables).await.unwrap();
+    assert!(
+        again.adopted.is_empty() && again.applied.is_empty(),
+        "{again:?}"
     );
 }
