@@ -419,3 +419,84 @@ async fn switching_from_the_articles_polling_relay_delivers_every_waiting_row_on
         messages.len() - relayed.len()
     );
 }
+
+/// Both relays at once (outbox-relay started before the polling relay is stopped): nothing is
+/// lost, but rows are sent twice and a key's events reach several queues (the article's relay
+/// lets the producer pick a queue per message), so a consumer may see a key's events out of
+/// order for as long as both run. The documented switch-over stops the polling relay first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_relays_at_once_lose_nothing_but_spread_keys_over_queues() {
+    let db = TestDb::empty("switch_both").await;
+    let topic = new_topic("switch_both");
+    let seeded = article_table_in_every_state(&db, &topic).await;
+    let (config, dir) = sweeping_config(&db);
+    let config_file = write_config_file(&config, dir.path());
+    migrate_command(&db, &[]);
+    let stand_in = StandIn::spawn(&db);
+    let relay = RelayProcess::spawn_serving(&config_file, "", &dir.path().join("relay.log"), &[]);
+    let mut conn = db.conn().await;
+    let (mut written, until) = (seeded, Instant::now() + Duration::from_secs(4));
+    while Instant::now() < until {
+        write_article_row(&mut conn, &topic, written, 0).await;
+        written += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    common::relay::wait_for(
+        "every row SENT but the FAILED ones",
+        Duration::from_secs(90),
+        || {
+            let db = db.clone_handle();
+            async move { count_where(&db, "status IN (0, 1)").await == 0 }
+        },
+    )
+    .await;
+    stand_in.kill();
+    relay.stop();
+
+    // Every row not SENT or FAILED before either relay started: the first 12 were.
+    let expected: BTreeSet<String> = (12..written).map(|n| format!("ev-{n:05}")).collect();
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)
+        .await
+        .unwrap();
+    reader
+        .read_at_least(expected.len(), Duration::from_secs(120))
+        .await
+        .unwrap();
+    let messages = reader.read_all_for(Duration::from_secs(2)).await.unwrap();
+    reader.close().await;
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    let mut queues_of_key: HashMap<String, BTreeSet<i32>> = HashMap::new();
+    for m in &messages {
+        let body: serde_json::Value = serde_json::from_slice(&m.body).unwrap();
+        let (event_id, key) = (
+            body["event_id"].as_str().unwrap(),
+            body["key"].as_str().unwrap(),
+        );
+        *copies.entry(event_id.to_string()).or_default() += 1;
+        queues_of_key
+            .entry(key.to_string())
+            .or_default()
+            .insert(m.queue_id);
+    }
+    let missing: Vec<&String> = expected
+        .iter()
+        .filter(|e| !copies.contains_key(*e))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "lost with both relays running: {missing:?}"
+    );
+    let duplicates: usize = copies.values().map(|n| n - 1).sum();
+    let spread = queues_of_key.values().filter(|q| q.len() > 1).count();
+    assert!(
+        spread > 0,
+        "with both relays running a key's events reach several queues"
+    );
+    println!(
+        "both relays at once: {} events, {} messages ({duplicates} duplicates), {spread} of {} \
+         keys on more than one queue",
+        expected.len(),
+        messages.len(),
+        queues_of_key.len()
+    );
+}
