@@ -123,7 +123,8 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # transactions, tagged GTIDs), start-up checks and least-privilege grants, the short chaos
   # soak; poll mode (processes and a restart under the same instance id too), the marker's
   # FAILED rule, bad input, the sweeper, the producer API, migrations, daily partitions, the
-  # operator's /metrics and /readyz through a broker outage, and the image's release binary. The suite's modules in one run, then the soak, each timed.
+  # operator's /metrics and /readyz through a broker outage, the switch-over from the article's
+  # polling relay, and the image's release binary. The suite's modules in one run, then the soak, each timed.
   echo "== relay tests against Apache RocketMQ (Java) and Oracle MySQL"
   started=$SECONDS
   start_servers apache mysql

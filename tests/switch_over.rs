@@ -7,7 +7,9 @@
 
 use crate::common;
 
-use common::relay::{assert_key_order, sweeping_config, write_config_file, RelayProcess};
+use common::relay::{
+    assert_key_order, count_where, sweeping_config, write_config_file, RelayProcess,
+};
 use common::rocketmq::{new_topic, rocketmq, ContractMessage, TestProducer};
 use common::TestDb;
 use mysql_async::prelude::*;
@@ -164,15 +166,17 @@ async fn rows_by_status(db: &TestDb) -> BTreeMap<u8, BTreeSet<String>> {
     by_status
 }
 
-async fn count_where(db: &TestDb, condition: &str) -> u64 {
-    db.conn()
-        .await
-        .query_first(format!(
-            "SELECT COUNT(*) FROM outbox_event WHERE {condition}"
-        ))
-        .await
-        .unwrap()
-        .unwrap_or_default()
+/// Waits until no row is PENDING or SENDING (every row SENT but the FAILED ones).
+async fn wait_until_nothing_waits(db: &TestDb) {
+    common::relay::wait_for(
+        "every row SENT but the FAILED ones",
+        Duration::from_secs(90),
+        || {
+            let db = db.clone_handle();
+            async move { count_where(&db, "status IN (0, 1)").await == 0 }
+        },
+    )
+    .await;
 }
 
 /// `outbox-relay --mysql-url URL migrate ARGS`: (success, stdout).
@@ -328,15 +332,7 @@ async fn switching_from_the_articles_polling_relay_delivers_every_waiting_row_on
     tokio::time::sleep(Duration::from_secs(3)).await;
     writer_stop.cancel();
     let written = writer.await.unwrap();
-    common::relay::wait_for(
-        "every row SENT but the FAILED ones",
-        Duration::from_secs(90),
-        || {
-            let db = db.clone_handle();
-            async move { count_where(&db, "status IN (0, 1)").await == 0 }
-        },
-    )
-    .await;
+    wait_until_nothing_waits(&db).await;
     relay.stop();
 
     // What the broker stored: the relay's messages carry the `event_id` property, the
@@ -441,15 +437,7 @@ async fn both_relays_at_once_lose_nothing_but_spread_keys_over_queues() {
         written += 1;
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    common::relay::wait_for(
-        "every row SENT but the FAILED ones",
-        Duration::from_secs(90),
-        || {
-            let db = db.clone_handle();
-            async move { count_where(&db, "status IN (0, 1)").await == 0 }
-        },
-    )
-    .await;
+    wait_until_nothing_waits(&db).await;
     stand_in.kill();
     relay.stop();
 

@@ -243,7 +243,7 @@ impl TablePlan {
     }
 
     /// The statements adoption runs: one ALTER adding the columns (instant), one adding the
-    /// indexes (online).
+    /// indexes (online); a clause a line.
     pub fn statements(&self) -> Vec<String> {
         let mut out = Vec::new();
         let table = self.table.sql();
@@ -254,8 +254,8 @@ impl TablePlan {
                 .map(|c| format!("ADD COLUMN `{}` {}", c.name, c.definition))
                 .collect();
             out.push(format!(
-                "ALTER TABLE {table} {}, {INSTANT}",
-                adds.join(", ")
+                "ALTER TABLE {table}\n  {},\n  {INSTANT}",
+                adds.join(",\n  ")
             ));
         }
         if !self.add_indexes.is_empty() {
@@ -271,7 +271,10 @@ impl TablePlan {
                     )
                 })
                 .collect();
-            out.push(format!("ALTER TABLE {table} {}, {ONLINE}", adds.join(", ")));
+            out.push(format!(
+                "ALTER TABLE {table}\n  {},\n  {ONLINE}",
+                adds.join(",\n  ")
+            ));
         }
         out
     }

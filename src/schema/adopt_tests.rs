@@ -78,7 +78,7 @@ fn the_article_table_gets_the_relay_columns_and_indexes_and_keeps_its_own() {
     let statements = plan.statements();
     assert_eq!(statements.len(), 2);
     assert!(statements[0]
-        .starts_with("ALTER TABLE `outbox_event` ADD COLUMN `tags` VARCHAR(128) NULL,"));
+        .starts_with("ALTER TABLE `outbox_event`\n  ADD COLUMN `tags` VARCHAR(128) NULL,\n"));
     assert!(statements[0].ends_with("ALGORITHM=INSTANT"));
     assert!(statements[1].contains("ADD INDEX `idx_key_order` (`biz_key`, `id`)"));
     assert!(statements[1].ends_with("ALGORITHM=INPLACE, LOCK=NONE"));

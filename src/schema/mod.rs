@@ -440,8 +440,8 @@ pub async fn plan(
         out.push('\n');
     }
     for table in outbox_tables_with_default(outbox_tables) {
-        let known = plans.iter().any(|p| p.table == table);
-        if !known && !(table.schema.is_none() && table.table == DEFAULT_TABLE) {
+        let exists = plans.iter().any(|p| p.table == table);
+        if !exists && table != default_table {
             let _ = writeln!(out, "CREATE TABLE {} LIKE {DEFAULT_TABLE};", table.sql());
         }
     }
@@ -468,9 +468,7 @@ fn no_op_after_adoption(shape: &TableShape, statement: &str) -> bool {
             .find(|w| w[0].eq_ignore_ascii_case(verb) && w[1].eq_ignore_ascii_case("INDEX"))
             .map(|w| w[2])
     };
-    if statement.starts_with("CREATE TABLE IF NOT EXISTS") {
-        true
-    } else if index_after("ADD").is_some() {
+    if statement.starts_with("CREATE TABLE IF NOT EXISTS") || index_after("ADD").is_some() {
         true
     } else if let Some(name) = index_after("DROP") {
         shape.index(name).is_none()

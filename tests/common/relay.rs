@@ -269,6 +269,18 @@ pub async fn count_status(db: &TestDb, status: rocketmq_outbox::outbox::Status) 
         .unwrap_or_default()
 }
 
+/// Rows of the outbox matching `condition` (SQL).
+pub async fn count_where(db: &TestDb, condition: &str) -> u64 {
+    db.conn()
+        .await
+        .query_first(format!(
+            "SELECT COUNT(*) FROM outbox_event WHERE {condition}"
+        ))
+        .await
+        .unwrap()
+        .unwrap_or_default()
+}
+
 /// How many times each event_id reached the topic.
 pub async fn deliveries(namesrv: &str, topic: &str, expected: usize) -> HashMap<String, usize> {
     let mut reader = TopicReader::new(namesrv, topic).await.unwrap();

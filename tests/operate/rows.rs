@@ -49,16 +49,7 @@ pub async fn age_rows(db: &TestDb, prefix: &str, interval: &str) {
         .unwrap();
 }
 
-pub async fn count_where(db: &TestDb, condition: &str) -> u64 {
-    db.conn()
-        .await
-        .query_first(format!(
-            "SELECT COUNT(*) FROM outbox_event WHERE {condition}"
-        ))
-        .await
-        .unwrap()
-        .unwrap_or(0)
-}
+pub use crate::common::relay::count_where;
 
 pub async fn id_of(db: &TestDb, event_id: &str) -> i64 {
     db.conn()
