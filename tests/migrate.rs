@@ -2,6 +2,7 @@
 
 use crate::common;
 
+use crate::switch_over::ARTICLE_TABLE;
 use common::TestDb;
 use mysql_async::prelude::*;
 use rocketmq_outbox::schema::adopt::OnlineRule;
@@ -191,16 +192,9 @@ async fn an_incompatible_outbox_table_is_refused_and_left_unchanged() {
 async fn a_configured_table_of_the_articles_shape_is_adopted_and_recorded() {
     let db = TestDb::empty("migrate_adopt").await;
     let mut conn = db.conn().await;
-    conn.query_drop(
-        "CREATE TABLE orders_outbox (id BIGINT PRIMARY KEY AUTO_INCREMENT, \
-         event_id VARCHAR(64) NOT NULL, biz_key VARCHAR(64) NOT NULL, topic VARCHAR(128) NOT NULL, \
-         payload JSON NOT NULL, status TINYINT NOT NULL DEFAULT 0, retry_count INT NOT NULL DEFAULT 0, \
-         next_retry_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), lease_until DATETIME(3) NULL, \
-         created_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
-         UNIQUE KEY uk_event_id (event_id), KEY idx_pending (status, next_retry_at))",
-    )
-    .await
-    .unwrap();
+    conn.query_drop(ARTICLE_TABLE.replace("outbox_event", "orders_outbox"))
+        .await
+        .unwrap();
     let mut config = db.config.clone();
     config.outbox.tables = vec!["outbox_event".into(), "orders_outbox".into()];
     let tables = config.outbox_tables();
@@ -226,5 +220,84 @@ async fn a_configured_table_of_the_articles_shape_is_adopted_and_recorded() {
     assert!(
         again.adopted.is_empty() && again.applied.is_empty(),
         "{again:?}"
+    );
+}
+
+/// The article's `outbox_event` DDL with `extra` table options, and `rows` PENDING rows.
+async fn article_table(db: &TestDb, extra: &str, rows: usize) {
+    let mut conn = db.conn().await;
+    conn.query_drop(format!("{ARTICLE_TABLE} {extra}"))
+        .await
+        .unwrap();
+    for n in 0..rows {
+        conn.exec_drop(
+            "INSERT INTO outbox_event (event_id, biz_key, topic, payload) VALUES (?, ?, 't', '{}')",
+            (format!("e{n}"), format!("k{}", n % 4)),
+        )
+        .await
+        .unwrap();
+    }
+    // The row estimate the operator's rule reads.
+    conn.query_drop("ANALYZE TABLE outbox_event").await.unwrap();
+}
+
+/// An index build on a table over the operator's row rule is left to the DBA: migrate changes
+/// nothing and prints the statements; without the rule, the same table is adopted.
+#[tokio::test]
+async fn an_index_build_over_the_row_rule_is_left_to_the_operator() {
+    let db = TestDb::empty("migrate_rows").await;
+    article_table(&db, "", 60).await;
+    let mut conn = db.conn().await;
+    let tables = db.config.outbox_tables();
+    let rule = OnlineRule { max_rows: Some(10) };
+    let err = schema::migrate_with(&mut conn, &tables, rule)
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("over the limit of 10"), "{text}");
+    assert!(text.contains("ADD INDEX `idx_key_order`"), "{text}");
+    assert_eq!(
+        db.count("outbox_schema_history").await,
+        0,
+        "no migration ran"
+    );
+    assert_eq!(
+        db.count("outbox_schema_changes").await,
+        0,
+        "nothing adopted"
+    );
+    let report = schema::migrate_with(&mut conn, &tables, OnlineRule { max_rows: None })
+        .await
+        .unwrap();
+    assert_eq!(report.adopted.len(), 1);
+}
+
+/// A table the server cannot add columns to instantly (ROW_FORMAT=COMPRESSED, on MariaDB and
+/// MySQL) gets them online instead, and the statement recorded is the one that ran.
+#[tokio::test]
+async fn columns_are_added_online_where_the_server_cannot_add_them_instantly() {
+    let db = TestDb::empty("migrate_compressed").await;
+    article_table(&db, "ROW_FORMAT=COMPRESSED", 5).await;
+    let mut conn = db.conn().await;
+    let report = schema::migrate(&mut conn, &db.config.outbox_tables())
+        .await
+        .unwrap();
+    let statements = &report.adopted[0].1;
+    assert!(
+        statements[0].contains("ADD COLUMN `owner`")
+            && statements[0].ends_with("ALGORITHM=INPLACE, LOCK=NONE"),
+        "{statements:?}"
+    );
+    let recorded: String = conn
+        .query_first("SELECT statements FROM outbox_schema_changes")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(recorded, statements.join(";\n"));
+    assert_eq!(
+        schema::check_for_run(&mut conn, &db.config.outbox_tables())
+            .await
+            .unwrap(),
+        Ok(Vec::new())
     );
 }

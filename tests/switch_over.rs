@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The article's DDL, verbatim.
-const ARTICLE_TABLE: &str = "CREATE TABLE outbox_event (
+/// The article's DDL, verbatim (other modules' tests of adoption use it too).
+pub const ARTICLE_TABLE: &str = "CREATE TABLE outbox_event (
   id            BIGINT PRIMARY KEY AUTO_INCREMENT,
   event_id      VARCHAR(64)  NOT NULL,
   biz_key       VARCHAR(64)  NOT NULL,
