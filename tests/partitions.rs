@@ -382,6 +382,19 @@ async fn convert_keeps_pending_and_sent_rows_and_the_relay_delivers_on() {
         .unwrap()
         .unwrap();
     assert_eq!(audits, 1, "one audit row, for the one conversion");
+    // A converted table has what the relay needs (its idx_event_id is not unique): migrate
+    // adopts nothing, and run has nothing to warn about.
+    let tables = db.config.outbox_tables();
+    let report = rocketmq_outbox::schema::migrate(&mut conn, &tables)
+        .await
+        .unwrap();
+    assert!(report.adopted.is_empty(), "{report:?}");
+    assert_eq!(
+        rocketmq_outbox::schema::check_for_run(&mut conn, &tables)
+            .await
+            .unwrap(),
+        Ok(Vec::new())
+    );
 
     // The relay resumes from its checkpoint (before the ALTER) and delivers on.
     let relay = RunningRelay::start(&config).await;

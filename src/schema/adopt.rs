@@ -183,9 +183,7 @@ impl TablePlan {
                     && same_columns(existing, required.columns)) =>
             {
                 if required.lookup == Lookup::ByColumns
-                    && shape
-                        .index_leading_with(required.columns, required.unique)
-                        .is_some()
+                    && shape.index_leading_with(required.columns).is_some()
                 {
                     return;
                 }
@@ -205,10 +203,7 @@ impl TablePlan {
                 );
             }
             (_, Some(_)) => {}
-            (Lookup::ByColumns, None)
-                if shape
-                    .index_leading_with(required.columns, required.unique)
-                    .is_some() => {}
+            (Lookup::ByColumns, None) if shape.index_leading_with(required.columns).is_some() => {}
             (_, None) => self.add_indexes.push(*required),
         }
     }

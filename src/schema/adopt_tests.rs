@@ -215,3 +215,15 @@ fn a_name_taken_by_another_index_slows_the_relay_but_does_not_stop_it() {
         .contains("RENAME INDEX idx_pending TO idx_pending_old"));
     assert!(plan.slows_run().unwrap().contains("idx_pending"));
 }
+
+#[test]
+fn a_partitioned_tables_non_unique_event_id_index_serves() {
+    // `partitions convert` swaps uk_event_id for the non-unique idx_event_id.
+    let mut shape = article_table(10);
+    shape.indexes[1] = idx("idx_event_id", &["event_id"], false);
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert!(
+        plan.add_indexes.iter().all(|i| i.name != "uk_event_id"),
+        "{plan:?}"
+    );
+}

@@ -182,6 +182,9 @@ pub enum Lookup {
 pub struct RequiredIndex {
     pub name: &'static str,
     pub columns: &'static [&'static str],
+    /// Whether `migrate` creates it unique. Any index leading with `columns` serves, unique or
+    /// not: a partitioned table's `idx_event_id` cannot be unique (a unique index must hold the
+    /// partitioning column), and the relay only looks rows up by it.
     pub unique: bool,
     pub lookup: Lookup,
     /// What it serves, for the plan's comments.
@@ -330,11 +333,10 @@ impl TableShape {
             .find(|i| i.name.eq_ignore_ascii_case(name))
     }
 
-    /// An index that leads with `columns` (and is unique, if `unique`).
-    pub fn index_leading_with(&self, columns: &[&str], unique: bool) -> Option<&ExistingIndex> {
+    /// An index that leads with `columns`, unique or not.
+    pub fn index_leading_with(&self, columns: &[&str]) -> Option<&ExistingIndex> {
         self.indexes.iter().find(|i| {
-            (!unique || i.unique)
-                && i.columns.len() >= columns.len()
+            i.columns.len() >= columns.len()
                 && i.columns
                     .iter()
                     .zip(columns)
