@@ -325,6 +325,11 @@ async fn switching_from_the_articles_polling_relay_delivers_every_waiting_row_on
     );
     let (_, plan) = migrate_command(&db, &["--plan"]);
     assert!(plan.contains("nothing to do"), "{plan}");
+    let (_, status) = migrate_command(&db, &["--status"]);
+    assert!(
+        status.contains("adopted outbox_event at ") && status.contains("ADD COLUMN `owner`"),
+        "{status}"
+    );
 
     // outbox-relay takes over while business code goes on writing.
     let relay_log = dir.path().join("relay.log");

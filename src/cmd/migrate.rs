@@ -7,7 +7,7 @@ use rocketmq_outbox::{db, schema};
 
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
-    /// Only list the migrations and whether each is applied.
+    /// Only list the migrations and whether each is applied, and the outbox tables adopted.
     #[arg(long, conflicts_with = "plan")]
     status: bool,
     /// Print the SQL migrate would run (the adoption of existing outbox tables, then the
@@ -42,6 +42,12 @@ pub async fn run(global: &GlobalArgs, args: MigrateArgs) -> anyhow::Result<()> {
         for (version, name, applied) in schema::status(&mut conn).await? {
             let state = if applied { "applied" } else { "pending" };
             println!("{version:>4}  {name:<24} {state}");
+        }
+        for (table, at, statements) in schema::adoptions(&mut conn).await? {
+            println!("adopted {table} at {at}:");
+            for line in statements.lines() {
+                println!("      {line}");
+            }
         }
     } else {
         let report = schema::migrate_with(&mut conn, &config.outbox_tables(), rule).await?;

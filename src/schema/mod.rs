@@ -506,16 +506,34 @@ pub async fn check_for_run(
     })
 }
 
-/// `(version, name, applied)` for every known migration, for `outbox-relay migrate --status`.
-pub async fn status(conn: &mut Conn) -> Result<Vec<(u32, &'static str, bool)>, MigrateError> {
+/// Whether the connection's current database has `table`.
+async fn has_table(conn: &mut Conn, table: &str) -> Result<bool, MigrateError> {
     let exists: Option<i64> = conn
         .exec_first(
             "SELECT COUNT(*) FROM information_schema.tables \
              WHERE table_schema = DATABASE() AND table_name = ?",
-            (HISTORY_TABLE,),
+            (table,),
         )
         .await?;
-    let applied: Vec<u32> = if exists.unwrap_or(0) > 0 {
+    Ok(exists.unwrap_or(0) > 0)
+}
+
+/// The adoption steps recorded in `outbox_schema_changes`: `(outbox table, applied at, the
+/// statements)`, oldest first, for `outbox-relay migrate --status`.
+pub async fn adoptions(conn: &mut Conn) -> Result<Vec<(String, String, String)>, MigrateError> {
+    if !has_table(conn, CHANGES_TABLE).await? {
+        return Ok(Vec::new());
+    }
+    Ok(conn
+        .query(format!(
+            "SELECT outbox_table, CAST(applied_at AS CHAR), statements FROM {CHANGES_TABLE} ORDER BY id"
+        ))
+        .await?)
+}
+
+/// `(version, name, applied)` for every known migration, for `outbox-relay migrate --status`.
+pub async fn status(conn: &mut Conn) -> Result<Vec<(u32, &'static str, bool)>, MigrateError> {
+    let applied: Vec<u32> = if has_table(conn, HISTORY_TABLE).await? {
         conn.query(format!("SELECT version FROM {HISTORY_TABLE}"))
             .await?
     } else {
