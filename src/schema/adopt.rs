@@ -119,7 +119,7 @@ impl TablePlan {
         );
         let Some(existing) = shape.column(name) else {
             match required.filled {
-                Filled::ByRelay => self.add_columns.push(*required),
+                Filled::ByRelay | Filled::ByServer => self.add_columns.push(*required),
                 Filled::ByProducer => self.refuse(
                     RefusalKind::Column,
                     format!(
@@ -281,17 +281,25 @@ impl TablePlan {
             .iter()
             .filter(|r| r.kind == RefusalKind::Column)
             .collect();
-        if self.add_columns.is_empty() && blocking.is_empty() {
+        let missing: Vec<&str> = self
+            .add_columns
+            .iter()
+            .filter(|c| c.filled != Filled::ByServer)
+            .map(|c| c.name)
+            .collect();
+        if missing.is_empty() && blocking.is_empty() {
             return None;
         }
-        let mut text = format!("outbox table {} is not ready for the relay:", self.table);
-        if !self.add_columns.is_empty() {
-            let names: Vec<&str> = self.add_columns.iter().map(|c| c.name).collect();
-            let _ = write!(text, " it lacks the column(s) {}", names.join(", "));
+        let mut reasons = Vec::new();
+        if !missing.is_empty() {
+            reasons.push(format!("it lacks the column(s) {}", missing.join(", ")));
         }
-        for refusal in &blocking {
-            let _ = write!(text, "; {}", refusal.reason);
-        }
+        reasons.extend(blocking.iter().map(|r| r.reason.clone()));
+        let mut text = format!(
+            "outbox table {} is not ready for the relay: {}",
+            self.table,
+            reasons.join("; ")
+        );
         let _ = write!(
             text,
             ". Run `outbox-relay migrate` (it adds what is missing online and drops nothing; \
@@ -300,13 +308,20 @@ impl TablePlan {
         Some(text)
     }
 
-    /// Why the relay will be slower on this table (a missing index), if it will.
+    /// What the relay runs without on this table, and what that costs (a missing index: more
+    /// rows read; a column only operator commands read), if anything.
     pub fn slows_run(&self) -> Option<String> {
         let mut reasons: Vec<String> = self
             .add_indexes
             .iter()
             .map(|i| format!("index {} ({}) is missing", i.name, column_list(i.columns)))
             .collect();
+        reasons.extend(
+            self.add_columns
+                .iter()
+                .filter(|c| c.filled == Filled::ByServer)
+                .map(|c| format!("column {} is missing (operator commands read it)", c.name)),
+        );
         reasons.extend(
             self.refusals
                 .iter()
@@ -315,8 +330,8 @@ impl TablePlan {
         );
         (!reasons.is_empty()).then(|| {
             format!(
-                "outbox table {}: {}; the relay works, but reads more rows than it needs \
-                 (run `outbox-relay migrate`)",
+                "outbox table {}: {}; the relay works without it (run `outbox-relay migrate` to \
+                 add it)",
                 self.table,
                 reasons.join("; ")
             )

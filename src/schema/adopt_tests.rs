@@ -89,7 +89,7 @@ fn the_article_table_gets_the_relay_columns_and_indexes_and_keeps_its_own() {
         .blocks_run()
         .expect("the relay cannot run without the columns");
     assert!(
-        blocked.contains("tags, headers, owner, msg_id, sent_at, last_error, updated_at"),
+        blocked.contains("lacks the column(s) tags, headers, owner, msg_id, sent_at, last_error."),
         "{blocked}"
     );
     assert!(blocked.contains("outbox-relay migrate"), "{blocked}");
@@ -226,4 +226,30 @@ fn a_partitioned_tables_non_unique_event_id_index_serves() {
         plan.add_indexes.iter().all(|i| i.name != "uk_event_id"),
         "{plan:?}"
     );
+}
+
+#[test]
+fn a_table_without_updated_at_runs_with_a_warning() {
+    // Every column the relay reads and writes, none that only operator commands read.
+    let mut shape = article_table(10);
+    for c in super::COLUMNS.iter().filter(|c| c.name != "updated_at") {
+        if shape.column(c.name).is_none() {
+            shape
+                .columns
+                .push(col(c.name, "varchar", "varchar(1024)", Some(1024), true));
+        }
+    }
+    let sent_at = shape
+        .columns
+        .iter_mut()
+        .find(|c| c.name == "sent_at")
+        .unwrap();
+    sent_at.data_type = "datetime".into();
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert_eq!(plan.add_columns.len(), 1);
+    assert_eq!(plan.blocks_run(), None);
+    assert!(plan
+        .slows_run()
+        .unwrap()
+        .contains("column updated_at is missing"));
 }

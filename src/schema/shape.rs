@@ -33,6 +33,9 @@ pub enum Filled {
     ByProducer,
     /// The relay writes it, or it has a default (or may be NULL): `migrate` adds it.
     ByRelay,
+    /// The server fills it (`ON UPDATE`) and only operator commands read it (`status`): `migrate`
+    /// adds it, and the relay runs without it.
+    ByServer,
 }
 
 /// A column the relay reads or writes.
@@ -161,7 +164,7 @@ pub const COLUMNS: &[RequiredColumn] = {
             "updated_at",
             Time,
             false,
-            ByRelay,
+            ByServer,
             "DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3)",
         ),
     ]
