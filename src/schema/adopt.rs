@@ -88,13 +88,20 @@ impl TablePlan {
         for required in COLUMNS {
             plan.compare_column(required, shape);
         }
-        match shape.index("PRIMARY") {
-            Some(pk) if pk.columns.len() == 1 && pk.columns[0].eq_ignore_ascii_case("id") => {}
-            _ => plan.refuse(
+        // A partitioned table's key is (id, created_at): it must lead with id.
+        let primary = shape.index("PRIMARY");
+        if !primary.is_some_and(|pk| pk.columns[0].eq_ignore_ascii_case("id")) {
+            let drop = if primary.is_some() {
+                "DROP PRIMARY KEY, "
+            } else {
+                ""
+            };
+            plan.refuse(
                 RefusalKind::Column,
-                "the primary key must be (id): the relay orders each key's events by it".into(),
-                format!("ALTER TABLE {} ADD PRIMARY KEY (id)", table.sql()),
-            ),
+                "the primary key must start with `id`: the relay orders each key's events by it"
+                    .into(),
+                format!("ALTER TABLE {} {drop}ADD PRIMARY KEY (`id`)", table.sql()),
+            );
         }
         for required in INDEXES {
             plan.compare_index(required, shape);

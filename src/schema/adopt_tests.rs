@@ -253,3 +253,24 @@ fn a_table_without_updated_at_runs_with_a_warning() {
         .unwrap()
         .contains("column updated_at is missing"));
 }
+
+#[test]
+fn a_primary_key_must_start_with_id() {
+    // `partitions convert` makes it (id, created_at): fine.
+    let mut shape = article_table(10);
+    shape.indexes[0] = idx("PRIMARY", &["id", "created_at"], true);
+    assert!(!TablePlan::compare(&table(), &shape, OnlineRule::default()).is_refused());
+    shape.indexes[0] = idx("PRIMARY", &["event_id"], true);
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert!(plan.is_refused());
+    assert_eq!(
+        plan.refusals[0].statement,
+        "ALTER TABLE `outbox_event` DROP PRIMARY KEY, ADD PRIMARY KEY (`id`)"
+    );
+    shape.indexes.remove(0);
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert_eq!(
+        plan.refusals[0].statement,
+        "ALTER TABLE `outbox_event` ADD PRIMARY KEY (`id`)"
+    );
+}
