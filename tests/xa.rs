@@ -156,7 +156,12 @@ async fn prepared_then_committed_is_published_once_and_rolled_back_never() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepared_transaction_holds_the_checkpoint_while_5000_other_events_flow() {
-    let db = TestDb::migrated("xa_hold").await;
+    // A server of its own (as the restart test below): the relay holds its checkpoint at any
+    // prepared XA transaction it reads in the binlog, of any database, so on the shared server
+    // every other test's relay would be held for this minute too (CI: prepared_then_committed…
+    // timed out waiting for its checkpoint beside it).
+    let server = common::own_database("xa_hold");
+    let db = TestDb::migrated_on(&server, "xa_hold").await;
     let topic = new_topic("xa_hold");
     let (config, _dir) = relay_fixture(&db).at_current_end().await; // the sweeper on, as users run it
     let relay = RunningRelay::start(&config).await;
@@ -208,7 +213,8 @@ async fn a_prepared_transaction_holds_the_checkpoint_while_5000_other_events_flo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_restarted_while_a_transaction_is_prepared_publishes_it_at_commit() {
-    let db = TestDb::migrated("xa_restart").await;
+    let server = common::own_database("xa_restart");
+    let db = TestDb::migrated_on(&server, "xa_restart").await;
     let topic = new_topic("xa_restart");
     let (config, _dir) = stream_only(&db);
     seed_checkpoint(&config, &current_position(&db).await);
