@@ -274,3 +274,28 @@ fn a_primary_key_must_start_with_id() {
         "ALTER TABLE `outbox_event` ADD PRIMARY KEY (`id`)"
     );
 }
+
+#[test]
+fn a_not_null_column_the_marker_or_resend_clears_is_refused() {
+    // The marker sets `last_error = NULL` when an event is SENT; `resend` clears msg_id, sent_at.
+    for name in ["last_error", "msg_id", "sent_at"] {
+        let mut shape = article_table(10);
+        shape
+            .columns
+            .push(col(name, "datetime", "datetime(3)", None, false));
+        if name != "sent_at" {
+            let c = shape.columns.last_mut().unwrap();
+            (c.data_type, c.column_type, c.max_chars) =
+                ("varchar".into(), "varchar(1024)".into(), Some(1024));
+        }
+        let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+        assert!(plan.is_refused(), "{name}: {plan:?}");
+        assert!(
+            plan.refusals[0]
+                .reason
+                .contains(&format!("`{name}` is NOT NULL")),
+            "{}",
+            plan.refusals[0].reason
+        );
+    }
+}

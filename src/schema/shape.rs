@@ -43,7 +43,9 @@ pub enum Filled {
 pub struct RequiredColumn {
     pub name: &'static str,
     pub kind: ColumnKind,
-    /// Whether the relay writes NULL into it (so a NOT NULL column will not do).
+    /// Whether the relay or its operator commands write NULL into it (so a NOT NULL column will
+    /// not do): the marker clears `owner`, `lease_until` and `last_error`; `resend` clears
+    /// `msg_id` and `sent_at`.
     pub relay_writes_null: bool,
     pub filled: Filled,
     /// The column's definition after its name, as migration 0001 creates it.
@@ -140,16 +142,16 @@ pub const COLUMNS: &[RequiredColumn] = {
         column(
             "msg_id",
             Text { min_chars: 64 },
-            false,
+            true,
             ByRelay,
             "VARCHAR(128) NULL",
         ),
-        column("sent_at", Time, false, ByRelay, "DATETIME(3) NULL"),
+        column("sent_at", Time, true, ByRelay, "DATETIME(3) NULL"),
         // The marker keeps the first 1,000 characters of a reason.
         column(
             "last_error",
             Text { min_chars: 1000 },
-            false,
+            true,
             ByRelay,
             "VARCHAR(1024) NULL",
         ),
