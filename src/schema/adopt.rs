@@ -164,54 +164,49 @@ impl TablePlan {
 
     fn compare_index(&mut self, required: &RequiredIndex, shape: &TableShape) {
         let table = self.table.sql();
-        let same_name = shape.index(required.name);
         let wanted = column_list(required.columns);
-        match (required.lookup, same_name) {
-            (Lookup::ByName, Some(existing))
-                if existing
-                    .columns
-                    .first()
-                    .is_some_and(|c| c.eq_ignore_ascii_case(required.columns[0])) =>
+        let same_name = shape.index(required.name);
+        let serves = match required.lookup {
+            // Any index leading with the columns (of this name or another).
+            Lookup::ByColumns => shape.index_leading_with(required.columns).is_some(),
+            // The index of this name, if it leads with the first column.
+            Lookup::ByName => same_name.is_some_and(|existing| {
+                existing.columns[0].eq_ignore_ascii_case(required.columns[0])
+            }),
+        };
+        match same_name {
+            // (ByName is `idx_pending` alone: the note speaks of its claims.)
+            Some(existing)
+                if serves
+                    && required.lookup == Lookup::ByName
+                    && !same_columns(existing, required.columns) =>
             {
-                if !same_columns(existing, required.columns) {
-                    self.notes.push(format!(
-                        "{} is ({}) here, the relay's is ({wanted}): the relay uses it as it is \
-                         (its claims then sort the PENDING rows by id). To match it: ALTER TABLE \
-                         {table} DROP INDEX {}, ADD INDEX {} ({wanted}), {ONLINE}",
-                        required.name,
-                        column_list_of(existing),
-                        required.name,
-                        required.name
-                    ));
-                }
+                self.notes.push(format!(
+                    "{} is ({}) here, the relay's is ({wanted}): the relay uses it as it is \
+                     (its claims then sort the PENDING rows by id). To match it: ALTER TABLE \
+                     {table} DROP INDEX {}, ADD INDEX {} ({wanted}), {ONLINE}",
+                    required.name,
+                    column_list_of(existing),
+                    required.name,
+                    required.name
+                ));
             }
-            (_, Some(existing))
-                if !(required.lookup == Lookup::ByColumns
-                    && same_columns(existing, required.columns)) =>
-            {
-                if required.lookup == Lookup::ByColumns
-                    && shape.index_leading_with(required.columns).is_some()
-                {
-                    return;
-                }
-                self.refuse(
-                    RefusalKind::Index,
-                    format!(
-                        "an index named {} exists on ({}); the relay needs that name for \
-                         ({wanted}), for {}",
-                        required.name,
-                        column_list_of(existing),
-                        required.serves
-                    ),
-                    format!(
-                        "ALTER TABLE {table} RENAME INDEX {} TO {}_old",
-                        required.name, required.name
-                    ),
-                );
-            }
-            (_, Some(_)) => {}
-            (Lookup::ByColumns, None) if shape.index_leading_with(required.columns).is_some() => {}
-            (_, None) => self.add_indexes.push(*required),
+            _ if serves => {}
+            Some(existing) => self.refuse(
+                RefusalKind::Index,
+                format!(
+                    "an index named {} exists on ({}); the relay needs that name for \
+                     ({wanted}), for {}",
+                    required.name,
+                    column_list_of(existing),
+                    required.serves
+                ),
+                format!(
+                    "ALTER TABLE {table} RENAME INDEX {} TO {}_old",
+                    required.name, required.name
+                ),
+            ),
+            None => self.add_indexes.push(*required),
         }
     }
 
