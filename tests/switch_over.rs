@@ -8,7 +8,8 @@
 use crate::common;
 
 use common::relay::{
-    assert_key_order, count_where, sweeping_config, write_config_file, RelayProcess,
+    assert_key_order, assert_msg_ids_stored, count_where, outbox_rows, sweeping_config,
+    write_config_file, OutboxRow, RelayProcess,
 };
 use common::rocketmq::{new_topic, rocketmq, ContractMessage, TestProducer};
 use common::TestDb;
@@ -389,28 +390,13 @@ async fn switching_from_the_articles_polling_relay_delivers_every_waiting_row_on
         "stored more than once by the relay: {twice:?}"
     );
     // Each relayed row SENT with the id of its stored message, its key on one queue in id order.
-    let rows: Vec<(u64, String, String, Option<String>)> = db
-        .conn()
+    let rows: Vec<OutboxRow> = outbox_rows(&db)
         .await
-        .query("SELECT id, event_id, biz_key, msg_id FROM outbox_event ORDER BY id")
-        .await
-        .unwrap();
-    let rows: Vec<_> = rows
         .into_iter()
         .filter(|r| expected.contains(&r.1))
         .collect();
-    let stored: HashMap<&str, &str> = relayed
-        .iter()
-        .map(|m| (m.properties["event_id"].as_str(), m.msg_id.as_str()))
-        .collect();
-    for (id, event_id, _, msg_id) in &rows {
-        assert_eq!(
-            msg_id.as_deref(),
-            Some(stored[event_id.as_str()]),
-            "row {id} ({event_id}) SENT with the id of its stored message"
-        );
-    }
     let relayed: Vec<ReceivedMessage> = relayed.into_iter().cloned().collect();
+    assert_msg_ids_stored(&rows, &relayed);
     assert_key_order(&rows, &relayed);
     println!(
         "switch-over: {} rows waited at the kill or were written after it, each stored once by \

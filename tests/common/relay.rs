@@ -394,10 +394,7 @@ type Arrival<'a> = ((&'a str, i32), i64, u64);
 
 /// Checks the arrival order: every key went to one queue, and its messages arrived (by queue
 /// offset, first delivery of each event) in commit (id) order. `rows` are (id, event_id, …).
-pub fn assert_key_order(
-    rows: &[(u64, String, String, Option<String>)],
-    messages: &[ReceivedMessage],
-) {
+pub fn assert_key_order(rows: &[OutboxRow], messages: &[ReceivedMessage]) {
     let id_of: HashMap<&str, u64> = rows.iter().map(|r| (r.1.as_str(), r.0)).collect();
     let mut by_key: BTreeMap<&str, Vec<Arrival>> = BTreeMap::new();
     for m in messages {
@@ -484,12 +481,7 @@ pub async fn assert_read_every_event_in_key_order(
     reader: &mut TopicReader,
     total: usize,
 ) -> Vec<ReceivedMessage> {
-    let rows: Vec<(u64, String, String, Option<String>)> = db
-        .conn()
-        .await
-        .query("SELECT id, event_id, biz_key, msg_id FROM outbox_event ORDER BY id")
-        .await
-        .unwrap();
+    let rows = outbox_rows(db).await;
     assert!(
         rows.iter()
             .all(|r| r.3.as_deref().is_some_and(|m| !m.is_empty())),
@@ -505,12 +497,31 @@ pub async fn assert_read_every_event_in_key_order(
         .collect();
     let expected: HashSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(arrived, expected, "every event_id arrives");
-    // Contract 5: each SENT row's msg_id is the id of a stored message of its event.
+    assert_msg_ids_stored(&rows, &messages);
+    println!("duplicates: {}", messages.len() - arrived.len());
+    assert_key_order(&rows, &messages);
+    messages
+}
+
+/// An outbox row as the delivery checks read it: (id, event_id, biz_key, msg_id).
+pub type OutboxRow = (u64, String, String, Option<String>);
+
+/// Every row of `outbox_event`, in id order.
+pub async fn outbox_rows(db: &TestDb) -> Vec<OutboxRow> {
+    db.conn()
+        .await
+        .query("SELECT id, event_id, biz_key, msg_id FROM outbox_event ORDER BY id")
+        .await
+        .unwrap()
+}
+
+/// Contract 5: each of `rows` (SENT) carries the id of a stored message of its event.
+pub fn assert_msg_ids_stored(rows: &[OutboxRow], messages: &[ReceivedMessage]) {
     let stored_ids: HashSet<(&str, &str)> = messages
         .iter()
         .map(|m| (m.properties["event_id"].as_str(), m.msg_id.as_str()))
         .collect();
-    let unproven: Vec<&(u64, String, String, Option<String>)> = rows
+    let unproven: Vec<&OutboxRow> = rows
         .iter()
         .filter(|r| !stored_ids.contains(&(r.1.as_str(), r.3.as_deref().unwrap_or_default())))
         .collect();
@@ -520,9 +531,6 @@ pub async fn assert_read_every_event_in_key_order(
         unproven.len(),
         unproven.iter().take(5).collect::<Vec<_>>()
     );
-    println!("duplicates: {}", messages.len() - arrived.len());
-    assert_key_order(&rows, &messages);
-    messages
 }
 
 /// A relay process that is killed if the test fails before stopping it.
