@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what outbox-relay's local servers need; safe to run again (it skips what is there).
-#   - MariaDB (mariadbd, mariadb-install-db, mariadb client) from Debian's packages
+#   - MariaDB (mariadbd, mariadb-install-db, mariadb client) from Debian's packages, with
+#     galera-4 and rsync for the two-node Galera cluster of src/devenv/galera.rs (SST by rsync)
 #   - Apache RocketMQ 5.3 (namesrv, broker, mqadmin): jars from Maven Central, fetched with
 #     scripts/apache-rocketmq/pom.xml into $OUTBOX_DEVENV_CACHE (default ~/.cache/outbox-relay);
 #     about 10 s the first time. Needs Java 17+ and Maven.
@@ -71,6 +72,18 @@ install_mariadb() {
   # The package may try to start a system-wide server; ours run on their own ports and datadirs.
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server mariadb-client >/dev/null
   say "MariaDB: $(/usr/sbin/mariadbd --version | head -n1)"
+}
+
+# The Galera provider and rsync (its state transfers), for src/devenv/galera.rs.
+install_galera() {
+  if [ -f /usr/lib/galera/libgalera_smm.so ] && command -v rsync >/dev/null 2>&1; then
+    say "Galera: $(dpkg-query -W -f '${Version}' galera-4 2>/dev/null || echo present), rsync $(rsync --version | awk 'NR == 1 { print $3 }')"
+    return
+  fi
+  say "Galera: installing galera-4 and rsync from Debian's packages ..."
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync >/dev/null
+  say "Galera: $(dpkg-query -W -f '${Version}' galera-4)"
 }
 
 install_rocketmq() {
@@ -195,6 +208,7 @@ if [ "$ONLY_RUST_BROKER" = 1 ]; then
   exit 0
 fi
 install_mariadb
+install_galera
 install_apache_rocketmq
 if [ "$WANT_MYSQL" = 1 ]; then
   install_mysql
@@ -205,4 +219,4 @@ fi
 if [ "$WANT_RUST_BROKER" = 1 ]; then
   install_rocketmq
 fi
-say "ready: MariaDB$([ "$WANT_MYSQL" = 1 ] && echo ", MySQL") and the RocketMQ servers are installed"
+say "ready: MariaDB (with Galera)$([ "$WANT_MYSQL" = 1 ] && echo ", MySQL") and the RocketMQ servers are installed"

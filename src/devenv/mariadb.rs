@@ -48,9 +48,8 @@ impl MariaDb {
         std::fs::create_dir_all(options.dir.join("tmp"))?;
         let dir = std::fs::canonicalize(&options.dir)?;
         let options = MariaDbOptions { dir, ..options };
-        let data_dir = options.dir.join("data");
-        if !data_dir.join("mysql").exists() {
-            install_system_tables(&data_dir)?;
+        if !options.dir.join("data").join("mysql").exists() {
+            install_system_tables(&options.dir, running_as_root().then_some("root"))?;
         }
         let port = match options.port {
             Some(port) => port,
@@ -107,34 +106,8 @@ impl SqlServer for MariaDb {
 
     fn start_process(&mut self) -> io::Result<()> {
         let dir = &self.options.dir;
-        let mut command = Command::new(tool("mariadbd")?);
-        command
-            .arg("--no-defaults")
-            .arg(format!("--datadir={}", self.data_dir().display()))
-            .arg(format!("--port={}", self.port))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--socket={}", self.socket_path().display()))
-            .arg(format!("--pid-file={}", dir.join("mariadbd.pid").display()))
-            .arg(format!("--tmpdir={}", dir.join("tmp").display()))
-            .arg(format!(
-                "--log-bin={}",
-                self.data_dir().join("binlog").display()
-            ))
-            .args([
-                "--binlog-format=ROW",
-                "--binlog-row-image=FULL",
-                "--binlog-row-metadata=FULL",
-                "--server-id=1",
-                "--gtid-strict-mode=1",
-                "--skip-name-resolve",
-                "--max-connections=1000",
-                "--innodb-buffer-pool-size=256M",
-                "--character-set-server=utf8mb4",
-                "--collation-server=utf8mb4_general_ci",
-            ]);
-        if running_as_root() {
-            command.arg("--user=root");
-        }
+        let user = running_as_root().then_some("root");
+        let mut command = mariadbd_command(dir, self.port, user)?;
         command.args(&self.options.extra_args);
         let process =
             self.endpoint()
@@ -148,14 +121,58 @@ impl SqlServer for MariaDb {
     }
 }
 
-fn install_system_tables(data_dir: &Path) -> io::Result<()> {
+/// `mariadbd` for a server whose files live in `dir` (`data/`, `tmp/`, the socket
+/// `mariadbd.sock` and the pid file), listening on `127.0.0.1:port` only, with the binlog
+/// settings the relay needs: ROW format, FULL row image, FULL row metadata, server id 1, GTID
+/// strict mode. `user` is its `--user` (needed when started as root). Callers add their own
+/// flags after these (a later flag wins).
+pub(super) fn mariadbd_command(dir: &Path, port: u16, user: Option<&str>) -> io::Result<Command> {
+    let data_dir = dir.join("data");
+    let mut command = Command::new(tool("mariadbd")?);
+    command
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", data_dir.display()))
+        .arg(format!("--port={port}"))
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--socket={}", dir.join("mariadbd.sock").display()))
+        .arg(format!("--pid-file={}", dir.join("mariadbd.pid").display()))
+        .arg(format!("--tmpdir={}", dir.join("tmp").display()))
+        .arg(format!("--log-bin={}", data_dir.join("binlog").display()))
+        .args([
+            "--binlog-format=ROW",
+            "--binlog-row-image=FULL",
+            "--binlog-row-metadata=FULL",
+            "--server-id=1",
+            "--gtid-strict-mode=1",
+            "--skip-name-resolve",
+            "--max-connections=1000",
+            "--innodb-buffer-pool-size=256M",
+            "--character-set-server=utf8mb4",
+            "--collation-server=utf8mb4_general_ci",
+        ]);
+    if let Some(user) = user {
+        command.arg(format!("--user={user}"));
+    }
+    Ok(command)
+}
+
+/// Creates the system tables in the empty `dir/data` of a server laid out as for
+/// [`mariadbd_command`] (`root@localhost` without a password, no test database); the files
+/// belong to `user` when given (`--user`, needed when run as root).
+///
+/// Its temporary tables go to `dir/tmp`, not `/tmp`: every `mariadbd` deletes the `#sql*` files
+/// in its tmpdir when it starts, so two installs in `/tmp` at once (tests in parallel) can fail
+/// each other ("Could not remove temporary table ... /tmp/#sql-temptable-...").
+pub(super) fn install_system_tables(dir: &Path, user: Option<&str>) -> io::Result<()> {
+    let data_dir = dir.join("data");
     let mut command = Command::new(tool("mariadb-install-db")?);
     command
         .arg("--no-defaults")
         .arg(format!("--datadir={}", data_dir.display()))
+        .arg(format!("--tmpdir={}", dir.join("tmp").display()))
         .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
-    if running_as_root() {
-        command.arg("--user=root");
+    if let Some(user) = user {
+        command.arg(format!("--user={user}"));
     }
     let output = command.output().map_err(|e| {
         io::Error::new(

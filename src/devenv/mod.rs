@@ -9,6 +9,7 @@
 //! see [`mysql`]) where stale directories of dead processes are removed by the next start.
 
 pub mod database;
+pub mod galera;
 pub mod mariadb;
 pub mod mysql;
 pub mod process;
@@ -17,6 +18,7 @@ mod sql_server;
 pub mod topic_reader;
 
 pub use database::{Database, DatabaseKind, DatabaseOptions, ServerTls};
+pub use galera::{GaleraCluster, GaleraNode};
 pub use mariadb::{MariaDb, MariaDbOptions};
 pub use mysql::{MySql, MySqlOptions};
 pub use rocketmq::{AclAccount, BrokerKind, BrokerRole, ClientHost, RocketMq, RocketMqOptions};
