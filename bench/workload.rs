@@ -369,9 +369,7 @@ pub async fn mark_all_sent(config: &Config) -> u64 {
         .await
         .unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(2048);
-    let rule = MarkerContext {
-        owner: "bench".into(),
-    };
+    let rule = MarkerContext::new("bench");
     // Streamed events (marked PENDING or SENDING → SENT, as in a CDC drain), each acknowledged
     // to one open transaction once recorded.
     let acks = Acknowledgements::new(BinlogPosition::default());

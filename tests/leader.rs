@@ -1,12 +1,13 @@
-//! Leader election on a real MariaDB: one leader at a time, a standby takes over when the
-//! leader's lock connection dies, and a leader whose connection was cut keeps leading only if
-//! nobody took over meanwhile.
+//! Leader election on a real server: one leader at a time, a standby takes over when the
+//! leader's lock connection dies, a leader whose connection was cut keeps leading only if
+//! nobody took over meanwhile; by lease, a candidate claims only once the old leader's fence has
+//! run out; by either method, a leader that finds a newer epoch stops within its renewal period.
 
 use crate::common;
 
 use common::TestDb;
 use mysql_async::prelude::*;
-use rocketmq_outbox::leader::Election;
+use rocketmq_outbox::leader::{lease, Election, CHECK_EVERY};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -54,7 +55,7 @@ async fn one_leader_at_a_time_and_a_standby_takes_over_when_its_connection_dies(
     assert!(!standby.is_finished(), "b waits while a leads");
 
     let killed = Instant::now();
-    kill_holder(&db, a.lock_name()).await;
+    kill_holder(&db, a.lock_name().expect("elected by lock")).await;
     let next = tokio::time::timeout(Duration::from_secs(5), standby)
         .await
         .expect("b takes over within seconds")
@@ -81,12 +82,15 @@ async fn a_leader_whose_connection_was_cut_keeps_leading_when_nobody_took_over()
     let db = TestDb::migrated("leader_regain").await;
     let a = election(&db, "a");
     let leading = a.try_lead().await.unwrap().expect("nobody leads yet");
-    kill_holder(&db, a.lock_name()).await;
+    kill_holder(&db, a.lock_name().expect("elected by lock")).await;
     // The leader checks every second: it takes the lock again on a new connection.
     common::relay::wait_for("the lock held again", Duration::from_secs(10), || async {
         let mut conn = db.conn().await;
         let holder: Option<Option<u64>> = conn
-            .exec_first("SELECT IS_USED_LOCK(?)", (a.lock_name(),))
+            .exec_first(
+                "SELECT IS_USED_LOCK(?)",
+                (a.lock_name().expect("elected by lock"),),
+            )
             .await
             .unwrap();
         holder.flatten().is_some()
@@ -100,4 +104,90 @@ async fn a_leader_whose_connection_was_cut_keeps_leading_when_nobody_took_over()
     assert_eq!(leading.epoch, 1);
     assert_eq!(recorded_leader(&db).await, (Some("a".into()), 1));
     leading.resign(&a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_lease_a_candidate_claims_only_after_the_old_leaders_fence_ran_out() {
+    let db = TestDb::migrated("leader_lease").await;
+    let (a, b) = (election(&db, "a").by_lease(), election(&db, "b").by_lease());
+    let leading = a.try_lead().await.unwrap().expect("nobody leads yet");
+    assert!(b.try_lead().await.unwrap().is_none(), "a already leads");
+    assert_eq!(recorded_leader(&db).await, (Some("a".into()), 1));
+    let a_fence = leading.fence();
+
+    let cancel = CancellationToken::new();
+    let standby = {
+        let (b, cancel) = (b.clone(), cancel.clone());
+        tokio::spawn(async move { b.lead(&cancel).await })
+    };
+    // A leader that renews keeps its lease however long the candidate watches.
+    tokio::time::sleep(lease::LEASE + Duration::from_secs(2)).await;
+    assert!(!standby.is_finished(), "b waits while a renews");
+    assert!(a_fence.holds());
+
+    // a dies without resigning: its renewals stop.
+    let died = Instant::now();
+    drop(leading);
+    let next = tokio::time::timeout(lease::LEASE + Duration::from_secs(5), standby)
+        .await
+        .expect("b takes over once the lease ran out")
+        .unwrap()
+        .expect("not cancelled");
+    let takeover = died.elapsed();
+    println!("takeover after the leader died: {takeover:?}");
+    assert!(
+        !a_fence.holds(),
+        "the old leader's fence ran out before b could claim"
+    );
+    assert!(takeover >= lease::LEASE - CHECK_EVERY, "{takeover:?}");
+    assert_eq!(next.epoch, 2);
+    assert_eq!(recorded_leader(&db).await, (Some("b".into()), 2));
+
+    // A leader that resigns leaves a row any candidate claims at once.
+    next.resign(&b).await;
+    let again = a
+        .try_lead()
+        .await
+        .unwrap()
+        .expect("a resigned lease is free");
+    assert_eq!(again.epoch, 3);
+    again.resign(&a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_finds_a_newer_epoch_stops_within_its_renewal_period() {
+    let db = TestDb::migrated("leader_fenced").await;
+    for election in [election(&db, "a"), election(&db, "a").by_lease()] {
+        let leading = election.try_lead().await.unwrap().expect("nobody leads");
+        let fence = leading.fence();
+        // Another instance leads now, as seen by the server this leader's renewals reach (after
+        // a failover that moved the address, say), while this one still holds its lock.
+        let mut conn = db.conn().await;
+        conn.query_drop(
+            "UPDATE outbox_relay_state SET leader = 'elsewhere', leader_epoch = leader_epoch + 1 \
+             WHERE name = 'orders'",
+        )
+        .await
+        .unwrap();
+        let superseded = Instant::now();
+        tokio::time::timeout(CHECK_EVERY * 3, fence.ended().cancelled())
+            .await
+            .unwrap_or_else(|_| panic!("{} leader stops", election.method()));
+        println!(
+            "{}: stopped {:?} after a newer epoch",
+            election.method(),
+            superseded.elapsed()
+        );
+        assert!(!fence.holds());
+        let epoch = leading.epoch;
+        leading.resign(&election).await;
+        assert_eq!(
+            recorded_leader(&db).await,
+            (Some("elsewhere".into()), epoch + 1),
+            "resigning leaves the newer leadership alone"
+        );
+        conn.query_drop("UPDATE outbox_relay_state SET leader = NULL WHERE name = 'orders'")
+            .await
+            .unwrap();
+    }
 }

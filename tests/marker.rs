@@ -25,9 +25,7 @@ use tokio_util::sync::CancellationToken;
 async fn mark(db: &TestDb, owner: &str, completions: Vec<Completion>) -> MarkStats {
     let pool = rocketmq_outbox::db::writer_pool(&db.config).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(16);
-    let rule = MarkerContext {
-        owner: owner.into(),
-    };
+    let rule = MarkerContext::new(owner);
     let marker = tokio::spawn(run_marker(pool.clone(), rx, rule, CancellationToken::new()));
     for completion in completions {
         tx.send(completion).await.unwrap();

@@ -172,25 +172,27 @@ impl CheckpointStore for MemoryStore {
 /// instance (or a replacement machine without the sled directory) can resume.
 ///
 /// A fenced mirror ([`MysqlMirror::fenced`]) writes only while its leadership epoch is the
-/// current one, so a deposed leader cannot move the shared checkpoint.
+/// current one, so a deposed leader cannot move the shared checkpoint; a write refused for that
+/// reason ends the leadership's fence (the leader stops sending too).
 #[derive(Debug, Clone)]
 pub struct MysqlMirror {
     name: String,
-    epoch: Option<u64>,
+    fence: Option<crate::leader::Fence>,
 }
 
 impl MysqlMirror {
     pub fn new(name: impl Into<String>) -> Self {
         MysqlMirror {
             name: name.into(),
-            epoch: None,
+            fence: None,
         }
     }
 
-    /// This mirror, writing only while `leader_epoch` is `epoch`.
-    pub fn fenced(self, epoch: u64) -> Self {
+    /// This mirror, writing only while `leader_epoch` is `fence`'s epoch (and ending `fence` when
+    /// it is not).
+    pub fn fenced(self, fence: crate::leader::Fence) -> Self {
         MysqlMirror {
-            epoch: Some(epoch),
+            fence: Some(fence),
             ..self
         }
     }
@@ -235,7 +237,8 @@ impl MysqlMirror {
         conn: &mut mysql_async::Conn,
         position: &BinlogPosition,
     ) -> Result<(), StoreError> {
-        if let Some(epoch) = self.epoch {
+        if let Some(fence) = &self.fence {
+            let epoch = fence.epoch();
             conn.exec_drop(
                 "UPDATE outbox_relay_state SET checkpoint = ?, checkpoint_at = NOW(3) \
                  WHERE name = ? AND leader_epoch = ?",
@@ -243,6 +246,9 @@ impl MysqlMirror {
             )
             .await?;
             if conn.affected_rows() == 0 {
+                fence.end(format_args!(
+                    "the checkpoint mirror refused epoch {epoch} (another instance took over)"
+                ));
                 return Err(StoreError::Fenced(epoch));
             }
             return Ok(());

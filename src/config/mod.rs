@@ -248,6 +248,22 @@ pub enum RelayMode {
     Poll,
 }
 
+/// How the instances of one deployment elect the one that streams (`relay.election`).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ElectionMethod {
+    /// `lease` on a Galera node (`wsrep_on`), `lock` elsewhere (default).
+    #[default]
+    Auto,
+    /// MySQL's named lock (`GET_LOCK`): takeover within about a second of a leader's death, but
+    /// the lock is local to one server, so every instance must reach the same one.
+    Lock,
+    /// A lease in `outbox_relay_state`'s row, claimed and renewed by writes that conflict for two
+    /// claimants: works wherever every instance writes the same row (Galera, multi-primary);
+    /// takeover after a leader's death waits out the lease.
+    Lease,
+}
+
 /// `[relay]`: the pipeline.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -269,6 +285,8 @@ pub struct RelayConfig {
     /// relay warns once and keeps the server's setting. Set `false` if another binlog reader
     /// needs full images of outbox updates. Producers' sessions (their INSERTs) are unaffected.
     pub minimal_row_image: bool,
+    /// How the leader is elected: `auto` (default), `lock` or `lease`; see `docs/leadership.md`.
+    pub election: ElectionMethod,
 }
 
 impl Default for RelayConfig {
@@ -280,6 +298,7 @@ impl Default for RelayConfig {
             name: "default".to_string(),
             instance_id: None,
             minimal_row_image: true,
+            election: ElectionMethod::Auto,
         }
     }
 }

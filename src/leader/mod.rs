@@ -1,41 +1,52 @@
-//! Leadership: among the instances that share a `relay.name` and a database, exactly one tails
-//! the binlog; the others stand by (and sweep). No ZooKeeper: the leader holds a MySQL named lock
-//! (`GET_LOCK`) on a connection of its own, and bumps `leader_epoch` in `outbox_relay_state`.
+//! Leadership: among the instances that share a `relay.name` and a database, one tails the
+//! binlog; the others stand by (and sweep). No ZooKeeper: the election runs in MySQL itself, by
+//! one of two methods (`relay.election`, see [`ElectionMethod`]):
+//! - **lock** ([`lock`]): MySQL's named lock (`GET_LOCK`) on a connection of the leader's own;
+//!   takeover within about a second of a leader's death. Local to one server.
+//! - **lease** ([`lease`]): a lease in the deployment's row of `outbox_relay_state`, claimed by a
+//!   write that conflicts for two claimants; takeover after [`lease::LEASE`]. Cluster-wide
+//!   wherever every instance writes the same row: Galera, where it is chosen automatically.
 //!
-//! Guarantees:
-//! - **At most one leader at a time, as the server sees it.** The lock is held by one connection;
-//!   the server frees it when that connection ends, and only then can a standby (waiting in
-//!   `GET_LOCK`) take it. A killed leader process (kill -9) closes its socket, so a standby takes
-//!   over within about a second (bounded by [`WAIT_STEP`] plus the server noticing the closed
-//!   connection). A host that vanished without closing its connections is bounded by
-//!   [`IDLE_LIMIT`]: the lock connection's `wait_timeout`, which a live leader never reaches
-//!   because it checks its lock every [`CHECK_EVERY`].
-//! - **A leader that loses its lock stops.** It checks its lock every [`CHECK_EVERY`]; if the
-//!   connection broke it tries to take the lock again at once, and keeps leading only if nobody
-//!   led in between (the epoch is unchanged); otherwise [`Leadership::lost`] fires and the relay
-//!   stops streaming. Until it notices, two instances may stream: that costs duplicates, never a
-//!   loss (both send only committed rows, and each checkpoint is safe on its own).
-//! - **Fencing.** Each leadership has a new epoch; the checkpoint mirror is written only by the
-//!   current epoch ([`crate::checkpoint::MysqlMirror::fenced`]), so a deposed leader cannot move
-//!   the shared checkpoint.
+//! Guarantees, whatever the method:
+//! - **Every leadership has a new epoch** (`leader_epoch`, bumped when it begins).
+//! - **The epoch fences the stream, not only the checkpoint.** The leader renews every
+//!   [`CHECK_EVERY`] with an UPDATE that matches only its own epoch, on a new connection each
+//!   time (so after a failover that moved the server's address, the renewal reaches the new
+//!   primary). A renewal that finds a newer epoch, a checkpoint-mirror write refused for this
+//!   epoch, or a lost lock ends the leadership's [`Fence`]; and a leadership is only valid for a
+//!   fixed time after its last successful renewal ([`lock::VALIDITY`], [`lease::VALIDITY`]). The
+//!   senders and the marker check the fence before each batch: a superseded leader stops
+//!   sending and marking within [`CHECK_EVERY`] plus one renewal of the newer epoch being
+//!   committed (lock), or before a candidate may claim at all (lease); sends already in flight
+//!   (at most `rocketmq.send_timeout`) are the only overlap. Overlap costs duplicates, never a
+//!   loss: both leaders send only committed rows, and each checkpoint is safe on its own.
+//! - **A leader that cannot renew stops** when its validity runs out, and stands by again.
 
+mod fence;
+pub mod lease;
+pub mod lock;
+
+pub use crate::config::ElectionMethod;
+pub use fence::Fence;
+
+use crate::binlog::reader::StartupError;
 use crate::retry::RetryPolicy;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
-use sha2::{Digest, Sha256};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// How long one `GET_LOCK` waits on the server before the standby checks for cancellation.
-pub const WAIT_STEP: Duration = Duration::from_secs(1);
-/// How often a leader checks that it still holds its lock.
+/// How often a leader renews its leadership (and, with the lock, checks its lock).
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
-/// The lock connection's `wait_timeout`: the server ends it (freeing the lock) after this long
-/// without a query, i.e. when the leader's host is gone without closing it.
-pub const IDLE_LIMIT: Duration = Duration::from_secs(10);
-/// How many times in a row a leader may fail to confirm its lock before it steps down.
-const CONFIRM_ATTEMPTS: u32 = 3;
+pub use lock::{IDLE_LIMIT, WAIT_STEP};
+
+/// How the election is held, with what it needs.
+#[derive(Debug, Clone)]
+enum Method {
+    Lock { lock: String },
+    Lease,
+}
 
 /// The election of one relay deployment (`relay.name` in one database).
 #[derive(Debug, Clone)]
@@ -43,45 +54,90 @@ pub struct Election {
     opts: Opts,
     name: String,
     instance: String,
-    lock: String,
+    method: Method,
 }
 
 impl Election {
-    /// The election for `name` in the database of `opts`, entered as `instance`.
+    /// The election for `name` in the database of `opts`, entered as `instance`, by the lock.
     pub fn new(opts: Opts, name: &str, instance: &str) -> Self {
         let database = opts.db_name().unwrap_or_default().to_string();
         Election {
-            lock: lock_name(&database, name),
+            method: Method::Lock {
+                lock: lock::lock_name(&database, name),
+            },
             opts,
             name: name.to_string(),
             instance: instance.to_string(),
         }
     }
 
-    /// A connection for the lock, ended by the server after [`IDLE_LIMIT`] of silence.
-    async fn connect(&self) -> Result<Conn, mysql_async::Error> {
-        let mut conn = Conn::new(self.opts.clone()).await?;
-        conn.query_drop(format!(
-            "SET SESSION wait_timeout = {}",
-            IDLE_LIMIT.as_secs()
-        ))
-        .await?;
-        Ok(conn)
-    }
-
-    /// The MySQL lock name (server-wide, so it includes the database).
-    pub fn lock_name(&self) -> &str {
-        &self.lock
-    }
-
-    /// Becomes the leader if nobody is: `None` at once when another instance leads.
-    pub async fn try_lead(&self) -> Result<Option<Leadership>, mysql_async::Error> {
-        let mut conn = self.connect().await?;
-        if take_lock(&mut conn, &self.lock, Duration::ZERO).await? {
-            return self.begin(conn).await.map(Some);
+    /// The same election, held by lease.
+    pub fn by_lease(self) -> Self {
+        Election {
+            method: Method::Lease,
+            ..self
         }
-        conn.disconnect().await?;
-        Ok(None)
+    }
+
+    /// The election `configured` for a server that is (`galera`) or is not a Galera node:
+    /// `auto` picks the lease on Galera and the lock elsewhere; the lock on Galera is refused.
+    pub fn for_server(
+        opts: Opts,
+        name: &str,
+        instance: &str,
+        configured: ElectionMethod,
+        galera: bool,
+    ) -> Result<Self, StartupError> {
+        let election = Election::new(opts, name, instance);
+        match (configured, galera) {
+            (ElectionMethod::Lock, true) => Err(StartupError::Misconfigured(
+                "relay.election = \"lock\" on a Galera node: GET_LOCK is local to each node, so \
+                 instances on different nodes would all lead; set relay.election = \"auto\" or \
+                 \"lease\" (see docs/leadership.md)"
+                    .into(),
+            )),
+            (ElectionMethod::Lease, _) | (ElectionMethod::Auto, true) => Ok(election.by_lease()),
+            (ElectionMethod::Lock | ElectionMethod::Auto, false) => Ok(election),
+        }
+    }
+
+    /// `"lock"` or `"lease"`.
+    pub fn method(&self) -> &'static str {
+        match self.method {
+            Method::Lock { .. } => "lock",
+            Method::Lease => "lease",
+        }
+    }
+
+    /// The MySQL lock name (server-wide, so it includes the database), if elected by lock.
+    pub fn lock_name(&self) -> Option<&str> {
+        match &self.method {
+            Method::Lock { lock } => Some(lock),
+            Method::Lease => None,
+        }
+    }
+
+    /// Becomes the leader if nobody is: `None` at once when another instance leads (by lease:
+    /// when the row has a leader, even one whose lease is running out).
+    pub async fn try_lead(&self) -> Result<Option<Leadership>, mysql_async::Error> {
+        let started = Instant::now();
+        match &self.method {
+            Method::Lock { lock } => {
+                let mut conn = lock::connect(&self.opts).await?;
+                if lock::take(&mut conn, lock, Duration::ZERO).await? {
+                    return self.begin_locked(conn, started).await.map(Some);
+                }
+                conn.disconnect().await?;
+                Ok(None)
+            }
+            Method::Lease => {
+                let mut conn = consistent_connection(&self.opts).await?;
+                let mut watcher = lease::Watcher::default();
+                let led = self.look_and_claim(&mut conn, &mut watcher, started).await;
+                let _ = conn.disconnect().await;
+                led
+            }
+        }
     }
 
     /// Waits until this instance leads (`None` if `cancel` fired first). Connection errors are
@@ -89,16 +145,9 @@ impl Election {
     pub async fn lead(&self, cancel: &CancellationToken) -> Option<Leadership> {
         let policy = RetryPolicy::reconnect();
         let mut failures = 0;
+        let mut watcher = lease::Watcher::default();
         loop {
-            let attempt = async {
-                let mut conn = self.connect().await?;
-                loop {
-                    let took = crate::db::bounded(take_lock(&mut conn, &self.lock, WAIT_STEP));
-                    if took.await? {
-                        return self.begin(conn).await;
-                    }
-                }
-            };
+            let attempt = self.wait_to_lead(&mut watcher);
             let error = tokio::select! {
                 _ = cancel.cancelled() => return None,
                 led = attempt => match led {
@@ -106,6 +155,7 @@ impl Election {
                     Err(e) => e,
                 },
             };
+            watcher.forget();
             failures += 1;
             let delay = policy.delay(failures).unwrap_or(policy.max);
             tracing::warn!(error = %error, retry_in = ?delay, "standby cannot wait for leadership; retrying");
@@ -116,11 +166,74 @@ impl Election {
         }
     }
 
-    /// Holding the lock on `conn`: records a new epoch and starts watching the lock.
-    async fn begin(&self, mut conn: Conn) -> Result<Leadership, mysql_async::Error> {
+    /// One connection's wait for leadership (returns on leading or on a connection error).
+    async fn wait_to_lead(
+        &self,
+        watcher: &mut lease::Watcher,
+    ) -> Result<Leadership, mysql_async::Error> {
+        match &self.method {
+            Method::Lock { lock } => {
+                let mut conn = lock::connect(&self.opts).await?;
+                loop {
+                    let started = Instant::now();
+                    let took = crate::db::bounded(lock::take(&mut conn, lock, WAIT_STEP));
+                    if took.await? {
+                        return self.begin_locked(conn, started).await;
+                    }
+                }
+            }
+            Method::Lease => {
+                let mut conn = consistent_connection(&self.opts).await?;
+                loop {
+                    let started = Instant::now();
+                    if let Some(leadership) =
+                        self.look_and_claim(&mut conn, watcher, started).await?
+                    {
+                        let _ = conn.disconnect().await;
+                        return Ok(leadership);
+                    }
+                    tokio::time::sleep(lease::OBSERVE_EVERY).await;
+                }
+            }
+        }
+    }
+
+    /// One look at the lease row, and a claim if it may be claimed.
+    async fn look_and_claim(
+        &self,
+        conn: &mut Conn,
+        watcher: &mut lease::Watcher,
+        started: Instant,
+    ) -> Result<Option<Leadership>, mysql_async::Error> {
+        let row = crate::db::bounded(lease::look(conn, &self.name)).await?;
+        if watcher.observe(row, Instant::now()) == lease::Verdict::Wait {
+            return Ok(None);
+        }
+        let seen = watcher
+            .claimable()
+            .expect("a claimable row was seen")
+            .clone();
+        let claimed = crate::db::bounded(lease::claim(conn, &self.name, &self.instance, &seen));
+        match claimed.await? {
+            Some(epoch) => Ok(Some(self.begin(epoch, None, started, lease::VALIDITY))),
+            None => {
+                watcher.forget();
+                Ok(None)
+            }
+        }
+    }
+
+    /// Holding the lock on `conn`: records a new epoch and begins.
+    async fn begin_locked(
+        &self,
+        mut conn: Conn,
+        started: Instant,
+    ) -> Result<Leadership, mysql_async::Error> {
         conn.exec_drop(
-            "INSERT INTO outbox_relay_state (name, leader, leader_epoch) VALUES (?, ?, 1) \
-             ON DUPLICATE KEY UPDATE leader = VALUES(leader), leader_epoch = leader_epoch + 1",
+            "INSERT INTO outbox_relay_state (name, leader, leader_epoch, lease_until) \
+             VALUES (?, ?, 1, NOW(3)) \
+             ON DUPLICATE KEY UPDATE leader = VALUES(leader), leader_epoch = leader_epoch + 1, \
+             lease_until = VALUES(lease_until)",
             (&self.name, &self.instance),
         )
         .await?;
@@ -131,23 +244,42 @@ impl Election {
             )
             .await?
             .unwrap_or(0);
-        tracing::info!(instance = %self.instance, epoch, lock = %self.lock, "this instance leads: it tails the binlog");
+        Ok(self.begin(epoch, Some(conn), started, lock::VALIDITY))
+    }
+
+    /// Leads under `epoch` (holding the lock on `lock_conn`, if elected by lock), valid for
+    /// `validity` after `started`: starts the watch.
+    fn begin(
+        &self,
+        epoch: u64,
+        lock_conn: Option<Conn>,
+        started: Instant,
+        validity: Duration,
+    ) -> Leadership {
+        tracing::info!(instance = %self.instance, epoch, election = self.method(),
+            "this instance leads: it tails the binlog");
         crate::metrics::relay().leader.set(1);
-        let lost = CancellationToken::new();
+        let fence = Fence::new(epoch, started, validity);
         let stop = CancellationToken::new();
-        let watch = tokio::spawn(watch(self.clone(), conn, epoch, lost.clone(), stop.clone()));
-        Ok(Leadership {
+        let watch = tokio::spawn(watch(
+            self.clone(),
+            lock_conn,
+            fence.clone(),
+            validity,
+            stop.clone(),
+        ));
+        Leadership {
             epoch,
-            lost,
+            fence,
             stop,
             watch,
-        })
+        }
     }
 
     /// On a new connection: takes the lock again if free and nobody led since `epoch`.
-    async fn regain(&self, epoch: u64) -> Result<Option<Conn>, mysql_async::Error> {
-        let mut conn = self.connect().await?;
-        if !take_lock(&mut conn, &self.lock, Duration::ZERO).await? {
+    async fn regain(&self, lock: &str, epoch: u64) -> Result<Option<Conn>, mysql_async::Error> {
+        let mut conn = lock::connect(&self.opts).await?;
+        if !lock::take(&mut conn, lock, Duration::ZERO).await? {
             return Ok(None);
         }
         let current: Option<u64> = conn
@@ -159,147 +291,187 @@ impl Election {
         if current == Some(epoch) {
             return Ok(Some(conn));
         }
-        conn.exec_drop("SELECT RELEASE_LOCK(?)", (&self.lock,))
-            .await?;
+        lock::release(&mut conn, lock).await?;
         Ok(None)
+    }
+
+    /// Renews `epoch` on a new connection: `Ok(None)` when renewed, `Ok(Some(newer))` when
+    /// another leadership began since.
+    async fn renew(&self, epoch: u64) -> Result<Option<u64>, mysql_async::Error> {
+        let mut conn = consistent_connection(&self.opts).await?;
+        conn.exec_drop(
+            "UPDATE outbox_relay_state SET lease_until = NOW(3) + INTERVAL ? SECOND \
+             WHERE name = ? AND leader_epoch = ?",
+            (lease::LEASE.as_secs(), &self.name, epoch),
+        )
+        .await?;
+        let superseded = if conn.affected_rows() == 1 {
+            None
+        } else {
+            let current: Option<u64> = conn
+                .exec_first(
+                    "SELECT leader_epoch FROM outbox_relay_state WHERE name = ?",
+                    (&self.name,),
+                )
+                .await?;
+            // The same epoch: renewed twice within a millisecond, nothing changed.
+            current.filter(|&current| current != epoch)
+        };
+        let _ = conn.disconnect().await;
+        Ok(superseded)
     }
 }
 
-/// This instance's leadership. Dropping it without [`Leadership::resign`] ends the watch; the
-/// lock is freed when its connection closes.
+/// A new connection whose reads see every write committed in the cluster before them
+/// (`wsrep_sync_wait = 1` on Galera; other servers are consistent anyway).
+async fn consistent_connection(opts: &Opts) -> Result<Conn, mysql_async::Error> {
+    let mut conn = Conn::new(opts.clone()).await?;
+    match conn.query_drop("SET SESSION wsrep_sync_wait = 1").await {
+        // MySQL has no such variable.
+        Err(mysql_async::Error::Server(e)) if e.code == 1193 => {}
+        other => other?,
+    }
+    Ok(conn)
+}
+
+/// This instance's leadership. Dropping it without [`Leadership::resign`] ends the watch: a lock
+/// is freed as its connection closes, a lease runs out.
 pub struct Leadership {
     /// This leadership's epoch (fences the checkpoint mirror).
     pub epoch: u64,
-    lost: CancellationToken,
+    fence: Fence,
     stop: CancellationToken,
     watch: JoinHandle<Option<Conn>>,
 }
 
 impl Leadership {
-    /// Fires when this instance no longer holds the lock (stop streaming).
-    pub fn lost(&self) -> CancellationToken {
-        self.lost.clone()
+    /// What the senders, the marker and the checkpoint mirror check before each batch.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
     }
 
-    /// Steps down: frees the lock (a standby takes over at once) and clears `leader` if it is
-    /// still this epoch's.
-    pub async fn resign(self, election: &Election) {
+    /// Fires when this leadership is over (stop streaming).
+    pub fn lost(&self) -> CancellationToken {
+        self.fence.ended()
+    }
+
+    /// Steps down: clears `leader` if it is still this epoch's (a lease standby claims at once),
+    /// and frees the lock (a lock standby takes over at once).
+    pub async fn resign(mut self, election: &Election) {
         crate::metrics::relay().leader.set(0);
         self.stop.cancel();
-        let Ok(Some(mut conn)) = self.watch.await else {
-            return;
-        };
-        let cleared = conn
-            .exec_drop(
-                "UPDATE outbox_relay_state SET leader = NULL WHERE name = ? AND leader_epoch = ?",
+        let lock_conn = (&mut self.watch).await.ok().flatten();
+        let cleared = async {
+            let mut conn = match lock_conn {
+                Some(conn) => conn,
+                None => consistent_connection(&election.opts).await?,
+            };
+            conn.exec_drop(
+                "UPDATE outbox_relay_state SET leader = NULL, lease_until = NULL \
+                 WHERE name = ? AND leader_epoch = ?",
                 (&election.name, self.epoch),
             )
-            .await;
-        let released = conn
-            .exec_drop("SELECT RELEASE_LOCK(?)", (&election.lock,))
-            .await;
-        if let Err(e) = cleared.and(released) {
-            tracing::warn!(error = %e, "cannot resign cleanly; the lock is freed when the connection closes");
+            .await?;
+            if let Some(lock) = election.lock_name() {
+                lock::release(&mut conn, lock).await?;
+            }
+            conn.disconnect().await
+        };
+        if let Err(e) = crate::db::bounded(cleared).await {
+            tracing::warn!(error = %e, "cannot resign cleanly; a lock is freed when its connection closes, a lease runs out");
         }
-        let _ = conn.disconnect().await;
         tracing::info!(epoch = self.epoch, "stepped down as leader");
     }
 }
 
-/// Checks the lock every [`CHECK_EVERY`] until `stop` (returns the lock's connection) or until
-/// it is lost (fires `lost`, returns `None`).
+impl Drop for Leadership {
+    /// Ends the watch without resigning (a lock is freed as its connection closes; a lease runs
+    /// out): what a leader's death looks like to the others.
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+/// Renews `fence`'s leadership every [`CHECK_EVERY`] (and, holding `lock_conn`, checks the
+/// lock) until `stop` (returns the lock's connection) or until the leadership is over (ends the
+/// fence, returns `None`).
 async fn watch(
     election: Election,
-    mut conn: Conn,
-    epoch: u64,
-    lost: CancellationToken,
+    mut lock_conn: Option<Conn>,
+    fence: Fence,
+    validity: Duration,
     stop: CancellationToken,
 ) -> Option<Conn> {
-    let mut failures = 0;
+    let (epoch, ended) = (fence.epoch(), fence.ended());
     loop {
         tokio::select! {
-            _ = stop.cancelled() => return Some(conn),
+            _ = stop.cancelled() => return lock_conn,
+            _ = ended.cancelled() => return None,
             _ = tokio::time::sleep(CHECK_EVERY) => {}
         }
-        let held: Result<Option<Option<u64>>, _> = crate::db::bounded(conn.exec_first(
-            "SELECT IS_USED_LOCK(?) = CONNECTION_ID()",
-            (&election.lock,),
-        ))
-        .await;
-        match held {
-            Ok(Some(Some(1))) => {
-                failures = 0;
-                continue;
-            }
-            Ok(_) => {
-                tracing::error!(
-                    epoch,
-                    "the leader lock is held by another connection: stepping down"
-                );
-                lost.cancel();
-                return None;
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot confirm the leader lock; taking it again"),
-        }
-        match crate::db::bounded(election.regain(epoch)).await {
-            Ok(Some(new_conn)) => {
-                tracing::info!(
-                    epoch,
-                    "leader lock taken again on a new connection; still leading"
-                );
-                conn = new_conn;
-                failures = 0;
-            }
-            Ok(None) => {
-                tracing::error!(
-                    epoch,
-                    "another instance took over leadership: stepping down"
-                );
-                lost.cancel();
-                return None;
-            }
-            Err(e) => {
-                failures += 1;
-                if failures >= CONFIRM_ATTEMPTS {
-                    tracing::error!(error = %e, epoch,
-                        "cannot confirm the leader lock: stepping down (another instance may lead)");
-                    lost.cancel();
+        if let (Some(conn), Method::Lock { lock }) = (&mut lock_conn, &election.method) {
+            match check_lock(&election, conn, lock, epoch).await {
+                LockCheck::Held => {}
+                LockCheck::Moved(conn) => lock_conn = Some(conn),
+                LockCheck::Lost(why) => {
+                    fence.end(why);
                     return None;
                 }
+                LockCheck::Unknown => {}
             }
+        }
+        // Bounded by the time the leadership has left: a renewal that answers later is too late.
+        let left = fence.remaining()?;
+        let started = Instant::now();
+        match tokio::time::timeout(left, election.renew(epoch)).await {
+            Ok(Ok(None)) => fence.renewed(started, validity),
+            Ok(Ok(Some(newer))) => {
+                fence.end(format_args!(
+                    "another instance leads under epoch {newer} (found by this leader's renewal)"
+                ));
+                return None;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, epoch, left = ?fence.remaining(),
+                    "cannot renew leadership; retrying (this instance stops leading if it cannot before its validity runs out)");
+            }
+            Err(_) => {}
+        }
+        if !fence.holds() {
+            return None;
         }
     }
 }
 
-/// `GET_LOCK(lock, wait)`: true when this connection now holds it.
-async fn take_lock(
-    conn: &mut Conn,
-    lock: &str,
-    wait: Duration,
-) -> Result<bool, mysql_async::Error> {
-    let got: Option<Option<i64>> = conn
-        .exec_first("SELECT GET_LOCK(?, ?)", (lock, wait.as_secs_f64()))
-        .await?;
-    Ok(got.flatten() == Some(1))
+/// What a check of the leader's lock found.
+enum LockCheck {
+    Held,
+    /// The lock's connection broke, and the lock was taken again on this one (nobody led since).
+    Moved(Conn),
+    /// Another instance holds it (or led since): the reason.
+    Lost(&'static str),
+    /// Neither confirmed nor denied (the server cannot be reached): the renewal's validity decides.
+    Unknown,
 }
 
-/// A lock name of at most 64 characters (MySQL's limit) unique to `database` and `name`.
-fn lock_name(database: &str, name: &str) -> String {
-    let digest = Sha256::digest(format!("{database}\0{name}").as_bytes());
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    format!("outbox-relay-leader-{hex}")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lock_names_fit_mysql_and_separate_deployments() {
-        let a = lock_name("shop", "default");
-        assert!(a.len() <= 64, "{a}");
-        assert_ne!(a, lock_name("shop", "other"));
-        assert_ne!(a, lock_name("billing", "default"));
-        assert_eq!(a, lock_name("shop", "default"));
+async fn check_lock(election: &Election, conn: &mut Conn, lock: &str, epoch: u64) -> LockCheck {
+    match lock::held(conn, lock).await {
+        Ok(true) => return LockCheck::Held,
+        Ok(false) => return LockCheck::Lost("the leader lock is held by another connection"),
+        Err(e) => tracing::warn!(error = %e, "cannot confirm the leader lock; taking it again"),
+    }
+    match crate::db::bounded(election.regain(lock, epoch)).await {
+        Ok(Some(conn)) => {
+            tracing::info!(
+                epoch,
+                "leader lock taken again on a new connection; still leading"
+            );
+            LockCheck::Moved(conn)
+        }
+        Ok(None) => LockCheck::Lost("another instance took over the leader lock"),
+        Err(e) => {
+            tracing::warn!(error = %e, epoch, "cannot take the leader lock again; retrying");
+            LockCheck::Unknown
+        }
     }
 }

@@ -31,6 +31,7 @@ mod fault;
 pub use fault::MarkError;
 
 use crate::event::Origin;
+use crate::leader::Fence;
 use crate::outbox::{Status, TableName};
 use crate::retry::RetryPolicy;
 use crate::send::{Completion, SendOutcome};
@@ -62,9 +63,20 @@ pub struct MarkStats {
 pub struct MarkerContext {
     /// This instance's `owner` in claimed rows.
     pub owner: String,
+    /// Checked before each batch: once it no longer holds (a leadership that is over), the
+    /// marker stops, leaving the batch unacknowledged.
+    pub fence: Fence,
 }
 
 impl MarkerContext {
+    /// The context of instance `owner`, with no leadership to end.
+    pub fn new(owner: impl Into<String>) -> Self {
+        MarkerContext {
+            owner: owner.into(),
+            fence: Fence::open(),
+        }
+    }
+
     /// The WHERE condition after `id …` for `completion`, and the owner to bind for it (if any);
     /// see the module documentation.
     fn condition(&self, completion: &Completion) -> (&'static str, Option<&str>) {
@@ -95,6 +107,7 @@ impl MarkerContext {
 
 /// Records outcomes until `completions` closes; returns what it recorded. On a permanent error
 /// it cancels `stop` (the relay's run) and returns the error, leaving the batch unacknowledged.
+/// Once `rule.fence` no longer holds it returns before writing its next batch (unacknowledged).
 pub async fn run_marker(
     pool: Pool,
     mut completions: mpsc::Receiver<Completion>,
@@ -108,6 +121,12 @@ pub async fn run_marker(
         let batch = gather(first, &mut completions).await;
         let mut failures = 0;
         loop {
+            if !rule.fence.holds() {
+                // Another instance leads now: it records these outcomes (or sends them again).
+                tracing::warn!(rows = batch.len(),
+                    "leadership is over: leaving this batch of outcomes unrecorded and unacknowledged");
+                return Ok(stats);
+            }
             // Bounded: a connection cut mid-statement must turn into a retry, not a hang.
             let written = tokio::time::timeout(WRITE_TIMEOUT, write(&pool, &batch, &rule))
                 .await
@@ -443,7 +462,7 @@ mod tests {
     fn a_streamed_row_with_a_null_status_can_be_marked() {
         // Found by the bad-input campaign: a row whose status is NULL (a table without the NOT
         // NULL) was "marked FAILED" by an UPDATE that matched nothing.
-        let rule = MarkerContext { owner: "me".into() };
+        let rule = MarkerContext::new("me");
         let (streamed, owner) = rule.condition(&completion(true));
         assert!(streamed.contains("status IS NULL"), "{streamed}");
         assert_eq!(owner, None);
@@ -457,7 +476,7 @@ mod tests {
 
     #[test]
     fn a_streamed_failure_spares_rows_under_a_live_lease_and_a_streamed_send_does_not() {
-        let rule = MarkerContext { owner: "me".into() };
+        let rule = MarkerContext::new("me");
         let (failed, owner) = rule.condition(&completion(true));
         assert!(
             failed.contains(&format!(

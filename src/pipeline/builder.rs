@@ -10,6 +10,7 @@
 
 use crate::config::Config;
 use crate::db::Deployment;
+use crate::leader::Fence;
 use crate::mark::{run_marker, MarkError, MarkStats, MarkerContext};
 use crate::retry::RetryPolicy;
 use crate::send::{Completion, SendInputs, Shards, Sink};
@@ -34,6 +35,7 @@ pub struct PipelineBuilder<'a, S> {
     deployment: &'a Deployment,
     sink: Arc<S>,
     shard_capacity: usize,
+    fence: Fence,
 }
 
 /// Shard senders and the task recording their outcomes (its result is `R`).
@@ -52,6 +54,7 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
             deployment,
             sink,
             shard_capacity: SHARD_CAPACITY,
+            fence: Fence::open(),
         }
     }
 
@@ -62,6 +65,16 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
             deployment: self.deployment,
             sink: Arc::clone(&self.sink),
             shard_capacity: capacity,
+            fence: self.fence.clone(),
+        }
+    }
+
+    /// The same builder, whose send stages stop sending and marking once `fence` no longer
+    /// holds (a leadership that is over; see [`crate::leader`]).
+    pub fn fenced(&self, fence: Fence) -> Self {
+        PipelineBuilder {
+            fence,
+            ..self.shard_capacity(self.shard_capacity)
         }
     }
 
@@ -89,20 +102,25 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
             self.config.relay.shards,
             self.shard_capacity,
             RetryPolicy::from_config(&self.config.retry),
+            self.fence.clone(),
             completions_tx,
         );
         let recorder = tokio::spawn(record(completions_rx));
         (SendStage { shards, recorder }, inputs)
     }
 
-    /// A send stage whose outcomes the marker records on the rows (through `pool`); a permanent
-    /// marking error cancels `stop`.
+    /// A send stage whose outcomes the marker records on the rows (through `pool`) as `owner`; a
+    /// permanent marking error cancels `stop`.
     pub fn marked_send_stage(
         &self,
         pool: mysql_async::Pool,
-        context: MarkerContext,
+        owner: String,
         stop: CancellationToken,
     ) -> (SendStage<Marked>, SendInputs) {
+        let context = MarkerContext {
+            owner,
+            fence: self.fence.clone(),
+        };
         self.send_stage(move |completions| run_marker(pool, completions, context, stop))
     }
 

@@ -11,7 +11,6 @@ use super::{RunOptions, RunSummary};
 use crate::binlog::reader::{BinlogReader, ReaderOptions, ServerInfo};
 use crate::binlog::{BinlogPosition, StreamClock};
 use crate::checkpoint::{run_checkpointer, Acknowledgements, CheckpointStore, MysqlMirror};
-use crate::mark::MarkerContext;
 use crate::send::Sink;
 use crate::sweep::{SweepGate, SweepSettings};
 use std::sync::Arc;
@@ -35,14 +34,23 @@ pub async fn run_cdc<S: Sink>(
     options: RunOptions,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
+    // Under a leadership, its fence stops the senders, the marker and the mirror once it is over.
+    let fenced;
+    let pipeline = match &options.leadership {
+        Some(fence) => {
+            fenced = pipeline.fenced(fence.clone());
+            &fenced
+        }
+        None => pipeline,
+    };
     let (config, deployment) = (pipeline.config(), pipeline.deployment());
     // The marker's and the sweeper's pools: separate (the sweeper closes its own before the
     // final checkpoint is mirrored), from one question to the server.
     let writer_opts = crate::db::writer_opts(config).await?;
     let pool = mysql_async::Pool::new(writer_opts.clone());
     let mut mirror = MysqlMirror::new(config.relay.name.clone());
-    if let Some(epoch) = options.leader_epoch {
-        mirror = mirror.fenced(epoch);
+    if let Some(fence) = &options.leadership {
+        mirror = mirror.fenced(fence.clone());
     }
     let start = start_position(&*store, &mirror, &pool, &server.current).await?;
     let acks = Acknowledgements::new(start.clone());
@@ -83,9 +91,7 @@ pub async fn run_cdc<S: Sink>(
 
     let (send_stage, inputs) = pipeline.marked_send_stage(
         pool.clone(),
-        MarkerContext {
-            owner: config.instance_id(),
-        },
+        config.instance_id(),
         // A permanent marking error stops the reader, and so the whole run.
         reader_cancel.clone(),
     );

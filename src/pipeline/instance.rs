@@ -35,11 +35,6 @@ pub async fn run_instance<S: Sink>(
     // Every instance checks the server and its grants first, so a missing privilege is named
     // at start-up (not as a failed election or a refused binlog dump later).
     let (config, deployment) = (pipeline.config(), pipeline.deployment());
-    let election = Election::new(
-        deployment.opts.clone(),
-        &config.relay.name,
-        &config.instance_id(),
-    );
     let mut total = RunSummary::default();
     let policy = crate::retry::RetryPolicy::reconnect();
     let mut failures = 0;
@@ -49,6 +44,13 @@ pub async fn run_instance<S: Sink>(
         // is retried with backoff; a misconfigured server or missing grant stops the instance.
         let round = async {
             let server = check_server(&deployment.opts, &deployment.tables).await?;
+            let election = Election::for_server(
+                deployment.opts.clone(),
+                &config.relay.name,
+                &config.instance_id(),
+                config.relay.election,
+                server.galera,
+            )?;
             let leadership = match election.try_lead().await.map_err(|e| {
                 anyhow::anyhow!(
                     "cannot enter the leader election in MySQL (has `outbox-relay migrate` run?): {e}"
@@ -56,7 +58,8 @@ pub async fn run_instance<S: Sink>(
             })? {
                 Some(leadership) => leadership,
                 None => {
-                    match stand_by(pipeline, &election, &options, &cancel, &mut total).await? {
+                    match stand_by(pipeline, &election, &options, &cancel, &mut total).await?
+                    {
                         Some(leadership) => leadership,
                         None => return Ok(None),
                     }
@@ -191,7 +194,7 @@ async fn lead<S: Sink>(
         })
     };
     let options = RunOptions {
-        leader_epoch: Some(leadership.epoch),
+        leadership: Some(leadership.fence()),
         ..options.clone()
     };
     let mut total = RunSummary::default();
@@ -224,7 +227,7 @@ async fn lead<S: Sink>(
                 tracing::error!(error = %e,
                     "the checkpoint is no longer on the server: restarting from the oldest binlog position; the sweeper publishes the PENDING rows of the gap");
                 crate::metrics::binlog_position_lost();
-                if let Err(e) = fall_back(pipeline, flavor, store, leadership.epoch).await {
+                if let Err(e) = fall_back(pipeline, flavor, store, leadership.fence()).await {
                     break Err(e);
                 }
             }
@@ -251,7 +254,7 @@ async fn fall_back<S: Sink>(
     pipeline: &PipelineBuilder<'_, S>,
     flavor: ServerFlavor,
     store: &Arc<dyn CheckpointStore>,
-    epoch: u64,
+    fence: crate::leader::Fence,
 ) -> anyhow::Result<()> {
     let Deployment { opts, .. } = pipeline.deployment();
     let oldest = oldest_position(opts, flavor).await?;
@@ -260,7 +263,7 @@ async fn fall_back<S: Sink>(
     tokio::task::spawn_blocking(move || s.save(&p)).await??;
     let mut conn = mysql_async::Conn::new(opts.clone()).await?;
     MysqlMirror::new(pipeline.config().relay.name.clone())
-        .fenced(epoch)
+        .fenced(fence)
         .save(&mut conn, &oldest, None)
         .await?;
     conn.disconnect().await?;

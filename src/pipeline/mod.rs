@@ -62,9 +62,10 @@ pub struct RunOptions {
     /// Poll mode and the sweeper: how rows are claimed; `None` detects it from the server's
     /// version.
     pub claim_strategy: Option<crate::sweep::ClaimStrategy>,
-    /// CDC: the leadership epoch this run streams under (fences the checkpoint mirror); set by
-    /// the instance supervisor, `None` when no election is held.
-    pub leader_epoch: Option<u64>,
+    /// CDC: the leadership this run streams under (its fence stops the senders, the marker and
+    /// the checkpoint mirror once it is over); set by the instance supervisor, `None` when no
+    /// election is held.
+    pub leadership: Option<crate::leader::Fence>,
 }
 
 impl Default for RunOptions {
@@ -73,7 +74,7 @@ impl Default for RunOptions {
             drain_timeout: Duration::from_secs(10),
             checkpoint: CheckpointSettings::default(),
             claim_strategy: None,
-            leader_epoch: None,
+            leadership: None,
         }
     }
 }

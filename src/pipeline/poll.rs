@@ -5,7 +5,6 @@
 use super::builder::PipelineBuilder;
 use super::{RunOptions, RunSummary};
 use crate::binlog::BinlogPosition;
-use crate::mark::MarkerContext;
 use crate::send::Sink;
 use crate::sweep::{SweepGate, SweepSettings};
 use tokio_util::sync::CancellationToken;
@@ -49,9 +48,7 @@ pub async fn run_sweeper_alone<S: Sink>(
     let marker_failed = CancellationToken::new();
     let (send_stage, inputs) = pipeline.shard_capacity(SHARD_CAPACITY).marked_send_stage(
         pool.clone(),
-        MarkerContext {
-            owner: config.instance_id(),
-        },
+        config.instance_id(),
         marker_failed.clone(),
     );
     let mut running = sweeper.spawn(inputs, gate, None);

@@ -14,6 +14,7 @@
 
 use super::{OutboundMessage, SendError, Sink};
 use crate::event::{now_us, Ack, Origin, OutboxRow, RowProblem, Stamps};
+use crate::leader::Fence;
 use crate::outbox::TableName;
 use crate::retry::RetryPolicy;
 use crate::route::{index_for, java_string_hash};
@@ -113,6 +114,9 @@ pub struct ShardOptions {
     pub index: u32,
     /// The wake-up shared by the shards given clones of these options.
     pub wake: Arc<WakeUp>,
+    /// Checked before every send: once it no longer holds (a leadership that is over), the
+    /// shard stops, leaving its events unacknowledged.
+    pub fence: Fence,
 }
 
 impl Default for ShardOptions {
@@ -127,6 +131,7 @@ impl Default for ShardOptions {
             max_batch_bytes: 1024 * 1024,
             index: 0,
             wake: Arc::default(),
+            fence: Fence::open(),
         }
     }
 }
@@ -161,8 +166,8 @@ pub async fn run_shard<S: Sink>(
         let mut look_up = Backoff::new(&options.retry, &options.wake);
         let queue = match route(&*sink, std::slice::from_ref(&first), &mut look_up, &cancel).await {
             Ok(queues) => queues[0],
-            Err(Stop::Cancelled) => return,
-            Err(Stop::Failed(outcome)) => {
+            Err(Halt::Cancelled) => return,
+            Err(Halt::Failed(outcome)) => {
                 if report(&completions, first, outcome).await.is_err() {
                     return;
                 }
@@ -188,7 +193,11 @@ pub async fn run_shard<S: Sink>(
             }
         }
         let backoff = Backoff::new(&options.retry, &options.wake);
-        if send_batch(&*sink, batch, queue, backoff, &completions, &cancel)
+        let stop = Stop {
+            cancel: &cancel,
+            fence: &options.fence,
+        };
+        if send_batch(&*sink, batch, queue, backoff, &completions, stop)
             .await
             .is_err()
         {
@@ -203,9 +212,17 @@ async fn queue_of<S: Sink>(sink: &S, event: &ShardEvent) -> Option<usize> {
     (n > 0).then(|| index_for(event.key_hash, n))
 }
 
-enum Stop {
+enum Halt {
     Cancelled,
     Failed(SendOutcome),
+}
+
+/// What stops a shard between sends: its cancellation (shutdown, a drain timeout, a leadership
+/// that is over) and, checked right before each send, its fence.
+#[derive(Clone, Copy)]
+struct Stop<'a> {
+    cancel: &'a CancellationToken,
+    fence: &'a Fence,
 }
 
 /// The queue of each of `events` (all of one topic) under the topic's current route, retrying
@@ -216,21 +233,21 @@ async fn route<S: Sink>(
     events: &[ShardEvent],
     backoff: &mut Backoff<'_>,
     cancel: &CancellationToken,
-) -> Result<Vec<usize>, Stop> {
+) -> Result<Vec<usize>, Halt> {
     let topic = &events[0].row.message.topic;
     loop {
         let reason = match sink.queue_count(topic).await {
             Ok(n) if n > 0 => return Ok(events.iter().map(|e| index_for(e.key_hash, n)).collect()),
             Ok(_) => {
                 let reason = format!("topic {topic} has no writable queue");
-                return Err(Stop::Failed(failed(reason, backoff.attempts())));
+                return Err(Halt::Failed(failed(reason, backoff.attempts())));
             }
             Err(SendError::Rejected(reason)) => {
-                return Err(Stop::Failed(failed(reason, backoff.attempts())))
+                return Err(Halt::Failed(failed(reason, backoff.attempts())))
             }
             Err(SendError::Unauthorized(reason)) => {
                 refused(topic, &reason, backoff);
-                backoff.wait(cancel).await.map_err(|()| Stop::Cancelled)?;
+                backoff.wait(cancel).await.map_err(|()| Halt::Cancelled)?;
                 continue;
             }
             // No route (its broker gone, the name server unreachable) is a failed attempt like
@@ -247,9 +264,9 @@ async fn route<S: Sink>(
             Next::Resume { left } => {
                 tracing::debug!(%topic, %reason, ?left, "route look-up after a wake-up failed; waiting out the rest of the retry delay");
             }
-            Next::GiveUp => return Err(Stop::Failed(backoff.gave_up(&reason))),
+            Next::GiveUp => return Err(Halt::Failed(backoff.gave_up(&reason))),
         }
-        backoff.wait(cancel).await.map_err(|()| Stop::Cancelled)?;
+        backoff.wait(cancel).await.map_err(|()| Halt::Cancelled)?;
     }
 }
 
@@ -340,10 +357,14 @@ async fn send_batch<S: Sink>(
     mut queue: usize,
     mut backoff: Backoff<'_>,
     completions: &mpsc::Sender<Completion>,
-    cancel: &CancellationToken,
+    stop: Stop<'_>,
 ) -> Result<(), ()> {
     let topic = batch[0].row.message.topic.clone();
+    let cancel = stop.cancel;
     loop {
+        if !stop.fence.holds() {
+            return Err(());
+        }
         let sent = now_us();
         for event in &mut batch {
             event.row.stamps.sent = sent;
@@ -370,7 +391,7 @@ async fn send_batch<S: Sink>(
             SendError::Rejected(reason) if batch.len() > 1 => {
                 tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
                 let singles = batch.into_iter().map(|event| (queue, vec![event]));
-                return send_in_turn(sink, singles, &backoff, completions, cancel).await;
+                return send_in_turn(sink, singles, &backoff, completions, stop).await;
             }
             SendError::Rejected(reason) => {
                 let event = batch.into_iter().next().expect("one event");
@@ -395,13 +416,13 @@ async fn send_batch<S: Sink>(
         backoff.wait(cancel).await?;
         let queues = match route(sink, &batch, &mut backoff, cancel).await {
             Ok(queues) => queues,
-            Err(Stop::Cancelled) => return Err(()),
-            Err(Stop::Failed(outcome)) => return report_all(completions, batch, outcome).await,
+            Err(Halt::Cancelled) => return Err(()),
+            Err(Halt::Failed(outcome)) => return report_all(completions, batch, outcome).await,
         };
         let mut runs = runs(batch, queues);
         if runs.len() > 1 {
             tracing::warn!(%topic, runs = runs.len(), "the route changed; sending the batch as consecutive sub-batches");
-            return send_in_turn(sink, runs, &backoff, completions, cancel).await;
+            return send_in_turn(sink, runs, &backoff, completions, stop).await;
         }
         (queue, batch) = runs.pop().expect("a batch has events");
     }
@@ -413,7 +434,7 @@ async fn send_in_turn<S: Sink>(
     sub_batches: impl IntoIterator<Item = (usize, Vec<ShardEvent>)>,
     backoff: &Backoff<'_>,
     completions: &mpsc::Sender<Completion>,
-    cancel: &CancellationToken,
+    stop: Stop<'_>,
 ) -> Result<(), ()> {
     for (queue, events) in sub_batches {
         Box::pin(send_batch(
@@ -422,7 +443,7 @@ async fn send_in_turn<S: Sink>(
             queue,
             backoff.clone(),
             completions,
-            cancel,
+            stop,
         ))
         .await?;
     }

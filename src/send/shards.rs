@@ -3,6 +3,7 @@
 //! the stream and `replay` all send through it.
 
 use super::{run_shard, Completion, ShardEvent, ShardOptions, Sink};
+use crate::leader::Fence;
 use crate::retry::RetryPolicy;
 use crate::route::Router;
 use std::sync::Arc;
@@ -67,19 +68,23 @@ impl SendInputs {
 
 impl Shards {
     /// Starts `count` shards sending through `sink` with `retry`, each queueing up to `capacity`
-    /// events, reporting outcomes to `completions`; returns them and their inputs.
+    /// events, sending only while `fence` holds, reporting outcomes to `completions`; returns
+    /// them and their inputs.
     pub fn start<S: Sink>(
         sink: &Arc<S>,
         count: usize,
         capacity: usize,
         retry: RetryPolicy,
+        fence: Fence,
         completions: mpsc::Sender<Completion>,
     ) -> (Self, SendInputs) {
+        // A leadership that is over stops every shard between sends, as a drain timeout does.
+        let cancel = fence.ended().child_token();
         let options = ShardOptions {
             retry,
+            fence,
             ..ShardOptions::default()
         };
-        let cancel = CancellationToken::new();
         let mut inputs = Vec::with_capacity(count);
         let mut tasks = Vec::with_capacity(count);
         for index in 0..count {

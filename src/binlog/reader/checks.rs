@@ -14,6 +14,9 @@ pub struct ServerInfo {
     pub flavor: ServerFlavor,
     /// The server's current end of binlog (where a relay without a checkpoint starts).
     pub current: BinlogPosition,
+    /// A Galera node (`wsrep_on`): every node accepts writes, so a MySQL named lock
+    /// (`GET_LOCK`) is not cluster-wide (see [`crate::leader`]).
+    pub galera: bool,
 }
 
 /// A server or account the relay cannot work with.
@@ -120,6 +123,10 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
 
     let (flavor, current) = read_position(&mut conn, is_mariadb).await?;
     check_replication_slave(&mut conn).await?;
+    let galera = is_galera(&mut conn).await?;
+    if galera {
+        check_galera(&mut conn).await?;
+    }
 
     // SELECT and UPDATE on every outbox table, and SELECT, INSERT and UPDATE on the relay's state
     // table (leader election, checkpoint mirror), without changing a row.
@@ -175,7 +182,32 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         version,
         flavor,
         current,
+        galera,
     })
+}
+
+/// Whether the server is a Galera node (`wsrep_on` is ON; MySQL has no such variable).
+async fn is_galera(conn: &mut Conn) -> Result<bool, StartupError> {
+    let on = variable(conn, "wsrep_on").await?.unwrap_or_default();
+    Ok(matches!(on.to_ascii_uppercase().as_str(), "ON" | "1"))
+}
+
+/// On a Galera node, what lets a leader on any node read every event and resume where a leader
+/// on another node stopped: each node's binlog holds the whole cluster's writes
+/// (`log_slave_updates`), under the same GTIDs on every node (`wsrep_gtid_mode`).
+async fn check_galera(conn: &mut Conn) -> Result<(), StartupError> {
+    for (name, why) in [
+        ("log_slave_updates", "so its binlog holds the writes of every node, not only its own"),
+        ("wsrep_gtid_mode", "so a transaction has the same GTID on every node and a leader on another node can resume from this one's checkpoint"),
+    ] {
+        let value = variable(conn, name).await?.unwrap_or_default();
+        if !matches!(value.to_ascii_uppercase().as_str(), "ON" | "1") {
+            return Err(misconfigured(format!(
+                "this Galera node has {name} = {value:?}: set {name}=ON on every node ({why}); see docs/leadership.md"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The server's version, flavour and current end of binlog, with no other check (what `status`
@@ -183,11 +215,13 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
 pub async fn server_position(opts: &Opts) -> Result<ServerInfo, StartupError> {
     let (mut conn, version, is_mariadb) = connect(opts).await?;
     let (flavor, current) = read_position(&mut conn, is_mariadb).await?;
+    let galera = is_galera(&mut conn).await?;
     conn.disconnect().await?;
     Ok(ServerInfo {
         version,
         flavor,
         current,
+        galera,
     })
 }
 
