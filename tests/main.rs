@@ -30,6 +30,7 @@ mod dashboard;
 mod failover;
 #[cfg(feature = "failpoints")]
 mod fault_hooks;
+mod galera;
 mod image;
 mod leader;
 mod marker;
@@ -50,6 +51,7 @@ mod relay_checks;
 mod relay_faults;
 mod relay_resume;
 mod row_image;
+mod split_primary;
 mod sweeper;
 mod switch_over;
 mod tls;

@@ -1,9 +1,10 @@
-//! A TCP proxy in front of MariaDB that cuts connections at chosen points: a fault `KILL` can
-//! only hit by luck (in the middle of the relay's start-up checks, say).
+//! TCP proxies in front of a SQL server: one that cuts connections at chosen points (a fault
+//! `KILL` can only hit by luck, in the middle of the relay's start-up checks, say), and one whose
+//! address can be moved to another server, as a failover moves a virtual IP or a DNS name.
 
 use rocketmq_outbox::config::Config;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -62,16 +63,9 @@ impl CuttingProxy {
         proxy
     }
 
-    /// `url` with its host and port replaced by the proxy's. The driver must not switch to the
-    /// server's Unix socket (what it does for a local server by default), around the proxy.
+    /// `url` with its host and port replaced by the proxy's (see `proxied_url`).
     pub fn url(&self, url: &str) -> String {
-        let (credentials, rest) = url.split_once('@').expect("a mysql:// URL with a host");
-        let database = rest.split_once('/').map_or("", |(_, db)| db);
-        let separator = if database.contains('?') { '&' } else { '?' };
-        format!(
-            "{credentials}@127.0.0.1:{}/{database}{separator}prefer_socket=false",
-            self.port
-        )
+        proxied_url(url, self.port)
     }
 
     /// How many connections the proxy has cut so far.
@@ -83,6 +77,65 @@ impl CuttingProxy {
     pub fn all_cut(&self) -> bool {
         self.cut() >= self.planned
     }
+}
+
+/// Forwards loopback connections to the server it currently points at: a new connection goes to
+/// the server of the last [`MovableProxy::move_to`], while connections made earlier stay with
+/// the server they reached (as after a virtual IP moved: established TCP sessions live on).
+pub struct MovableProxy {
+    port: u16,
+    upstream: Arc<Mutex<String>>,
+    task: JoinHandle<()>,
+}
+
+impl MovableProxy {
+    /// A proxy pointing at `127.0.0.1:port`.
+    pub async fn start(port: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let proxy_port = listener.local_addr().unwrap().port();
+        let upstream = Arc::new(Mutex::new(format!("127.0.0.1:{port}")));
+        let target = Arc::clone(&upstream);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let to = target.lock().unwrap().clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(&to).await {
+                        forward(client, server, None).await;
+                    }
+                });
+            }
+        });
+        MovableProxy {
+            port: proxy_port,
+            upstream,
+            task,
+        }
+    }
+
+    /// New connections go to `127.0.0.1:port` from now on.
+    pub fn move_to(&self, port: u16) {
+        *self.upstream.lock().unwrap() = format!("127.0.0.1:{port}");
+    }
+
+    /// `url` (`mysql://user@host:port/database`) pointed at the proxy, over TCP.
+    pub fn url(&self, url: &str) -> String {
+        proxied_url(url, self.port)
+    }
+}
+
+impl Drop for MovableProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `url` with its host and port replaced by the proxy's `port`. The driver must not switch to
+/// the server's Unix socket (what it does for a local server by default), around the proxy.
+fn proxied_url(url: &str, port: u16) -> String {
+    let (credentials, rest) = url.split_once('@').expect("a mysql:// URL with a host");
+    let database = rest.split_once('/').map_or("", |(_, db)| db);
+    let separator = if database.contains('?') { '&' } else { '?' };
+    format!("{credentials}@127.0.0.1:{port}/{database}{separator}prefer_socket=false")
 }
 
 impl Drop for CuttingProxy {
