@@ -124,14 +124,15 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # soak; poll mode (processes and a restart under the same instance id too), the marker's
   # FAILED rule, bad input, the sweeper, the producer API, migrations, daily partitions, the
   # operator's /metrics and /readyz through a broker outage, the switch-over from the article's
-  # polling relay, and the image's release binary. The suite's modules in one run, then the soak, each timed.
+  # polling relay, a split primary (the old leader fenced by the promoted replica's epoch), and
+  # the image's release binary. The suite's modules in one run, then the soak, each timed.
   echo "== relay tests against Apache RocketMQ (Java) and Oracle MySQL"
   started=$SECONDS
   start_servers apache mysql
   # (mysql_file_position starts a MySQL of its own, without GTIDs: it ran in the first phase.)
   modules=(relay relay_faults relay_resume failover purged_binlog row_image poll poll_processes
     marker memory_broker bad_input bad_input_access relay_checks sweeper producer migrate operate
-    operate_status_replay partitions tls xa binlog_variants metrics switch_over)
+    operate_status_replay partitions tls xa binlog_variants metrics switch_over split_primary)
   cargo test "${FEATURES[@]}" --test suite -- "${modules[@]/%/::}"
   say "MySQL phase: the suite's relay modules: $((SECONDS - started)) s"
   soak_started=$SECONDS

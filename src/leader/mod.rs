@@ -475,3 +475,27 @@ async fn check_lock(election: &Election, conn: &mut Conn, lock: &str, epoch: u64
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_the_lease_on_galera_and_the_lock_elsewhere_and_the_lock_is_refused_on_galera() {
+        let opts = Opts::from_url("mysql://root@127.0.0.1:3306/shop").unwrap();
+        let pick = |method, galera| {
+            Election::for_server(opts.clone(), "default", "a", method, galera)
+                .map(|e| e.method())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(pick(ElectionMethod::Auto, false), Ok("lock"));
+        assert_eq!(pick(ElectionMethod::Auto, true), Ok("lease"));
+        assert_eq!(pick(ElectionMethod::Lease, false), Ok("lease"));
+        assert_eq!(pick(ElectionMethod::Lock, false), Ok("lock"));
+        let refused = pick(ElectionMethod::Lock, true).unwrap_err();
+        assert!(
+            refused.contains("relay.election") && refused.contains("Galera"),
+            "{refused}"
+        );
+    }
+}
