@@ -8,14 +8,14 @@
 use crate::common;
 
 use common::proxy::MovableProxy;
-use common::relay::{count_where, relay_fixture, wait_for, write_config_file, RelayProcess};
-use common::rocketmq::{new_topic, rocketmq};
+use common::relay::{
+    count_where, relay_fixture, stored_messages, wait_for, write_config_file, RelayProcess,
+};
+use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
-use rocketmq_outbox::devenv::{
-    scratch_dir, Database, DatabaseKind, DatabaseOptions, SqlServer, TopicReader,
-};
+use rocketmq_outbox::devenv::{scratch_dir, Database, DatabaseKind, DatabaseOptions, SqlServer};
 use rocketmq_outbox::outbox::status::codes::SENT;
 use rocketmq_outbox::producer::NewEvent;
 use serde_json::json;
@@ -204,15 +204,7 @@ async fn the_leader_on_a_superseded_primary_stops_sending() {
     )
     .await;
 
-    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &topic)
-        .await
-        .unwrap();
-    reader
-        .read_at_least(150, Duration::from_secs(120))
-        .await
-        .unwrap();
-    let messages = reader.read_all_for(Duration::from_secs(3)).await.unwrap();
-    reader.close().await;
+    let messages = stored_messages(&topic, 150).await;
     let stored: HashMap<&str, usize> = messages.iter().fold(HashMap::new(), |mut m, msg| {
         *m.entry(msg.properties["event_id"].as_str()).or_default() += 1;
         m

@@ -298,6 +298,21 @@ pub async fn deliveries(namesrv: &str, topic: &str, expected: usize) -> HashMap<
     per_event
 }
 
+/// Every message stored in `topic` of the binary's broker, once at least `at_least` arrived and
+/// then nothing more for 3 s (so duplicates and late sends are counted too).
+pub async fn stored_messages(topic: &str, at_least: usize) -> Vec<ReceivedMessage> {
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), topic)
+        .await
+        .unwrap();
+    reader
+        .read_at_least(at_least, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let messages = reader.read_all_for(Duration::from_secs(3)).await.unwrap();
+    reader.close().await;
+    messages
+}
+
 /// Writes `per_writer` events from each of `writers` concurrent writers; key `k` belongs to writer
 /// `k % writers`, so each key's commit order is its id order. Returns (event_id, key) by id.
 pub async fn write_events(
