@@ -10,9 +10,9 @@
 //! Guarantees, whatever the method:
 //! - **Every leadership has a new epoch** (`leader_epoch`, bumped when it begins).
 //! - **The epoch fences the stream, not only the checkpoint.** The leader renews every
-//!   [`CHECK_EVERY`] with an UPDATE that matches only its own epoch, on a new connection each
-//!   time (so after a failover that moved the server's address, the renewal reaches the new
-//!   primary). A renewal that finds a newer epoch, a checkpoint-mirror write refused for this
+//!   [`CHECK_EVERY`] on a new connection each time (so after a failover that moved the server's
+//!   address, the renewal reaches the new primary): by lease an UPDATE that matches only its own
+//!   epoch, by lock a read of the epoch. A renewal that finds a newer epoch, a checkpoint-mirror write refused for this
 //!   epoch, or a lost lock ends the leadership's [`Fence`]; and a leadership is only valid for a
 //!   fixed time after its last successful renewal ([`lock::VALIDITY`], [`lease::VALIDITY`]). The
 //!   senders and the marker check the fence before each batch: a superseded leader stops
@@ -296,16 +296,21 @@ impl Election {
     }
 
     /// Renews `epoch` on a new connection: `Ok(None)` when renewed, `Ok(Some(newer))` when
-    /// another leadership began since.
+    /// another leadership began since. By lease, the renewal rewrites `lease_until` (what
+    /// candidates watch); by lock, the lock itself is the claim, so the renewal only reads the
+    /// epoch (an idle deployment writes nothing to the binlog for it).
     async fn renew(&self, epoch: u64) -> Result<Option<u64>, mysql_async::Error> {
         let mut conn = consistent_connection(&self.opts).await?;
-        conn.exec_drop(
-            "UPDATE outbox_relay_state SET lease_until = NOW(3) + INTERVAL ? SECOND \
-             WHERE name = ? AND leader_epoch = ?",
-            (lease::LEASE.as_secs(), &self.name, epoch),
-        )
-        .await?;
-        let superseded = if conn.affected_rows() == 1 {
+        if let Method::Lease = self.method {
+            conn.exec_drop(
+                "UPDATE outbox_relay_state SET lease_until = NOW(3) + INTERVAL ? SECOND \
+                 WHERE name = ? AND leader_epoch = ?",
+                (lease::LEASE.as_secs(), &self.name, epoch),
+            )
+            .await?;
+        }
+        let renewed = matches!(self.method, Method::Lease) && conn.affected_rows() == 1;
+        let superseded = if renewed {
             None
         } else {
             let current: Option<u64> = conn
@@ -314,7 +319,8 @@ impl Election {
                     (&self.name,),
                 )
                 .await?;
-            // The same epoch: renewed twice within a millisecond, nothing changed.
+            // The same epoch: still this leadership's (by lease: renewed twice within a
+            // millisecond, so the UPDATE changed nothing).
             current.filter(|&current| current != epoch)
         };
         let _ = conn.disconnect().await;
