@@ -8,6 +8,7 @@ use crate::common;
 use common::TestDb;
 use mysql_async::prelude::*;
 use rocketmq_outbox::leader::{lease, Election, CHECK_EVERY};
+use rocketmq_outbox::metrics::LeadershipEnd;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -157,7 +158,16 @@ async fn by_lease_a_candidate_claims_only_after_the_old_leaders_fence_ran_out() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_finds_a_newer_epoch_stops_within_its_renewal_period() {
     let db = TestDb::migrated("leader_fenced").await;
+    let superseded = || {
+        rocketmq_outbox::metrics::relay()
+            .leadership_ended
+            .get_or_create(&LeadershipEnd {
+                reason: LeadershipEnd::SUPERSEDED,
+            })
+            .get()
+    };
     for election in [election(&db, "a"), election(&db, "a").by_lease()] {
+        let counted = superseded();
         let leading = election.try_lead().await.unwrap().expect("nobody leads");
         let fence = leading.fence();
         // Another instance leads now, as seen by the server this leader's renewals reach (after
@@ -169,16 +179,20 @@ async fn a_leader_that_finds_a_newer_epoch_stops_within_its_renewal_period() {
         )
         .await
         .unwrap();
-        let superseded = Instant::now();
+        let bumped = Instant::now();
         tokio::time::timeout(CHECK_EVERY * 3, fence.ended().cancelled())
             .await
             .unwrap_or_else(|_| panic!("{} leader stops", election.method()));
         println!(
             "{}: stopped {:?} after a newer epoch",
             election.method(),
-            superseded.elapsed()
+            bumped.elapsed()
         );
         assert!(!fence.holds());
+        assert!(
+            superseded() > counted,
+            "counted in outbox_leadership_ended_total"
+        );
         let epoch = leading.epoch;
         leading.resign(&election).await;
         assert_eq!(

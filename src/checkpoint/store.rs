@@ -246,9 +246,12 @@ impl MysqlMirror {
             )
             .await?;
             if conn.affected_rows() == 0 {
-                fence.end(format_args!(
-                    "the checkpoint mirror refused epoch {epoch} (another instance took over)"
-                ));
+                fence.end(
+                    crate::metrics::LeadershipEnd::MIRROR_REFUSED,
+                    format_args!(
+                        "the checkpoint mirror refused epoch {epoch} (another instance took over)"
+                    ),
+                );
                 return Err(StoreError::Fenced(epoch));
             }
             return Ok(());

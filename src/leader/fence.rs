@@ -8,6 +8,7 @@
 //! (measured on this process's monotonic clock), so a leader that was frozen (`SIGSTOP`, a
 //! stalled VM) or cut off stops before its next send, even if its watch task has not run yet.
 
+use crate::metrics::LeadershipEnd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,10 +71,13 @@ impl Fence {
         }
         let valid_until = self.inner.valid_until_ms.load(Ordering::Acquire);
         if self.elapsed_ms(Instant::now()) >= valid_until {
-            self.end(format_args!(
-                "no successful renewal of leadership epoch {} within its validity",
-                self.inner.epoch
-            ));
+            self.end(
+                LeadershipEnd::EXPIRED,
+                format_args!(
+                    "no successful renewal of leadership epoch {} within its validity",
+                    self.inner.epoch
+                ),
+            );
             return false;
         }
         true
@@ -98,14 +102,19 @@ impl Fence {
         Some(Duration::from_millis(until.saturating_sub(now)))
     }
 
-    /// Ends the leadership: the senders and the marker stop before their next batch. The first
-    /// call logs `why` at ERROR; later calls do nothing.
-    pub fn end(&self, why: impl std::fmt::Display) {
+    /// Ends the leadership for `reason` (a [`LeadershipEnd`] constant): the senders and the
+    /// marker stop before their next batch. The first call counts it, and logs `why` at ERROR;
+    /// later calls do nothing.
+    pub fn end(&self, reason: &'static str, why: impl std::fmt::Display) {
         if self.inner.over.is_cancelled() {
             return;
         }
         self.inner.over.cancel();
-        tracing::error!(epoch = self.inner.epoch, %why,
+        crate::metrics::relay()
+            .leadership_ended
+            .get_or_create(&LeadershipEnd { reason })
+            .inc();
+        tracing::error!(epoch = self.inner.epoch, reason, %why,
             "leadership is over: this instance stops sending and marking, and stands by");
     }
 
@@ -135,7 +144,7 @@ mod tests {
         let fence = Fence::open();
         assert!(fence.holds());
         let clone = fence.clone();
-        clone.end("test");
+        clone.end(LeadershipEnd::LOCK_LOST, "test");
         assert!(!fence.holds());
         assert!(fence.ended().is_cancelled());
     }

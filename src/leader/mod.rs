@@ -30,6 +30,7 @@ pub use crate::config::ElectionMethod;
 pub use fence::Fence;
 
 use crate::binlog::reader::StartupError;
+use crate::metrics::LeadershipEnd;
 use crate::retry::RetryPolicy;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
@@ -420,7 +421,7 @@ async fn watch(
                 LockCheck::Held => {}
                 LockCheck::Moved(conn) => lock_conn = Some(conn),
                 LockCheck::Lost(why) => {
-                    fence.end(why);
+                    fence.end(LeadershipEnd::LOCK_LOST, why);
                     return None;
                 }
                 LockCheck::Unknown => {}
@@ -432,9 +433,12 @@ async fn watch(
         match tokio::time::timeout(left, election.renew(epoch)).await {
             Ok(Ok(None)) => fence.renewed(started, validity),
             Ok(Ok(Some(newer))) => {
-                fence.end(format_args!(
+                fence.end(
+                    LeadershipEnd::SUPERSEDED,
+                    format_args!(
                     "another instance leads under epoch {newer} (found by this leader's renewal)"
-                ));
+                ),
+                );
                 return None;
             }
             Ok(Err(e)) => {

@@ -39,6 +39,29 @@ impl ErrorClass {
     pub const ALL: [&'static str; 3] = [Self::RETRYABLE, Self::REJECTED, Self::UNAUTHORIZED];
 }
 
+/// Why a leadership ended while it streamed (`outbox_leadership_ended_total{reason}`):
+/// `superseded` (a renewal found a newer epoch), `mirror_refused` (the checkpoint mirror refused
+/// its epoch), `lock_lost` (another connection holds the lock) or `expired` (no successful
+/// renewal within its validity). The first two mean another instance led at the same time.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LeadershipEnd {
+    pub reason: &'static str,
+}
+
+impl LeadershipEnd {
+    pub const SUPERSEDED: &'static str = "superseded";
+    pub const MIRROR_REFUSED: &'static str = "mirror_refused";
+    pub const LOCK_LOST: &'static str = "lock_lost";
+    pub const EXPIRED: &'static str = "expired";
+    /// Every reason, each exported at 0 from the start (see [`ErrorClass::ALL`]).
+    pub const ALL: [&'static str; 4] = [
+        Self::SUPERSEDED,
+        Self::MIRROR_REFUSED,
+        Self::LOCK_LOST,
+        Self::EXPIRED,
+    ];
+}
+
 /// One outbox table.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableLabel {
@@ -66,6 +89,8 @@ pub struct RelayMetrics {
     pub binlog_position_lost: Counter,
     /// 1 while this instance leads (streams the binlog), else 0.
     pub leader: Gauge,
+    /// Leaderships that ended while streaming, by reason.
+    pub leadership_ended: Family<LeadershipEnd, Counter>,
     /// Failed send attempts by class (each retry counts).
     pub send_errors: Family<ErrorClass, Counter>,
     /// Sends retried after a retryable error.
@@ -112,6 +137,7 @@ impl RelayMetrics {
             leases_recovered: Counter::default(),
             binlog_position_lost: Counter::default(),
             leader: Gauge::default(),
+            leadership_ended: Family::default(),
             send_errors: Family::default(),
             retries: Counter::default(),
             commit_to_sent: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
@@ -162,6 +188,18 @@ impl RelayMetrics {
             "leader",
             "1 while this instance streams the binlog as the leader",
             metrics.leader.clone(),
+        );
+        for reason in LeadershipEnd::ALL {
+            drop(
+                metrics
+                    .leadership_ended
+                    .get_or_create(&LeadershipEnd { reason }),
+            );
+        }
+        registry.register(
+            "leadership_ended",
+            "Leaderships of this instance that ended while it streamed, by reason (superseded and mirror_refused: another instance led at the same time)",
+            metrics.leadership_ended.clone(),
         );
         for class in ErrorClass::ALL {
             drop(metrics.send_errors.get_or_create(&ErrorClass { class })); // the series at 0
@@ -300,6 +338,10 @@ mod tests {
         );
         assert!(text.contains("outbox_events_failed_total 1"), "{text}");
         assert!(text.contains("outbox_leader 1"), "{text}");
+        assert!(
+            text.contains(r#"outbox_leadership_ended_total{reason="superseded"} 0"#),
+            "{text}"
+        );
         assert!(text.contains("outbox_ready 0"), "not serving yet: {text}");
         assert!(
             text.contains("outbox_binlog_position_lost_total 0"),
