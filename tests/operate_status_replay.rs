@@ -205,7 +205,7 @@ async fn status_counts_rows_names_reasons_and_judges() {
         "PENDING",
         "rejected: no route for topic gone",
         "oldest PENDING id",
-        "leader      host-a-1 (epoch 3)",
+        "leader      host-a-1 (epoch 3, elected by lock)",
         "verdict: stuck",
     ] {
         assert!(stdout.contains(expected), "{expected:?} in {stdout}");

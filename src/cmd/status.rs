@@ -111,7 +111,21 @@ fn print_report(r: &StatusReport) {
         (None, _) => println!("checkpoint  none mirrored in outbox_relay_state"),
     }
     match &relay.leader {
-        Some(leader) => println!("leader      {leader} (epoch {})", relay.leader_epoch),
+        Some(leader) => match relay.lease_left_seconds {
+            None => println!(
+                "leader      {leader} (epoch {}, elected by lock)",
+                relay.leader_epoch
+            ),
+            Some(left) if left >= 0.0 => println!(
+                "leader      {leader} (epoch {}, elected by lease: renewed, runs out in {left:.1} s unless renewed)",
+                relay.leader_epoch
+            ),
+            Some(left) => println!(
+                "leader      {leader} (epoch {}, elected by lease: ran out {:.1} s ago, not renewed)",
+                relay.leader_epoch,
+                -left
+            ),
+        },
         None if relay.found => println!(
             "leader      none (last epoch {}): no instance streams",
             relay.leader_epoch

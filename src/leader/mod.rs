@@ -232,9 +232,9 @@ impl Election {
     ) -> Result<Leadership, mysql_async::Error> {
         conn.exec_drop(
             "INSERT INTO outbox_relay_state (name, leader, leader_epoch, lease_until) \
-             VALUES (?, ?, 1, NOW(3)) \
+             VALUES (?, ?, 1, NULL) \
              ON DUPLICATE KEY UPDATE leader = VALUES(leader), leader_epoch = leader_epoch + 1, \
-             lease_until = VALUES(lease_until)",
+             lease_until = NULL",
             (&self.name, &self.instance),
         )
         .await?;

@@ -143,6 +143,9 @@ pub struct RelayState {
     /// The instance that streams, if one does.
     pub leader: Option<String>,
     pub leader_epoch: i64,
+    /// Elected by lease (`relay.election`): seconds until the leader's lease runs out unless it
+    /// renews (negative: it ran out that long ago). `None` when elected by lock, or no leader.
+    pub lease_left_seconds: Option<f64>,
     #[serde(skip)]
     pub position: Option<BinlogPosition>,
 }
@@ -359,11 +362,13 @@ async fn relay_state(conn: &mut Conn, name: &str) -> Result<RelayState, mysql_as
         Option<i64>,
         Option<String>,
         i64,
+        Option<i64>,
     );
     let row: Option<Row> = conn
         .exec_first(
             "SELECT checkpoint, CAST(checkpoint_at AS CHAR), \
-             TIMESTAMPDIFF(MICROSECOND, checkpoint_at, NOW(3)), leader, leader_epoch \
+             TIMESTAMPDIFF(MICROSECOND, checkpoint_at, NOW(3)), leader, leader_epoch, \
+             TIMESTAMPDIFF(MICROSECOND, NOW(3), lease_until) \
              FROM outbox_relay_state WHERE name = ?",
             (name,),
         )
@@ -376,9 +381,10 @@ async fn relay_state(conn: &mut Conn, name: &str) -> Result<RelayState, mysql_as
         checkpoint_age_seconds: None,
         leader: None,
         leader_epoch: 0,
+        lease_left_seconds: None,
         position: None,
     };
-    if let Some((checkpoint, at, age, leader, epoch)) = row {
+    if let Some((checkpoint, at, age, leader, epoch, lease_left)) = row {
         state.position = checkpoint
             .as_deref()
             .and_then(|text| BinlogPosition::from_json(text).ok());
@@ -389,11 +395,20 @@ async fn relay_state(conn: &mut Conn, name: &str) -> Result<RelayState, mysql_as
         };
         state.checkpoint_at = at;
         state.checkpoint_age_seconds = age.map(|micros| micros.max(0) as f64 / 1e6);
+        state.lease_left_seconds = leader
+            .is_some()
+            .then_some(lease_left)
+            .flatten()
+            .map(|micros| micros as f64 / 1e6);
         state.leader = leader;
         state.leader_epoch = epoch;
     }
     Ok(state)
 }
+
+/// How long after a leader's lease ran out (server clock) `status` says no instance streams: a
+/// standby takes over about a lease (8 s) after the last renewal it saw.
+const LEASE_RAN_OUT_LIMIT: f64 = 30.0;
 
 /// The verdict and its reasons (see the module doc).
 fn judge(
@@ -436,6 +451,18 @@ fn judge(
                 format!(
                     "{}: oldest PENDING row is {:.1} s old (threshold {} s)",
                     t.table, t.oldest_pending_seconds, lag
+                ),
+            );
+        }
+    }
+    if let (Some(leader), Some(left)) = (&relay.leader, relay.lease_left_seconds) {
+        // A standby claims a lease that ran out within about a lease (8 s); long after, none runs.
+        if left < -LEASE_RAN_OUT_LIMIT {
+            flag(
+                Verdict::Stuck,
+                format!(
+                    "the lease of leader {leader} ran out {:.0} s ago and no instance took over: no instance streams",
+                    -left
                 ),
             );
         }

@@ -24,6 +24,7 @@ fn relay(checkpoint_age: Option<f64>) -> RelayState {
         checkpoint_age_seconds: checkpoint_age,
         leader: None,
         leader_epoch: 0,
+        lease_left_seconds: None,
         position: None,
     }
 }
@@ -62,6 +63,31 @@ fn verdict_rules() {
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
         reasons[0].contains("2 row(s) FAILED in the last 1h"),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn a_lease_that_ran_out_long_ago_means_no_instance_streams() {
+    let with_lease = |left: f64| RelayState {
+        leader: Some("relay-b".into()),
+        lease_left_seconds: Some(left),
+        ..relay(Some(1.0))
+    };
+    let judged = |left| {
+        judge(
+            &[table(0.0, 0, 0)],
+            &with_lease(left),
+            RelayMode::Cdc,
+            &StatusOptions::default(),
+        )
+    };
+    assert_eq!(judged(6.5).0, Verdict::Healthy, "a lease being renewed");
+    assert_eq!(judged(-5.0).0, Verdict::Healthy, "a takeover under way");
+    let (verdict, reasons) = judged(-120.0);
+    assert_eq!(verdict, Verdict::Stuck);
+    assert!(
+        reasons[0].contains("lease of leader relay-b ran out 120 s ago"),
         "{reasons:?}"
     );
 }
