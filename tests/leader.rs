@@ -63,7 +63,7 @@ async fn one_leader_at_a_time_and_a_standby_takes_over_when_its_connection_dies(
         .unwrap()
         .expect("not cancelled");
     println!("takeover after KILL: {:?}", killed.elapsed());
-    assert_eq!(next.epoch, 2);
+    assert_eq!(next.epoch(), 2);
     assert_eq!(recorded_leader(&db).await, (Some("b".into()), 2));
     // a notices that someone else leads now and steps down.
     tokio::time::timeout(Duration::from_secs(10), leading.lost().cancelled())
@@ -102,7 +102,7 @@ async fn a_leader_whose_connection_was_cut_keeps_leading_when_nobody_took_over()
         !leading.lost().is_cancelled(),
         "still the leader, same epoch"
     );
-    assert_eq!(leading.epoch, 1);
+    assert_eq!(leading.epoch(), 1);
     assert_eq!(recorded_leader(&db).await, (Some("a".into()), 1));
     leading.resign(&a).await;
 }
@@ -141,7 +141,7 @@ async fn by_lease_a_candidate_claims_only_after_the_old_leaders_fence_ran_out() 
         "the old leader's fence ran out before b could claim"
     );
     assert!(takeover >= lease::LEASE - CHECK_EVERY, "{takeover:?}");
-    assert_eq!(next.epoch, 2);
+    assert_eq!(next.epoch(), 2);
     assert_eq!(recorded_leader(&db).await, (Some("b".into()), 2));
 
     // A leader that resigns leaves a row any candidate claims at once.
@@ -151,7 +151,7 @@ async fn by_lease_a_candidate_claims_only_after_the_old_leaders_fence_ran_out() 
         .await
         .unwrap()
         .expect("a resigned lease is free");
-    assert_eq!(again.epoch, 3);
+    assert_eq!(again.epoch(), 3);
     again.resign(&a).await;
 }
 
@@ -193,7 +193,7 @@ async fn a_leader_that_finds_a_newer_epoch_stops_within_its_renewal_period() {
             superseded() > counted,
             "counted in outbox_leadership_ended_total"
         );
-        let epoch = leading.epoch;
+        let epoch = leading.epoch();
         leading.resign(&election).await;
         assert_eq!(
             recorded_leader(&db).await,

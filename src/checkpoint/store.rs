@@ -171,30 +171,27 @@ impl CheckpointStore for MemoryStore {
 /// The copy of the checkpoint in `outbox_relay_state`, one row per `relay.name`, so that another
 /// instance (or a replacement machine without the sled directory) can resume.
 ///
-/// A fenced mirror ([`MysqlMirror::fenced`]) writes only while its leadership epoch is the
-/// current one, so a deposed leader cannot move the shared checkpoint; a write refused for that
-/// reason ends the leadership's fence (the leader stops sending too).
+/// A fenced mirror ([`MysqlMirror::fenced`] with a leadership's fence) writes only while that
+/// leadership's epoch is the current one, so a deposed leader cannot move the shared checkpoint;
+/// a write refused for that reason ends the fence (the leader stops sending too).
 #[derive(Debug, Clone)]
 pub struct MysqlMirror {
     name: String,
-    fence: Option<crate::leader::Fence>,
+    fence: crate::leader::Fence,
 }
 
 impl MysqlMirror {
     pub fn new(name: impl Into<String>) -> Self {
         MysqlMirror {
             name: name.into(),
-            fence: None,
+            fence: crate::leader::Fence::open(),
         }
     }
 
     /// This mirror, writing only while `leader_epoch` is `fence`'s epoch (and ending `fence` when
-    /// it is not).
+    /// it is not); an open fence (no election) leaves it unfenced.
     pub fn fenced(self, fence: crate::leader::Fence) -> Self {
-        MysqlMirror {
-            fence: Some(fence),
-            ..self
-        }
+        MysqlMirror { fence, ..self }
     }
 
     /// The mirrored position, if any.
@@ -237,8 +234,7 @@ impl MysqlMirror {
         conn: &mut mysql_async::Conn,
         position: &BinlogPosition,
     ) -> Result<(), StoreError> {
-        if let Some(fence) = &self.fence {
-            let epoch = fence.epoch();
+        if let Some(epoch) = self.fence.epoch() {
             conn.exec_drop(
                 "UPDATE outbox_relay_state SET checkpoint = ?, checkpoint_at = NOW(3) \
                  WHERE name = ? AND leader_epoch = ?",
@@ -246,7 +242,7 @@ impl MysqlMirror {
             )
             .await?;
             if conn.affected_rows() == 0 {
-                fence.end(
+                self.fence.end(
                     crate::metrics::LeadershipEnd::MIRROR_REFUSED,
                     format_args!(
                         "the checkpoint mirror refused epoch {epoch} (another instance took over)"

@@ -22,7 +22,8 @@ pub struct Fence {
 
 #[derive(Debug)]
 struct Inner {
-    epoch: u64,
+    /// `None` for an open fence (no election).
+    epoch: Option<u64>,
     over: CancellationToken,
     /// The instant validity is measured from.
     base: Instant,
@@ -36,7 +37,7 @@ impl Fence {
     pub fn new(epoch: u64, renewed_at: Instant, valid_for: Duration) -> Self {
         let fence = Fence {
             inner: Arc::new(Inner {
-                epoch,
+                epoch: Some(epoch),
                 over: CancellationToken::new(),
                 base: renewed_at,
                 valid_until_ms: AtomicU64::new(0),
@@ -50,7 +51,7 @@ impl Fence {
     pub fn open() -> Self {
         Fence {
             inner: Arc::new(Inner {
-                epoch: 0,
+                epoch: None,
                 over: CancellationToken::new(),
                 base: Instant::now(),
                 valid_until_ms: AtomicU64::new(u64::MAX),
@@ -58,8 +59,8 @@ impl Fence {
         }
     }
 
-    /// The leadership's epoch (0 for an open fence).
-    pub fn epoch(&self) -> u64 {
+    /// The leadership's epoch; `None` for an open fence (no election).
+    pub fn epoch(&self) -> Option<u64> {
         self.inner.epoch
     }
 
@@ -74,7 +75,7 @@ impl Fence {
             self.end(
                 LeadershipEnd::EXPIRED,
                 format_args!(
-                    "no successful renewal of leadership epoch {} within its validity",
+                    "no successful renewal of leadership epoch {:?} within its validity",
                     self.inner.epoch
                 ),
             );
@@ -114,7 +115,7 @@ impl Fence {
             .leadership_ended
             .get_or_create(&LeadershipEnd { reason })
             .inc();
-        tracing::error!(epoch = self.inner.epoch, reason, %why,
+        tracing::error!(epoch = ?self.inner.epoch, reason, %why,
             "leadership is over: this instance stops sending and marking, and stands by");
     }
 
@@ -154,7 +155,7 @@ mod tests {
         let start = Instant::now();
         let fence = Fence::new(7, start, Duration::from_millis(50));
         assert!(fence.holds());
-        assert_eq!(fence.epoch(), 7);
+        assert_eq!(fence.epoch(), Some(7));
         std::thread::sleep(Duration::from_millis(80));
         assert!(!fence.holds(), "validity ran out");
         assert!(fence.ended().is_cancelled());

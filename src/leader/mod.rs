@@ -269,12 +269,7 @@ impl Election {
             validity,
             stop.clone(),
         ));
-        Leadership {
-            epoch,
-            fence,
-            stop,
-            watch,
-        }
+        Leadership { fence, stop, watch }
     }
 
     /// On a new connection: takes the lock again if free and nobody led since `epoch`.
@@ -301,7 +296,11 @@ impl Election {
     /// candidates watch); by lock, the lock itself is the claim, so the renewal only reads the
     /// epoch (an idle deployment writes nothing to the binlog for it).
     async fn renew(&self, epoch: u64) -> Result<Option<u64>, mysql_async::Error> {
-        let mut conn = consistent_connection(&self.opts).await?;
+        let mut conn = match self.method {
+            Method::Lease => consistent_connection(&self.opts).await?,
+            // The lock is refused on Galera: every other server reads consistently anyway.
+            Method::Lock { .. } => Conn::new(self.opts.clone()).await?,
+        };
         if let Method::Lease = self.method {
             conn.exec_drop(
                 "UPDATE outbox_relay_state SET lease_until = NOW(3) + INTERVAL ? SECOND \
@@ -344,14 +343,17 @@ async fn consistent_connection(opts: &Opts) -> Result<Conn, mysql_async::Error> 
 /// This instance's leadership. Dropping it without [`Leadership::resign`] ends the watch: a lock
 /// is freed as its connection closes, a lease runs out.
 pub struct Leadership {
-    /// This leadership's epoch (fences the checkpoint mirror).
-    pub epoch: u64,
     fence: Fence,
     stop: CancellationToken,
     watch: JoinHandle<Option<Conn>>,
 }
 
 impl Leadership {
+    /// This leadership's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.fence.epoch().expect("a leadership has an epoch")
+    }
+
     /// What the senders, the marker and the checkpoint mirror check before each batch.
     pub fn fence(&self) -> Fence {
         self.fence.clone()
@@ -376,7 +378,7 @@ impl Leadership {
             conn.exec_drop(
                 "UPDATE outbox_relay_state SET leader = NULL, lease_until = NULL \
                  WHERE name = ? AND leader_epoch = ?",
-                (&election.name, self.epoch),
+                (&election.name, self.epoch()),
             )
             .await?;
             if let Some(lock) = election.lock_name() {
@@ -387,7 +389,7 @@ impl Leadership {
         if let Err(e) = crate::db::bounded(cleared).await {
             tracing::warn!(error = %e, "cannot resign cleanly; a lock is freed when its connection closes, a lease runs out");
         }
-        tracing::info!(epoch = self.epoch, "stepped down as leader");
+        tracing::info!(epoch = self.epoch(), "stepped down as leader");
     }
 }
 
@@ -409,7 +411,10 @@ async fn watch(
     validity: Duration,
     stop: CancellationToken,
 ) -> Option<Conn> {
-    let (epoch, ended) = (fence.epoch(), fence.ended());
+    let (epoch, ended) = (
+        fence.epoch().expect("a leadership has an epoch"),
+        fence.ended(),
+    );
     loop {
         tokio::select! {
             _ = stop.cancelled() => return lock_conn,

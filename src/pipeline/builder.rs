@@ -69,8 +69,15 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
         }
     }
 
-    /// The same builder, whose send stages stop sending and marking once `fence` no longer
-    /// holds (a leadership that is over; see [`crate::leader`]).
+    /// The checkpoint mirror of this deployment, fenced by the builder's fence.
+    pub fn mirror(&self) -> crate::checkpoint::MysqlMirror {
+        crate::checkpoint::MysqlMirror::new(self.config.relay.name.clone())
+            .fenced(self.fence.clone())
+    }
+
+    /// The same builder, whose send stages and checkpoint mirror stop sending, marking and
+    /// mirroring once `fence` no longer holds (a leadership that is over; see
+    /// [`crate::leader`]).
     pub fn fenced(&self, fence: Fence) -> Self {
         PipelineBuilder {
             fence,

@@ -34,24 +34,13 @@ pub async fn run_cdc<S: Sink>(
     options: RunOptions,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunSummary> {
-    // Under a leadership, its fence stops the senders, the marker and the mirror once it is over.
-    let fenced;
-    let pipeline = match &options.leadership {
-        Some(fence) => {
-            fenced = pipeline.fenced(fence.clone());
-            &fenced
-        }
-        None => pipeline,
-    };
     let (config, deployment) = (pipeline.config(), pipeline.deployment());
     // The marker's and the sweeper's pools: separate (the sweeper closes its own before the
     // final checkpoint is mirrored), from one question to the server.
     let writer_opts = crate::db::writer_opts(config).await?;
     let pool = mysql_async::Pool::new(writer_opts.clone());
-    let mut mirror = MysqlMirror::new(config.relay.name.clone());
-    if let Some(fence) = &options.leadership {
-        mirror = mirror.fenced(fence.clone());
-    }
+    // Under a leadership, the builder's fence stops the senders, the marker and the mirror.
+    let mirror = pipeline.mirror();
     let start = start_position(&*store, &mirror, &pool, &server.current).await?;
     let acks = Acknowledgements::new(start.clone());
     let sweeper = match config.sweeper.enabled {

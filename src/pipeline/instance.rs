@@ -12,7 +12,7 @@
 use super::{run_cdc, run_sweeper_alone, PipelineBuilder, RunOptions, RunSummary};
 use crate::binlog::reader::{check_server, oldest_position, ReaderError, ServerInfo};
 use crate::binlog::ServerFlavor;
-use crate::checkpoint::{CheckpointStore, MysqlMirror};
+use crate::checkpoint::CheckpointStore;
 use crate::db::Deployment;
 use crate::error::{Classify, ErrorClass};
 use crate::leader::{Election, Leadership};
@@ -193,10 +193,8 @@ async fn lead<S: Sink>(
             streaming.cancel();
         })
     };
-    let options = RunOptions {
-        leadership: Some(leadership.fence()),
-        ..options.clone()
-    };
+    // The leadership's fence stops the senders, the marker and the mirror once it is over.
+    let pipeline = &pipeline.fenced(leadership.fence());
     let mut total = RunSummary::default();
     let mut fallbacks = 0;
     let (flavor, deployment) = (server.flavor, pipeline.deployment());
@@ -227,7 +225,7 @@ async fn lead<S: Sink>(
                 tracing::error!(error = %e,
                     "the checkpoint is no longer on the server: restarting from the oldest binlog position; the sweeper publishes the PENDING rows of the gap");
                 crate::metrics::binlog_position_lost();
-                if let Err(e) = fall_back(pipeline, flavor, store, leadership.fence()).await {
+                if let Err(e) = fall_back(pipeline, flavor, store).await {
                     break Err(e);
                 }
             }
@@ -254,7 +252,6 @@ async fn fall_back<S: Sink>(
     pipeline: &PipelineBuilder<'_, S>,
     flavor: ServerFlavor,
     store: &Arc<dyn CheckpointStore>,
-    fence: crate::leader::Fence,
 ) -> anyhow::Result<()> {
     let Deployment { opts, .. } = pipeline.deployment();
     let oldest = oldest_position(opts, flavor).await?;
@@ -262,10 +259,7 @@ async fn fall_back<S: Sink>(
     let (s, p) = (Arc::clone(store), oldest.clone());
     tokio::task::spawn_blocking(move || s.save(&p)).await??;
     let mut conn = mysql_async::Conn::new(opts.clone()).await?;
-    MysqlMirror::new(pipeline.config().relay.name.clone())
-        .fenced(fence)
-        .save(&mut conn, &oldest, None)
-        .await?;
+    pipeline.mirror().save(&mut conn, &oldest, None).await?;
     conn.disconnect().await?;
     Ok(())
 }

@@ -62,10 +62,6 @@ pub struct RunOptions {
     /// Poll mode and the sweeper: how rows are claimed; `None` detects it from the server's
     /// version.
     pub claim_strategy: Option<crate::sweep::ClaimStrategy>,
-    /// CDC: the leadership this run streams under (its fence stops the senders, the marker and
-    /// the checkpoint mirror once it is over); set by the instance supervisor, `None` when no
-    /// election is held.
-    pub leadership: Option<crate::leader::Fence>,
 }
 
 impl Default for RunOptions {
@@ -74,7 +70,6 @@ impl Default for RunOptions {
             drain_timeout: Duration::from_secs(10),
             checkpoint: CheckpointSettings::default(),
             claim_strategy: None,
-            leadership: None,
         }
     }
 }
