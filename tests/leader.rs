@@ -191,7 +191,8 @@ async fn a_leader_that_finds_a_newer_epoch_stops_within_its_renewal_period() {
         assert!(!fence.holds());
         assert!(
             superseded() > counted,
-            "counted in outbox_leadership_ended_total"
+            "counted in outbox_leadership_ended_total: {}",
+            rocketmq_outbox::metrics::relay().render()
         );
         let epoch = leading.epoch();
         leading.resign(&election).await;

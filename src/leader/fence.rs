@@ -9,7 +9,7 @@
 //! stalled VM) or cut off stops before its next send, even if its watch task has not run yet.
 
 use crate::metrics::LeadershipEnd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -24,6 +24,9 @@ pub struct Fence {
 struct Inner {
     /// `None` for an open fence (no election).
     epoch: Option<u64>,
+    /// Set by the first [`Fence::end`]: what [`Fence::holds`] reads.
+    ended: AtomicBool,
+    /// Cancelled by the first [`Fence::end`], once it is counted: what waiters watch.
     over: CancellationToken,
     /// The instant validity is measured from.
     base: Instant,
@@ -38,6 +41,7 @@ impl Fence {
         let fence = Fence {
             inner: Arc::new(Inner {
                 epoch: Some(epoch),
+                ended: AtomicBool::new(false),
                 over: CancellationToken::new(),
                 base: renewed_at,
                 valid_until_ms: AtomicU64::new(0),
@@ -52,6 +56,7 @@ impl Fence {
         Fence {
             inner: Arc::new(Inner {
                 epoch: None,
+                ended: AtomicBool::new(false),
                 over: CancellationToken::new(),
                 base: Instant::now(),
                 valid_until_ms: AtomicU64::new(u64::MAX),
@@ -67,7 +72,7 @@ impl Fence {
     /// True while this leadership may send and mark. Ends the fence (and says why, once) when
     /// its validity has run out.
     pub fn holds(&self) -> bool {
-        if self.inner.over.is_cancelled() {
+        if self.inner.ended.load(Ordering::Acquire) {
             return false;
         }
         let valid_until = self.inner.valid_until_ms.load(Ordering::Acquire);
@@ -104,19 +109,19 @@ impl Fence {
     }
 
     /// Ends the leadership for `reason` (a [`LeadershipEnd`] constant): the senders and the
-    /// marker stop before their next batch. The first call counts it, and logs `why` at ERROR;
-    /// later calls do nothing.
+    /// marker stop before their next batch. The first call counts it and logs `why` at ERROR,
+    /// then fires [`Fence::ended`] (so whoever it wakes sees the count); later calls do nothing.
     pub fn end(&self, reason: &'static str, why: impl std::fmt::Display) {
-        if self.inner.over.is_cancelled() {
+        if self.inner.ended.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.inner.over.cancel();
         crate::metrics::relay()
             .leadership_ended
             .get_or_create(&LeadershipEnd { reason })
             .inc();
         tracing::error!(epoch = ?self.inner.epoch, reason, %why,
             "leadership is over: this instance stops sending and marking, and stands by");
+        self.inner.over.cancel();
     }
 
     /// Fires when the fence is ended (validity running out is noticed by [`Fence::holds`] or the
