@@ -8,8 +8,8 @@
 use crate::common;
 
 use common::relay::{
-    assert_key_order, assert_msg_ids_stored, commit_events, outbox_rows, relay_fixture,
-    stored_messages, wait_for, write_config_file, RelayProcess,
+    assert_key_order, assert_msg_ids_stored, commit_events, copies_per_event, outbox_rows,
+    relay_fixture, stored_messages, wait_for, write_config_file, RelayProcess,
 };
 use common::rocketmq::new_topic;
 use common::TestDb;
@@ -447,10 +447,7 @@ async fn relays_on_two_nodes_elect_one_leader_and_the_survivor_takes_over() {
     // yet recorded when its node died, i.e. events committed in the moments before the kill
     // (the marker records about once a second; measured here: up to 1.7 s before the kill; the
     // bound leaves room for a loaded machine).
-    let mut copies: HashMap<&str, usize> = HashMap::new();
-    for m in &messages {
-        *copies.entry(m.properties["event_id"].as_str()).or_default() += 1;
-    }
+    let copies = copies_per_event(&messages);
     let in_flight = |at: Instant| killed.saturating_duration_since(at) <= Duration::from_secs(5);
     let resent: Vec<Duration> = committed
         .iter()

@@ -7,14 +7,14 @@
 use crate::common;
 
 use common::relay::{
-    commit_events, current_position, relay_fixture, wait_until_sent, write_config_file,
-    RunningRelay,
+    commit_events, copies_per_event, current_position, relay_fixture, stored_messages,
+    wait_until_sent, write_config_file, RunningRelay,
 };
-use common::rocketmq::{new_topic, rocketmq};
+use common::rocketmq::new_topic;
 use common::{database, TestDb};
 use mysql_async::prelude::*;
 use rocketmq_outbox::binlog::BinlogPosition;
-use rocketmq_outbox::devenv::{DatabaseKind, TopicReader};
+use rocketmq_outbox::devenv::DatabaseKind;
 use rocketmq_outbox::outbox::status::codes::{FAILED, SENDING};
 use rocketmq_outbox::producer::NewEvent;
 use serde_json::{json, Value};
@@ -249,22 +249,7 @@ async fn write(db: &TestDb, topic: &str, prefix: &str, count: usize) -> Vec<Stri
 
 /// Deliveries per event_id once `at_least` messages arrived and nothing more comes for 3 s.
 async fn deliveries_settled(topic: &str, at_least: usize) -> HashMap<String, usize> {
-    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), topic)
-        .await
-        .unwrap();
-    reader
-        .read_at_least(at_least, Duration::from_secs(120))
-        .await
-        .unwrap();
-    let messages = reader.read_all_for(Duration::from_secs(3)).await.unwrap();
-    reader.close().await;
-    let mut per_event = HashMap::new();
-    for m in &messages {
-        *per_event
-            .entry(m.properties["event_id"].clone())
-            .or_insert(0) += 1;
-    }
-    per_event
+    copies_per_event(&stored_messages(topic, at_least).await)
 }
 
 type RowState = (u64, String, u8, Option<String>, Option<String>, String);

@@ -9,7 +9,8 @@ use crate::common;
 
 use common::proxy::MovableProxy;
 use common::relay::{
-    count_where, relay_fixture, stored_messages, wait_for, write_config_file, RelayProcess,
+    copies_per_event, count_where, relay_fixture, stored_messages, wait_for, write_config_file,
+    RelayProcess,
 };
 use common::rocketmq::new_topic;
 use common::TestDb;
@@ -19,7 +20,6 @@ use rocketmq_outbox::devenv::{scratch_dir, Database, DatabaseKind, DatabaseOptio
 use rocketmq_outbox::outbox::status::codes::SENT;
 use rocketmq_outbox::producer::NewEvent;
 use serde_json::json;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// How long a superseded leader may go on sending after the newer epoch is committed: one
@@ -205,10 +205,7 @@ async fn the_leader_on_a_superseded_primary_stops_sending() {
     .await;
 
     let messages = stored_messages(&topic, 150).await;
-    let stored: HashMap<&str, usize> = messages.iter().fold(HashMap::new(), |mut m, msg| {
-        *m.entry(msg.properties["event_id"].as_str()).or_default() += 1;
-        m
-    });
+    let stored = copies_per_event(&messages);
     for id in &after {
         assert!(
             stored.contains_key(id.as_str()),

@@ -288,13 +288,18 @@ pub async fn deliveries(namesrv: &str, topic: &str, expected: usize) -> HashMap<
         .read_at_least(expected, Duration::from_secs(120))
         .await
         .unwrap();
+    reader.close().await;
+    copies_per_event(&messages)
+}
+
+/// How many of `messages` carry each event_id.
+pub fn copies_per_event(messages: &[ReceivedMessage]) -> HashMap<String, usize> {
     let mut per_event = HashMap::new();
-    for m in &messages {
+    for m in messages {
         *per_event
             .entry(m.properties["event_id"].clone())
             .or_insert(0) += 1;
     }
-    reader.close().await;
     per_event
 }
 
