@@ -31,7 +31,7 @@
 
 use super::mariadb::{install_system_tables, mariadbd_command};
 use super::process::{free_port, log_tail, port_is_open, wait_until_ready, ServerProcess};
-use super::sql_server::{mariadb_tool, running_as_root, ProcessSlot, SqlEndpoint, SqlServer};
+use super::sql_server::{running_as_root, ProcessSlot, SqlEndpoint, SqlServer};
 use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -339,19 +339,9 @@ impl GaleraNode {
     /// Runs `sql` as root over the node's Unix socket; returns the rows, one a line, columns
     /// separated by tabs, no header.
     pub fn query(&self, sql: &str) -> io::Result<String> {
-        let output = Command::new(mariadb_tool("mariadb")?)
-            .arg("--no-defaults")
-            .arg(format!("--socket={}", self.endpoint().socket.display()))
-            .args(["--user=root", "--batch", "--skip-column-names", "-e", sql])
-            .output()?;
-        if !output.status.success() {
-            return Err(io::Error::other(format!(
-                "node {}: `{sql}` failed: {}",
-                self.number,
-                String::from_utf8_lossy(&output.stderr).trim()
-            )));
-        }
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        self.endpoint()
+            .query_as_root(sql)
+            .map_err(|e| io::Error::other(format!("node {}: {e}", self.number)))
     }
 
     /// `wsrep_cluster_size` and `wsrep_local_state_comment` (e.g. `Synced`, `Joining`).

@@ -122,13 +122,19 @@ impl SqlEndpoint {
     /// Runs SQL with the `mariadb` command-line client as `root` over the Unix socket (it speaks
     /// to MySQL too).
     pub fn run_sql_as_root(&self, sql: &str) -> io::Result<()> {
+        self.query_as_root(sql).map(drop)
+    }
+
+    /// [`SqlEndpoint::run_sql_as_root`], returning the rows: one a line, columns separated by
+    /// tabs, no header.
+    pub fn query_as_root(&self, sql: &str) -> io::Result<String> {
         let output = Command::new(mariadb_tool("mariadb")?)
             .arg("--no-defaults")
             .arg(format!("--socket={}", self.socket.display()))
-            .args(["--user=root", "--batch", "-e", sql])
+            .args(["--user=root", "--batch", "--skip-column-names", "-e", sql])
             .output()?;
         if output.status.success() {
-            Ok(())
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
         } else {
             Err(io::Error::other(format!(
                 "mariadb client failed on `{sql}`: {}",
