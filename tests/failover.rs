@@ -5,17 +5,20 @@
 use crate::common;
 
 use common::relay::{
-    assert_every_event_arrived_in_key_order, assert_read_every_event_in_key_order, count_status,
-    current_position, deliveries, duplicates, relay_fixture, seed_checkpoint, wait_for,
-    wait_until_sent, write_config_file, write_events, RelayProcess,
+    assert_every_event_arrived_in_key_order, assert_read_every_event_in_key_order, commit_events,
+    copies_per_event, count_status, current_position, deliveries, duplicates, relay_fixture,
+    seed_checkpoint, stored_messages, wait_for, wait_until_sent, write_config_file, write_events,
+    RelayProcess,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::TopicReader;
+use rocketmq_outbox::devenv::{ReceivedMessage, TopicReader};
+use rocketmq_outbox::producer::NewEvent;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// `(leader, leader_epoch)` of the deployment `name`.
@@ -203,4 +206,111 @@ async fn a_backlog_written_while_every_instance_was_down_is_not_swept_twice() {
         duplicates * 100 < BACKLOG,
         "{duplicates} duplicates: the sweepers raced the catching-up stream"
     );
+}
+
+/// A leader frozen (`SIGSTOP`, as a paused VM or a stalled host) longer than its lock connection's
+/// idle limit: the server frees its lock and a standby takes over. When the old leader thaws, its
+/// fence stops it before its next send (its validity ran out, and its watch finds the lock
+/// lost, whichever it meets first): it publishes nothing it read after the freeze, only what was
+/// already in flight. Judged by the broker: each stored message names its producer's process in
+/// its `UNIQ_KEY`, and no message of the frozen process stored after the thaw is of an event
+/// committed after it froze.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_sends_nothing_new_once_it_thaws() {
+    let db = TestDb::migrated("frozen_leader").await;
+    let topic = new_topic("frozen_leader");
+    let (config, _base_dir) = relay_fixture(&db).build();
+    let name = config.relay.name.clone();
+    let (_dirs, files) = three_instances(&db, &config).await;
+    let processes = start_all(&db, &name, &files).await;
+
+    // Each event_id with when its commit returned (ms since the epoch, this machine's clock,
+    // which is the broker's too).
+    let committed: Arc<Mutex<HashMap<String, i64>>> = Arc::default();
+    let stop_writing = tokio_util::sync::CancellationToken::new();
+    let writer = {
+        let (db, topic) = (db.clone_handle(), topic.clone());
+        let (committed, stop) = (committed.clone(), stop_writing.clone());
+        tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop.is_cancelled() {
+                let events = (0..2)
+                    .map(|i| {
+                        let key = format!("key-{}", (n + i) % 16);
+                        NewEvent::new(topic.clone(), key, serde_json::json!({ "n": n + i }))
+                    })
+                    .collect();
+                let ids = commit_events(&mut db.conn().await, events).await;
+                let at = now_ms();
+                committed
+                    .lock()
+                    .unwrap()
+                    .extend(ids.into_iter().map(|id| (id, at)));
+                n += 2;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (frozen, epoch) = leader(&db, &name).await.unwrap();
+    let frozen = frozen.expect("a leader is recorded");
+    let frozen_pid = processes[&frozen].pid();
+    let frozen_ms = now_ms();
+    processes[&frozen].signal(libc::SIGSTOP);
+    wait_for("a standby takes over", Duration::from_secs(40), || async {
+        leader(&db, &name).await.is_some_and(|(_, e)| e > epoch)
+    })
+    .await;
+    // Past the frozen leader's validity (8 s) for sure, then thaw it while events keep flowing.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let thawed_ms = now_ms();
+    processes[&frozen].signal(libc::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_writing.cancel();
+    writer.await.unwrap();
+    let committed = committed.lock().unwrap().clone();
+    let total = committed.len();
+    wait_until_sent(&db, total as u64, Duration::from_secs(120)).await;
+    for process in processes.into_values() {
+        process.stop();
+    }
+
+    let messages = stored_messages(&topic, total).await;
+    assert_eq!(
+        copies_per_event(&messages).len(),
+        total,
+        "every event stored"
+    );
+    // UNIQ_KEY: the producer's IP (8 hex digits), then its process id (4).
+    let by_frozen = |m: &&ReceivedMessage| {
+        u32::from_str_radix(m.msg_id.get(8..12).unwrap_or_default(), 16).ok()
+            == Some(frozen_pid & 0xFFFF)
+    };
+    let after_thaw: Vec<&ReceivedMessage> = messages
+        .iter()
+        .filter(by_frozen)
+        .filter(|m| m.store_timestamp >= thawed_ms)
+        .collect();
+    let read_after_freeze = after_thaw
+        .iter()
+        .filter(|m| committed[&m.properties["event_id"]] > frozen_ms)
+        .count();
+    println!(
+        "frozen leader {frozen}: {total} events, {} duplicates; after the thaw it published {} messages already in flight, {read_after_freeze} committed after it froze",
+        messages.len() - total,
+        after_thaw.len()
+    );
+    assert_eq!(
+        read_after_freeze, 0,
+        "the thawed leader published events committed after it froze"
+    );
+    assert_every_event_arrived_in_key_order(&db, &topic, total).await;
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }

@@ -600,6 +600,17 @@ impl RelayProcess {
         self.0.try_wait().ok().flatten()
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Sends `signal` (e.g. `SIGSTOP` to freeze the process, `SIGCONT` to thaw it).
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, signal) };
+    }
+
     /// SIGKILL: no drain, no release of claimed rows.
     pub fn kill(mut self) {
         self.0.kill().unwrap();
