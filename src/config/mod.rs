@@ -287,6 +287,11 @@ pub struct RelayConfig {
     pub minimal_row_image: bool,
     /// How the leader is elected: `auto` (default), `lock` or `lease`; see `docs/leadership.md`.
     pub election: ElectionMethod,
+    /// How long the events of a topic that does not accept them are held in memory before the
+    /// stream parks its new ones: leaves them PENDING in the outbox for the sweeper, which sends
+    /// them in key order once the topic accepts events again. Only with the sweeper on.
+    #[serde(with = "humantime_serde")]
+    pub park_after: Duration,
 }
 
 impl Default for RelayConfig {
@@ -299,6 +304,7 @@ impl Default for RelayConfig {
             instance_id: None,
             minimal_row_image: true,
             election: ElectionMethod::Auto,
+            park_after: crate::send::stall::DEFAULT_PARK_AFTER,
         }
     }
 }

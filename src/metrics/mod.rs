@@ -74,6 +74,12 @@ pub struct ShardLabel {
     pub shard: u32,
 }
 
+/// One RocketMQ topic.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabel {
+    pub topic: String,
+}
+
 /// Every relay metric.
 pub struct RelayMetrics {
     registry: Registry,
@@ -112,6 +118,13 @@ pub struct RelayMetrics {
     pub keys_held_for_order: Gauge,
     /// Events waiting in each shard's input.
     pub shard_queue_depth: Family<ShardLabel, Gauge>,
+    /// When (Unix seconds) a topic stopped accepting events; 0 once it accepts them again (see
+    /// [`crate::send::Stalls`]).
+    pub topic_stalled_since: Family<TopicLabel, Gauge<f64, AtomicU64>>,
+    /// Events of a stalled topic held in memory (in the shards' lanes) to be retried.
+    pub topic_held_events: Family<TopicLabel, Gauge>,
+    /// Streamed events of a stalled topic left PENDING for the sweeper instead of held in memory.
+    pub events_parked: Family<TopicLabel, Counter>,
     /// Age of the oldest PENDING row per table (0 when none): the key metric.
     pub oldest_pending_seconds: Family<TableLabel, Gauge<f64, AtomicU64>>,
     /// Rows per table in PENDING, SENDING and FAILED.
@@ -151,6 +164,9 @@ impl RelayMetrics {
             binlog_behind_transactions: Gauge::default(),
             binlog_behind_bytes: Gauge::default(),
             shard_queue_depth: Family::default(),
+            topic_stalled_since: Family::default(),
+            topic_held_events: Family::default(),
+            events_parked: Family::default(),
             oldest_pending_seconds: Family::default(),
             pending: Family::default(),
             sending: Family::default(),
@@ -265,6 +281,21 @@ impl RelayMetrics {
             "shard_queue_depth",
             "Events waiting in each ordered sender's input",
             metrics.shard_queue_depth.clone(),
+        );
+        registry.register(
+            "topic_stalled_since_seconds",
+            "When (Unix seconds) a topic stopped accepting the relay's events, 0 once it accepts them again: only its keys wait meanwhile",
+            metrics.topic_stalled_since.clone(),
+        );
+        registry.register(
+            "topic_held_events",
+            "Events of a stalled topic held in memory to be retried (bounded: later ones are parked)",
+            metrics.topic_held_events.clone(),
+        );
+        registry.register(
+            "events_parked",
+            "Streamed events of a stalled topic left PENDING for the sweeper, which sends them in key order once the topic accepts events",
+            metrics.events_parked.clone(),
         );
         registry.register(
             "oldest_pending_seconds",

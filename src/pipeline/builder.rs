@@ -13,7 +13,7 @@ use crate::db::Deployment;
 use crate::leader::Fence;
 use crate::mark::{run_marker, MarkError, MarkStats, MarkerContext};
 use crate::retry::RetryPolicy;
-use crate::send::{Completion, SendInputs, Shards, Sink};
+use crate::send::{Completion, SendInputs, Shards, Sink, Stalls};
 use crate::sweep::{ClaimStrategy, SweepSettings, Sweeper};
 use std::future::Future;
 use std::sync::Arc;
@@ -36,6 +36,9 @@ pub struct PipelineBuilder<'a, S> {
     sink: Arc<S>,
     shard_capacity: usize,
     fence: Fence,
+    /// `Some`: a stalled topic's new streamed events are parked after this long (a sweeper runs
+    /// beside the stream to send them later); `None`: they are never parked.
+    park_after: Option<Duration>,
 }
 
 /// Shard senders and the task recording their outcomes (its result is `R`).
@@ -55,6 +58,16 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
             sink,
             shard_capacity: SHARD_CAPACITY,
             fence: Fence::open(),
+            park_after: None,
+        }
+    }
+
+    /// The same builder, whose send stage lets the stream park a stalled topic's new events
+    /// after `after` (see [`crate::send::Stalls`]): only where a sweeper runs beside the stream.
+    pub fn parking(&self, after: Duration) -> Self {
+        PipelineBuilder {
+            park_after: Some(after),
+            ..self.shard_capacity(self.shard_capacity)
         }
     }
 
@@ -66,6 +79,7 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
             sink: Arc::clone(&self.sink),
             shard_capacity: capacity,
             fence: self.fence.clone(),
+            park_after: self.park_after,
         }
     }
 
@@ -110,6 +124,10 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
             self.shard_capacity,
             RetryPolicy::from_config(&self.config.retry),
             self.fence.clone(),
+            Arc::new(match self.park_after {
+                Some(after) => Stalls::new(after),
+                None => Stalls::without_parking(),
+            }),
             completions_tx,
         );
         let recorder = tokio::spawn(record(completions_rx));

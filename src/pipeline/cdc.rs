@@ -78,7 +78,15 @@ pub async fn run_cdc<S: Sink>(
     }
     let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
 
-    let (send_stage, inputs) = pipeline.marked_send_stage(
+    // With a sweeper to send them later, a stalled topic's new events are parked (left PENDING)
+    // instead of held in memory.
+    let parking = pipeline.parking(config.relay.park_after);
+    let stage = if sweeper.is_some() {
+        &parking
+    } else {
+        pipeline
+    };
+    let (send_stage, inputs) = stage.marked_send_stage(
         pool.clone(),
         config.instance_id(),
         // A permanent marking error stops the reader, and so the whole run.

@@ -45,7 +45,15 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         max: Duration::from_millis(5),
         max_retries: Some(10),
     };
-    let (shards, inputs) = Shards::start(&broker, 4, 64, retry, Default::default(), completions_tx);
+    let (shards, inputs) = Shards::start(
+        &broker,
+        4,
+        64,
+        retry,
+        Default::default(),
+        Default::default(),
+        completions_tx,
+    );
     let (items_tx, items) = mpsc::channel(64);
     let outputs = Outputs {
         inputs,

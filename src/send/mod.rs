@@ -2,18 +2,21 @@
 //! event's final outcome.
 //!
 //! Guarantees: only a `SEND_OK` from the broker makes an event `Sent`; every other answer or
-//! error is retried (if retryable, with backoff, holding back the rest of the shard so a key's
-//! order is kept) or ends `Failed` with the reason. A refusal of the relay's account
+//! error is retried (if retryable, with backoff, holding back the later events of the same topic
+//! in the shard so a key's order is kept, and nothing else: see [`stall`]) or ends `Failed`
+//! with the reason. A refusal of the relay's account
 //! (credentials, permission) is retried without end: it never makes an event `Failed`. An event
 //! is reported exactly once.
 
 pub mod rocketmq;
 pub mod shard;
 mod shards;
+pub mod stall;
 
 pub use rocketmq::RocketMqSink;
 pub use shard::{run_shard, Completion, SendOutcome, ShardEvent, ShardOptions};
 pub use shards::{SendInputs, Shards, Stopped};
+pub use stall::{StalledTopic, Stalls};
 
 pub use crate::outbox::OutboundMessage;
 

@@ -12,7 +12,7 @@
 //! behind them in the shard; each refusal logs at ERROR what to fix, and `/readyz` fails until a
 //! send to that topic is accepted.
 
-use super::{OutboundMessage, SendError, Sink};
+use super::{OutboundMessage, SendError, Sink, Stalls};
 use crate::event::{now_us, Ack, Origin, OutboxRow, RowProblem, Stamps};
 use crate::leader::Fence;
 use crate::outbox::TableName;
@@ -23,7 +23,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+mod lane;
 mod retry;
+use lane::Lanes;
 pub use retry::WakeUp;
 use retry::{Backoff, Next, Refusal};
 
@@ -117,6 +119,8 @@ pub struct ShardOptions {
     /// Checked before every send: once it no longer holds (a leadership that is over), the
     /// shard stops, leaving its events unacknowledged.
     pub fence: Fence,
+    /// The stalled topics of the send stage, shared by its shards.
+    pub stalls: Arc<Stalls>,
 }
 
 impl Default for ShardOptions {
@@ -132,13 +136,20 @@ impl Default for ShardOptions {
             index: 0,
             wake: Arc::default(),
             fence: Fence::open(),
+            stalls: Arc::default(),
         }
     }
 }
 
-/// Runs one shard until its input closes (and is drained) or `cancel` fires. Outcomes go to
-/// `completions` in the shard's order. A cancelled shard stops between sends; unreported events stay
-/// unacknowledged, so the checkpoint does not pass them.
+/// Runs one shard until its input closes (and is drained, its lanes too) or `cancel` fires.
+/// Outcomes go to `completions`, each key's in order. A cancelled shard stops between sends;
+/// unreported events stay unacknowledged, so the checkpoint does not pass them.
+///
+/// A topic whose send (or route look-up) fails for a reason worth retrying does not hold the
+/// shard: the failed batch and every later event of that topic go to the topic's lane
+/// ([`lane`]), which retries them in order while the shard goes on with the other topics.
+/// Events of a topic are sent by the shard again only once its lane is done, so each key's
+/// order is kept.
 pub async fn run_shard<S: Sink>(
     sink: Arc<S>,
     mut input: mpsc::Receiver<ShardEvent>,
@@ -146,64 +157,103 @@ pub async fn run_shard<S: Sink>(
     options: ShardOptions,
     cancel: CancellationToken,
 ) {
-    let mut held: Option<ShardEvent> = None;
     let depth = crate::metrics::relay()
         .shard_queue_depth
         .get_or_create(&crate::metrics::ShardLabel {
             shard: options.index,
         })
         .clone();
+    let mut lanes = Lanes::new(&sink, &completions, &options, &cancel);
+    let mut held: Option<ShardEvent> = None;
+    let stop = Stop {
+        cancel: &cancel,
+        fence: &options.fence,
+        on_failure: OnFailure::Stall,
+    };
     loop {
         depth.set(input.len() as i64);
         let first = match held.take() {
             Some(event) => event,
             None => tokio::select! {
                 _ = cancel.cancelled() => return,
-                e = input.recv() => match e { Some(e) => e, None => return },
+                e = input.recv() => match e { Some(e) => e, None => break },
             },
         };
-        // The first event's route look-up has retries of its own; the batch's start afresh.
-        let mut look_up = Backoff::new(&options.retry, &options.wake);
-        let queue = match route(&*sink, std::slice::from_ref(&first), &mut look_up, &cancel).await {
-            Ok(queues) => queues[0],
-            Err(Halt::Cancelled) => return,
-            Err(Halt::Failed(outcome)) => {
-                if report(&completions, first, outcome).await.is_err() {
-                    return;
+        // A topic with a lane: its events queue there, behind the ones it holds.
+        let first = match lanes.queue(first).await {
+            Ok(Some(event)) => event,
+            Ok(None) => continue,
+            Err(()) => return,
+        };
+        let next = next_batch(
+            &*sink,
+            first,
+            &mut input,
+            &mut held,
+            &completions,
+            &options,
+            stop,
+        );
+        match next.await {
+            Ok(Some((batch, queue))) => {
+                let backoff = Backoff::new(&options.retry, &options.wake);
+                match send_batch(&*sink, batch, queue, backoff, &completions, stop).await {
+                    Ok(()) => {}
+                    Err(Interrupt::Stalled(stalled)) => lanes.open(stalled),
+                    Err(Interrupt::Stopped) => return,
                 }
-                continue;
             }
-        };
-        // Add the events already waiting that go to the same topic and queue; the first that
-        // does not is held for the next round, so the shard's order is kept.
-        let mut bytes = first.row.message.payload.len();
-        let mut batch = vec![first];
-        while batch.len() < options.max_batch && bytes < options.max_batch_bytes {
-            let Ok(next) = input.try_recv() else { break };
-            let fits = bytes + next.row.message.payload.len() <= options.max_batch_bytes;
-            if fits
-                && next.row.message.topic == batch[0].row.message.topic
-                && queue_of(&*sink, &next).await == Some(queue)
-            {
-                bytes += next.row.message.payload.len();
-                batch.push(next);
-            } else {
-                held = Some(next);
-                break;
-            }
-        }
-        let backoff = Backoff::new(&options.retry, &options.wake);
-        let stop = Stop {
-            cancel: &cancel,
-            fence: &options.fence,
-        };
-        if send_batch(&*sink, batch, queue, backoff, &completions, stop)
-            .await
-            .is_err()
-        {
-            return;
+            Ok(None) => {}
+            Err(Interrupt::Stalled(stalled)) => lanes.open(stalled),
+            Err(Interrupt::Stopped) => return,
         }
     }
+    // The input is closed and drained: the lanes finish what they hold.
+    lanes.finish().await;
+}
+
+/// The batch that starts with `first`: its queue, and the events waiting in `input` that go to
+/// the same topic and queue (the first that does not is put in `held`, so the order is kept).
+/// `Ok(None)` once `first` has its outcome already (FAILED: its route cannot be found).
+async fn next_batch<S: Sink>(
+    sink: &S,
+    first: ShardEvent,
+    input: &mut mpsc::Receiver<ShardEvent>,
+    held: &mut Option<ShardEvent>,
+    completions: &mpsc::Sender<Completion>,
+    options: &ShardOptions,
+    stop: Stop<'_>,
+) -> Result<Option<(Vec<ShardEvent>, usize)>, Interrupt> {
+    // The first event's route look-up has retries of its own; the batch's start afresh.
+    let mut look_up = Backoff::new(&options.retry, &options.wake);
+    let first = vec![first];
+    let queue = match route(sink, &first, &mut look_up, stop).await {
+        Ok(queues) => queues[0],
+        Err(Halt::Stall) => return Err(Interrupt::Stalled(Stalled::new(first, look_up))),
+        Err(Halt::Stopped) => return Err(Interrupt::Stopped),
+        Err(Halt::Failed(outcome)) => {
+            let [first] = <[ShardEvent; 1]>::try_from(first).expect("one event");
+            report(completions, first, outcome).await?;
+            return Ok(None);
+        }
+    };
+    let mut batch = first;
+    let mut bytes = batch[0].row.message.payload.len();
+    while batch.len() < options.max_batch && bytes < options.max_batch_bytes {
+        let Ok(next) = input.try_recv() else { break };
+        let fits = bytes + next.row.message.payload.len() <= options.max_batch_bytes;
+        if fits
+            && next.row.message.topic == batch[0].row.message.topic
+            && queue_of(sink, &next).await == Some(queue)
+        {
+            bytes += next.row.message.payload.len();
+            batch.push(next);
+        } else {
+            *held = Some(next);
+            break;
+        }
+    }
+    Ok(Some((batch, queue)))
 }
 
 /// The queue of `event` if its topic's route is known.
@@ -212,17 +262,64 @@ async fn queue_of<S: Sink>(sink: &S, event: &ShardEvent) -> Option<usize> {
     (n > 0).then(|| index_for(event.key_hash, n))
 }
 
+/// Why a route look-up returned no queues.
 enum Halt {
-    Cancelled,
+    /// The shard is stopping.
+    Stopped,
+    /// It failed and the sender does not wait ([`OnFailure::Stall`]).
+    Stall,
+    /// Retrying cannot help, or the retries are used up: the events' outcome.
     Failed(SendOutcome),
 }
 
-/// What stops a shard between sends: its cancellation (shutdown, a drain timeout, a leadership
-/// that is over) and, checked right before each send, its fence.
+/// Why sending a batch ended before every event of it had an outcome.
+enum Interrupt {
+    /// The shard is stopping (cancelled, or its fence no longer holds).
+    Stopped,
+    /// An attempt failed and the sender does not wait ([`OnFailure::Stall`]): the events left,
+    /// and the retries they used, for the topic's lane.
+    Stalled(Stalled),
+}
+
+impl From<()> for Interrupt {
+    fn from((): ()) -> Self {
+        Interrupt::Stopped
+    }
+}
+
+/// The events of one topic whose attempt failed, in order, with the retries they used so far.
+struct Stalled {
+    batch: Vec<ShardEvent>,
+    backoff: Backoff,
+}
+
+impl Stalled {
+    fn new(batch: Vec<ShardEvent>, backoff: Backoff) -> Self {
+        Stalled { batch, backoff }
+    }
+
+    fn topic(&self) -> &str {
+        &self.batch[0].row.message.topic
+    }
+}
+
+/// What a sender does when an attempt fails for a reason worth retrying.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OnFailure {
+    /// Waits out the retry delay and tries again (a lane: it holds one topic only).
+    Wait,
+    /// Hands the events over ([`Interrupt::Stalled`]) so the shard can go on with other topics.
+    Stall,
+}
+
+/// How a shard sends: what stops it between sends (its cancellation — shutdown, a drain
+/// timeout, a leadership that is over — and, checked right before each send, its fence), and
+/// what it does with a failed attempt.
 #[derive(Clone, Copy)]
 struct Stop<'a> {
     cancel: &'a CancellationToken,
     fence: &'a Fence,
+    on_failure: OnFailure,
 }
 
 /// The queue of each of `events` (all of one topic) under the topic's current route, retrying
@@ -231,10 +328,11 @@ struct Stop<'a> {
 async fn route<S: Sink>(
     sink: &S,
     events: &[ShardEvent],
-    backoff: &mut Backoff<'_>,
-    cancel: &CancellationToken,
+    backoff: &mut Backoff,
+    stop: Stop<'_>,
 ) -> Result<Vec<usize>, Halt> {
     let topic = &events[0].row.message.topic;
+
     loop {
         let reason = match sink.queue_count(topic).await {
             Ok(n) if n > 0 => return Ok(events.iter().map(|e| index_for(e.key_hash, n)).collect()),
@@ -247,7 +345,7 @@ async fn route<S: Sink>(
             }
             Err(SendError::Unauthorized(reason)) => {
                 refused(topic, &reason, backoff);
-                backoff.wait(cancel).await.map_err(|()| Halt::Cancelled)?;
+                wait_or_stall(backoff, stop).await?;
                 continue;
             }
             // No route (its broker gone, the name server unreachable) is a failed attempt like
@@ -266,8 +364,16 @@ async fn route<S: Sink>(
             }
             Next::GiveUp => return Err(Halt::Failed(backoff.gave_up(&reason))),
         }
-        backoff.wait(cancel).await.map_err(|()| Halt::Cancelled)?;
+        wait_or_stall(backoff, stop).await?;
     }
+}
+
+/// After a failed look-up: waits out the retry delay, or stalls.
+async fn wait_or_stall(backoff: &Backoff, stop: Stop<'_>) -> Result<(), Halt> {
+    if stop.on_failure == OnFailure::Stall {
+        return Err(Halt::Stall);
+    }
+    backoff.wait(stop.cancel).await.map_err(|()| Halt::Stopped)
 }
 
 /// Cuts `batch` into runs of consecutive events bound for one queue (`queues[i]` is the queue of
@@ -303,7 +409,7 @@ fn count_error(error: &SendError) {
 /// An attempt for `topic` the broker refused for the relay's account: marks the relay unready
 /// until a send to `topic` is accepted, says at ERROR what to fix, and sets the wait before the
 /// next attempt, which uses no retry (see [`Backoff::refused`]). Call `backoff.wait` next.
-fn refused(topic: &str, reason: &str, backoff: &mut Backoff<'_>) {
+fn refused(topic: &str, reason: &str, backoff: &mut Backoff) {
     crate::metrics::health().set_broker_auth(topic, false);
     match backoff.refused() {
         Refusal::Wait { count, delay } => tracing::error!(%topic, %reason, refusal = count, ?delay,
@@ -355,15 +461,14 @@ async fn send_batch<S: Sink>(
     sink: &S,
     mut batch: Vec<ShardEvent>,
     mut queue: usize,
-    mut backoff: Backoff<'_>,
+    mut backoff: Backoff,
     completions: &mpsc::Sender<Completion>,
     stop: Stop<'_>,
-) -> Result<(), ()> {
+) -> Result<(), Interrupt> {
     let topic = batch[0].row.message.topic.clone();
-    let cancel = stop.cancel;
     loop {
         if !stop.fence.holds() {
-            return Err(());
+            return Err(Interrupt::Stopped);
         }
         let sent = now_us();
         for event in &mut batch {
@@ -395,7 +500,7 @@ async fn send_batch<S: Sink>(
             }
             SendError::Rejected(reason) => {
                 let event = batch.into_iter().next().expect("one event");
-                return report(completions, event, failed(reason, backoff.attempts())).await;
+                return Ok(report(completions, event, failed(reason, backoff.attempts())).await?);
             }
             SendError::Unauthorized(reason) => refused(&topic, &reason, &mut backoff),
             SendError::Retryable(reason) => match backoff.failed() {
@@ -409,43 +514,97 @@ async fn send_batch<S: Sink>(
                         "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
                 }
                 Next::GiveUp => {
-                    return report_all(completions, batch, backoff.gave_up(&reason)).await
+                    return Ok(report_all(completions, batch, backoff.gave_up(&reason)).await?)
                 }
             },
         }
-        backoff.wait(cancel).await?;
-        let queues = match route(sink, &batch, &mut backoff, cancel).await {
-            Ok(queues) => queues,
-            Err(Halt::Cancelled) => return Err(()),
-            Err(Halt::Failed(outcome)) => return report_all(completions, batch, outcome).await,
-        };
-        let mut runs = runs(batch, queues);
-        if runs.len() > 1 {
-            tracing::warn!(%topic, runs = runs.len(), "the route changed; sending the batch as consecutive sub-batches");
-            return send_in_turn(sink, runs, &backoff, completions, stop).await;
+        if stop.on_failure == OnFailure::Stall {
+            return Err(Interrupt::Stalled(Stalled::new(batch, backoff)));
         }
-        (queue, batch) = runs.pop().expect("a batch has events");
+        backoff.wait(stop.cancel).await?;
+        match requeue(sink, batch, &mut backoff, completions, stop).await? {
+            Some(next) => (queue, batch) = next,
+            None => return Ok(()),
+        }
     }
 }
 
+/// Sends `stalled` (the events of a topic whose attempt failed, with the retries they used),
+/// once the retry delay it failed into is over, until every event has an outcome.
+async fn resume<S: Sink>(
+    sink: &S,
+    stalled: Stalled,
+    completions: &mpsc::Sender<Completion>,
+    stop: Stop<'_>,
+) -> Result<(), Interrupt> {
+    let Stalled { batch, mut backoff } = stalled;
+    backoff.wait(stop.cancel).await?;
+    if let Some((queue, batch)) = requeue(sink, batch, &mut backoff, completions, stop).await? {
+        send_batch(sink, batch, queue, backoff, completions, stop).await?;
+    }
+    Ok(())
+}
+
+/// Before a retry: the queues of `batch` under its topic's current route (a broker may have
+/// died, leaving fewer queues). If they still share one, that queue and the batch, to send
+/// again; if the new route splits them, they are sent here as consecutive sub-batches, one per
+/// run of events bound for one queue, each only once the one before has its outcome, so the
+/// order is kept; `None` then, or when the route cannot be found (the events FAILED).
+async fn requeue<S: Sink>(
+    sink: &S,
+    batch: Vec<ShardEvent>,
+    backoff: &mut Backoff,
+    completions: &mpsc::Sender<Completion>,
+    stop: Stop<'_>,
+) -> Result<Option<(usize, Vec<ShardEvent>)>, Interrupt> {
+    let queues = match route(sink, &batch, backoff, stop).await {
+        Ok(queues) => queues,
+        Err(Halt::Stopped) => return Err(Interrupt::Stopped),
+        Err(Halt::Stall) => return Err(Interrupt::Stalled(Stalled::new(batch, backoff.clone()))),
+        Err(Halt::Failed(outcome)) => {
+            report_all(completions, batch, outcome).await?;
+            return Ok(None);
+        }
+    };
+    let mut runs = runs(batch, queues);
+    if runs.len() > 1 {
+        let topic = &runs[0].1[0].row.message.topic;
+        tracing::warn!(%topic, runs = runs.len(), "the route changed; sending the batch as consecutive sub-batches");
+        send_in_turn(sink, runs, backoff, completions, stop).await?;
+        return Ok(None);
+    }
+    Ok(runs.pop())
+}
+
 /// Sends the sub-batches `(queue, events)` of one batch in turn, each with the batch's retries.
+/// If one stalls, the ones after it stall with it, behind it.
 async fn send_in_turn<S: Sink>(
     sink: &S,
     sub_batches: impl IntoIterator<Item = (usize, Vec<ShardEvent>)>,
-    backoff: &Backoff<'_>,
+    backoff: &Backoff,
     completions: &mpsc::Sender<Completion>,
     stop: Stop<'_>,
-) -> Result<(), ()> {
-    for (queue, events) in sub_batches {
-        Box::pin(send_batch(
+) -> Result<(), Interrupt> {
+    let mut sub_batches = sub_batches.into_iter();
+    while let Some((queue, events)) = sub_batches.next() {
+        let sent = Box::pin(send_batch(
             sink,
             events,
             queue,
             backoff.clone(),
             completions,
             stop,
-        ))
-        .await?;
+        ));
+        match sent.await {
+            Ok(()) => {}
+            Err(Interrupt::Stalled(mut stalled)) => {
+                stalled
+                    .batch
+                    .extend(sub_batches.flat_map(|(_, events)| events));
+                return Err(Interrupt::Stalled(stalled));
+            }
+            Err(stopped) => return Err(stopped),
+        }
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! through one [`SendInputs`], drained together on shutdown. CDC, poll mode, the sweeper beside
 //! the stream and `replay` all send through it.
 
-use super::{run_shard, Completion, ShardEvent, ShardOptions, Sink};
+use super::{run_shard, Completion, ShardEvent, ShardOptions, Sink, Stalls};
 use crate::leader::Fence;
 use crate::retry::RetryPolicy;
 use crate::route::Router;
@@ -28,6 +28,7 @@ pub struct SendInputs {
     router: Router,
     shards: Vec<mpsc::Sender<ShardEvent>>,
     completions: mpsc::Sender<Completion>,
+    stalls: Arc<Stalls>,
 }
 
 /// The send stage is gone (its shards or the marker stopped): nothing more can be handed on.
@@ -57,7 +58,13 @@ impl SendInputs {
             router: Router::new(shards.len()),
             shards,
             completions,
+            stalls: Arc::default(),
         }
+    }
+
+    /// The topics that do not accept events now (see [`Stalls`]).
+    pub fn stalls(&self) -> &Arc<Stalls> {
+        &self.stalls
     }
 
     /// How many shards there are.
@@ -68,14 +75,15 @@ impl SendInputs {
 
 impl Shards {
     /// Starts `count` shards sending through `sink` with `retry`, each queueing up to `capacity`
-    /// events, sending only while `fence` holds, reporting outcomes to `completions`; returns
-    /// them and their inputs.
+    /// events, sending only while `fence` holds, keeping their stalled topics in `stalls`,
+    /// reporting outcomes to `completions`; returns them and their inputs.
     pub fn start<S: Sink>(
         sink: &Arc<S>,
         count: usize,
         capacity: usize,
         retry: RetryPolicy,
         fence: Fence,
+        stalls: Arc<Stalls>,
         completions: mpsc::Sender<Completion>,
     ) -> (Self, SendInputs) {
         // A leadership that is over stops every shard between sends, as a drain timeout does.
@@ -83,6 +91,7 @@ impl Shards {
         let options = ShardOptions {
             retry,
             fence,
+            stalls: Arc::clone(&stalls),
             ..ShardOptions::default()
         };
         let mut inputs = Vec::with_capacity(count);
@@ -106,6 +115,7 @@ impl Shards {
             router: Router::new(count),
             shards: inputs,
             completions,
+            stalls,
         };
         (Shards { tasks, cancel }, inputs)
     }

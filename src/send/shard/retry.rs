@@ -3,6 +3,7 @@
 use super::{failed, SendOutcome};
 use crate::retry::RetryPolicy;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -51,9 +52,9 @@ impl WakeUp {
 /// retry. So an event goes FAILED no sooner than the sum of the policy's delays after its first
 /// attempt, however many wake-ups come.
 #[derive(Debug, Clone)]
-pub(super) struct Backoff<'a> {
-    policy: &'a RetryPolicy,
-    wake: &'a WakeUp,
+pub(super) struct Backoff {
+    policy: RetryPolicy,
+    wake: Arc<WakeUp>,
     /// Retries counted so far.
     retries: u32,
     /// Attempts refused for the relay's account so far (they use no retry).
@@ -84,11 +85,11 @@ pub(super) enum Refusal {
     Resume { left: Duration },
 }
 
-impl<'a> Backoff<'a> {
-    pub(super) fn new(policy: &'a RetryPolicy, wake: &'a WakeUp) -> Self {
+impl Backoff {
+    pub(super) fn new(policy: &RetryPolicy, wake: &Arc<WakeUp>) -> Self {
         Backoff {
-            policy,
-            wake,
+            policy: policy.clone(),
+            wake: Arc::clone(wake),
             retries: 0,
             refusals: 0,
             deadline: None,

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 mod refused;
+mod stalled;
 
 type Answer = Result<(), SendError>;
 
@@ -28,6 +29,8 @@ struct ScriptedSink {
     /// The next this many route look-ups (a send looks its route up too) answer
     /// `Unauthorized`.
     route_refusals: AtomicU32,
+    /// Topics whose sends answer `Retryable` (made read-only, say) until taken out.
+    down_topics: Mutex<std::collections::HashSet<String>>,
 }
 
 impl ScriptedSink {
@@ -86,6 +89,11 @@ impl Sink for ScriptedSink {
         if queue >= self.queue_count(topic).await? {
             return Err(SendError::Retryable(format!(
                 "topic {topic} has fewer queues than before; re-routing"
+            )));
+        }
+        if self.down_topics.lock().unwrap().contains(topic) {
+            return Err(SendError::Retryable(format!(
+                "topic {topic} is not writable (code 16)"
             )));
         }
         if ids.iter().any(|id| self.poison.contains(id)) {

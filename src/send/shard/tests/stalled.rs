@@ -1,0 +1,157 @@
+//! A topic that does not accept events holds back only its own events: the shard moves them to
+//! a lane and goes on with the other topics; the lane sends them in order once it accepts
+//! events again, and the shard then sends that topic itself again, after the lane.
+
+use super::*;
+
+/// A shard fed through `input`, its completions (with when each came, virtual time) collected.
+struct Running {
+    input: mpsc::Sender<ShardEvent>,
+    done: mpsc::Receiver<Completion>,
+    task: tokio::task::JoinHandle<()>,
+    started: tokio::time::Instant,
+}
+
+fn running(sink: &Arc<ScriptedSink>, options: ShardOptions) -> Running {
+    let (input, rx) = mpsc::channel(100);
+    let (completions, done) = mpsc::channel(100);
+    let task = tokio::spawn(run_shard(
+        Arc::clone(sink),
+        rx,
+        completions,
+        options,
+        CancellationToken::new(),
+    ));
+    Running {
+        input,
+        done,
+        task,
+        started: tokio::time::Instant::now(),
+    }
+}
+
+impl Running {
+    async fn feed(&self, events: Vec<ShardEvent>) {
+        for event in events {
+            self.input.send(event).await.unwrap();
+        }
+    }
+
+    /// The next `n` completions: (event id, seconds since the start).
+    async fn next(&mut self, n: usize) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let c = self.done.recv().await.expect("a completion");
+            assert!(matches!(c.outcome, SendOutcome::Sent { .. }), "{c:?}");
+            out.push((c.event_id, self.started.elapsed().as_secs()));
+        }
+        out
+    }
+}
+
+fn ids(done: &[(String, u64)]) -> Vec<&str> {
+    done.iter().map(|(id, _)| id.as_str()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_topic_that_does_not_accept_events_holds_back_only_its_own_events() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    sink.down_topics.lock().unwrap().insert("t".into());
+    let options = ShardOptions::default();
+    let stalls = Arc::clone(&options.stalls);
+    let mut shard = running(&sink, options);
+    // Keys of both topics interleaved, as one shard receives them.
+    shard
+        .feed(vec![
+            event(1, "a", "t"),
+            event(2, "b", "u"),
+            event(3, "a", "t"),
+            event(4, "c", "u"),
+            event(5, "d", "t"),
+            event(6, "b", "u"),
+        ])
+        .await;
+    let healthy = shard.next(3).await;
+    assert_eq!(ids(&healthy), ["e2", "e4", "e6"]);
+    assert!(
+        healthy.iter().all(|(_, at)| *at == 0),
+        "u's events never wait for t's retries: {healthy:?}"
+    );
+    assert!(stalls.is_stalled("t") && !stalls.is_stalled("u"));
+    assert_eq!(
+        stalls.snapshot()[0].held,
+        3,
+        "t's three events wait in its lane"
+    );
+
+    // More of both while t still refuses: u's flow at once, t's queue behind its lane.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    shard
+        .feed(vec![event(7, "a", "t"), event(8, "c", "u")])
+        .await;
+    let more = shard.next(1).await;
+    assert_eq!(more, [("e8".to_string(), 20)]);
+
+    // t accepts events again: its lane sends them in the shard's order at its next retry.
+    sink.down_topics.lock().unwrap().clear();
+    let recovered = shard.next(4).await;
+    assert_eq!(ids(&recovered), ["e1", "e3", "e5", "e7"]);
+    assert!(
+        recovered.iter().all(|(_, at)| *at <= 20 + 16),
+        "sent at the lane's next retry: {recovered:?}"
+    );
+    // Give the lane its moment to close; then the shard sends t's events itself.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!stalls.is_stalled("t"), "the lane closed once it was done");
+    shard
+        .feed(vec![event(9, "a", "t"), event(10, "b", "u")])
+        .await;
+    assert_eq!(ids(&shard.next(2).await), ["e9", "e10"]);
+    drop(shard.input);
+    shard.task.await.unwrap();
+    // Every send of t after the first went through its lane in id order, then e9.
+    let t_sent: Vec<String> = sink
+        .calls()
+        .into_iter()
+        .filter(|(topic, _, _)| topic == "t")
+        .flat_map(|(_, _, ids)| ids)
+        .collect();
+    let last_of_each: Vec<&String> = {
+        let mut seen = Vec::new();
+        for id in t_sent.iter().rev() {
+            if !seen.contains(&id) {
+                seen.push(id);
+            }
+        }
+        seen.into_iter().rev().collect()
+    };
+    assert_eq!(last_of_each, ["e1", "e3", "e5", "e7", "e9"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_batch_keeps_its_retries_in_the_lane_and_fails_per_the_policy() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    sink.down_topics.lock().unwrap().insert("t".into());
+    let options = small_policy();
+    let total = total_delay(&options.retry);
+    let stalls = Arc::clone(&options.stalls);
+    let started = tokio::time::Instant::now();
+    let done = run(
+        Arc::clone(&sink),
+        vec![event(1, "a", "t"), event(2, "b", "u")],
+        options,
+    )
+    .await;
+    assert_eq!(done[0].outcome, sent("e2"), "u goes first");
+    assert!(
+        matches!(&done[1].outcome, SendOutcome::Failed { attempts: 5, .. }),
+        "{:?}",
+        done[1]
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= total && waited < total + Duration::from_secs(1),
+        "{waited:?}"
+    );
+    assert!(!stalls.is_stalled("t"), "a lane with nothing left closes");
+}
