@@ -132,7 +132,8 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # (mysql_file_position starts a MySQL of its own, without GTIDs: it ran in the first phase.)
   modules=(relay relay_faults relay_resume failover leader purged_binlog row_image poll poll_processes
     marker memory_broker bad_input bad_input_access relay_checks sweeper producer migrate operate
-    operate_status_replay partitions tls xa binlog_variants metrics switch_over split_primary)
+    operate_status_replay partitions tls xa binlog_variants metrics switch_over split_primary
+    isolation)
   cargo test "${FEATURES[@]}" --test suite -- "${modules[@]/%/::}"
   say "MySQL phase: the suite's relay modules: $((SECONDS - started)) s"
   soak_started=$SECONDS

@@ -32,6 +32,7 @@ mod failover;
 mod fault_hooks;
 mod galera;
 mod image;
+mod isolation;
 mod leader;
 mod marker;
 mod memory_broker;

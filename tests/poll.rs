@@ -202,6 +202,7 @@ fn claimer(table: TableName) -> Claimer {
         },
         cursor: Default::default(),
         held: Default::default(),
+        stalls: Default::default(),
     }
 }
 

@@ -13,6 +13,9 @@
 //! Streamed events go through the key-order guard ([`KeyOrder`]) when a sweeper runs beside
 //! the stream: a key whose older row waits elsewhere is held until that row is sent.
 //!
+//! An event of a topic that has not accepted events for `relay.park_after` is *parked*: left
+//! PENDING in the outbox for the sweeper, not held in memory (see [`crate::send::Stalls`]).
+//!
 //! A prepared XA transaction is held here ([`Held`]) until the reader brings its outcome: its
 //! rows are handed on at `XA COMMIT` and dropped at `XA ROLLBACK`. Its transaction stays open
 //! meanwhile, so the checkpoint stays below its prepare (a restart reads the prepare again),
@@ -46,6 +49,8 @@ pub struct Dispatched {
     /// Prepared XA transactions whose `XA COMMIT` handed their rows on, and those rolled back.
     pub xa_committed: u64,
     pub xa_rolled_back: u64,
+    /// Events of a stalled topic left PENDING for the sweeper.
+    pub parked: u64,
 }
 
 /// A prepared XA transaction waiting for its outcome.
@@ -209,6 +214,7 @@ pub async fn run(
         held: HashMap::new(),
         last_long_warning: Instant::now(),
         last_recheck: Instant::now(),
+        parking: HashSet::new(),
     };
     let mut current: Option<TxSeq> = None;
     loop {
@@ -249,6 +255,10 @@ pub async fn run(
         if let Some(order) = &mut d.key_order {
             order.new_batch();
         }
+        // Taken once per batch: the key-order guard's check of the batch below counts every
+        // event the batch hands on as the stream's own, so all of one topic's are parked or
+        // none (a later batch's check then sees the parked rows waiting).
+        d.parking = d.inputs.stalls().parking();
         d.check_key_order(batch_rows(&batch, &recorded)).await;
         for item in batch {
             let handed = match item {
@@ -330,6 +340,8 @@ struct Dispatcher {
     handed_on: HandedOn,
     held: HashMap<Xid, Held>,
     last_long_warning: Instant,
+    /// The topics whose events this batch parks (see [`crate::send::Stalls::parking`]).
+    parking: HashSet<String>,
 }
 
 impl Dispatcher {
@@ -374,6 +386,13 @@ impl Dispatcher {
             }
             DecodedRow::Event(row) if read_again && self.handed_on.already(&row.table, row.id) => {
                 self.stats.read_again += 1;
+            }
+            // Its topic does not accept events: the row stays PENDING and no acknowledgement is
+            // taken for it, so the checkpoint may pass it; the sweeper sends it once the topic
+            // accepts events (in key order: a later event of its key waits for it, `KeyOrder`).
+            DecodedRow::Event(row) if self.parking.contains(&row.message.topic) => {
+                self.stats.parked += 1;
+                crate::send::stall::count_parked(&row.message.topic);
             }
             DecodedRow::Problem(problem)
                 if read_again && self.handed_on.already(&problem.table, problem.id) =>

@@ -172,7 +172,7 @@ impl Stalls {
                 held: stall.lanes.values().sum(),
             })
             .collect();
-        stalled.sort_by(|a, b| b.for_.cmp(&a.for_));
+        stalled.sort_by_key(|s| std::cmp::Reverse(s.for_));
         stalled
     }
 }

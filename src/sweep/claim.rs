@@ -21,6 +21,7 @@ use super::waiting::{on_pending_index, waiting_rows_of_keys};
 use crate::event::{OutboxRow, RowProblem};
 use crate::outbox::message::{message_from_text, RowLimits, RowText};
 use crate::outbox::{Status, TableName};
+use crate::send::Stalls;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, IsolationLevel, Row, TxOpts, Value};
 use std::sync::Arc;
@@ -91,6 +92,9 @@ pub struct Claimer {
     /// The rows this process holds (shared by every claimer of the process): each claim adds
     /// what it returns, and the key-order check passes over these alone.
     pub held: HeldRows,
+    /// The topics that do not accept events now: their rows are not claimed meanwhile (the
+    /// shards would only hold them; see [`Stalls`]).
+    pub stalls: Arc<Stalls>,
 }
 
 /// Which PENDING rows a claim reads.
@@ -116,10 +120,10 @@ impl Claimer {
         let rows: Vec<Row> = match scope {
             Scope::Next => {
                 let after = self.cursor.start();
-                let params = self.select_params(after);
-                let rows =
-                    on_pending_index(q, &self.table, |hinted| self.select_sql(hinted), params)
-                        .await?;
+                let stalled = self.stalls.stalled_topics();
+                let params = self.select_params(after, &stalled);
+                let sql = |hinted| self.select_sql(hinted, stalled.len());
+                let rows = on_pending_index(q, &self.table, sql, params).await?;
                 let rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
                 self.moved_past(after, &rows);
                 return Ok(rows);
@@ -136,8 +140,9 @@ impl Claimer {
             .record(after, rows.len(), highest, self.batch_size as usize);
     }
 
-    /// The SELECT of the claimable rows (binds `Claimer::select_params`).
-    pub fn select_sql(&self, hinted: bool) -> String {
+    /// The SELECT of the claimable rows, but those of `stalled` topics (binds
+    /// `Claimer::select_params`).
+    pub fn select_sql(&self, hinted: bool, stalled: usize) -> String {
         let lock = match self.strategy {
             ClaimStrategy::SkipLocked => " FOR UPDATE SKIP LOCKED",
             ClaimStrategy::Optimistic => "",
@@ -152,9 +157,13 @@ impl Claimer {
         } else {
             ""
         };
+        let topics = match stalled {
+            0 => String::new(),
+            n => format!(" AND topic NOT IN ({})", vec!["?"; n].join(", ")),
+        };
         format!(
             "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {}{hint} \
-             WHERE {} AND id > ? AND next_retry_at <= NOW(3){age} ORDER BY id LIMIT ?{lock}",
+             WHERE {} AND id > ? AND next_retry_at <= NOW(3){age}{topics} ORDER BY id LIMIT ?{lock}",
             self.table.sql(),
             Status::Pending.sql()
         )
@@ -176,14 +185,15 @@ impl Claimer {
     }
 
     /// The values for [`Claimer::select_sql`]: the id to read past, the minimum age (if any),
-    /// the batch size.
-    fn select_params(&self, after: u64) -> Vec<Value> {
+    /// the stalled topics, the batch size.
+    fn select_params(&self, after: u64, stalled: &[String]) -> Vec<Value> {
         let mut params = vec![Value::from(after)];
         if !self.min_age.is_zero() {
             params.push(Value::from(
                 u64::try_from(self.min_age.as_micros()).unwrap_or(u64::MAX),
             ));
         }
+        params.extend(stalled.iter().map(|topic| Value::from(topic.as_str())));
         params.push(Value::from(self.batch_size));
         params
     }
@@ -467,6 +477,7 @@ mod tests {
             },
             cursor: Default::default(),
             held: HeldRows::default(),
+            stalls: Default::default(),
         }
     }
 
@@ -492,14 +503,14 @@ mod tests {
         let c = claimer(ClaimStrategy::SkipLocked);
         let (pending, sending) = (Status::Pending.sql(), Status::Sending.sql());
         assert_eq!(
-            c.select_sql(true),
+            c.select_sql(true, 0),
             format!(
                 "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM \
                  `app`.`outbox_event` FORCE INDEX (idx_pending) WHERE {pending} AND id > ? AND \
                  next_retry_at <= NOW(3) ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
             )
         );
-        assert!(!c.select_sql(false).contains("FORCE INDEX"));
+        assert!(!c.select_sql(false, 0).contains("FORCE INDEX"));
         assert_eq!(
             c.update_sql(3),
             format!(
@@ -512,19 +523,33 @@ mod tests {
             min_age: Duration::from_secs(30),
             ..c.clone()
         };
-        assert!(aged.select_sql(true).contains(
+        assert!(aged.select_sql(true, 0).contains(
             "next_retry_at <= NOW(3) AND created_at < NOW(3) - INTERVAL ? MICROSECOND ORDER BY"
         ));
         assert_eq!(
-            aged.select_params(7),
+            aged.select_params(7, &[]),
             vec![
                 Value::from(7u64),
                 Value::from(30_000_000u64),
                 Value::from(100u32)
             ]
         );
+        // A stalled topic's rows wait where they are: the shards would only hold them.
+        assert!(aged
+            .select_sql(true, 2)
+            .contains("INTERVAL ? MICROSECOND AND topic NOT IN (?, ?) ORDER BY id LIMIT ?"));
+        assert_eq!(
+            aged.select_params(7, &["t".into(), "u".into()]),
+            vec![
+                Value::from(7u64),
+                Value::from(30_000_000u64),
+                Value::from("t"),
+                Value::from("u"),
+                Value::from(100u32)
+            ]
+        );
         let o = claimer(ClaimStrategy::Optimistic);
-        assert!(!o.select_sql(true).contains("FOR UPDATE"));
+        assert!(!o.select_sql(true, 0).contains("FOR UPDATE"));
         assert!(o
             .update_sql(1)
             .ends_with(&format!("WHERE id = ? AND {pending}")));

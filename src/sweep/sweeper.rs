@@ -103,6 +103,7 @@ impl Sweeper {
                 limits,
                 cursor: Default::default(),
                 held: held.clone(),
+                stalls: Default::default(),
             })
             .collect();
         Ok(Sweeper {
@@ -136,7 +137,16 @@ impl Sweeper {
             leases_stop.clone(),
         ));
         let claim_task = {
-            let (pool, claimers, stop) = (self.pool.clone(), self.claimers, claim_stop.clone());
+            // Claims leave the rows of the topics the shards find stalled alone.
+            let claimers: Vec<Claimer> = self
+                .claimers
+                .into_iter()
+                .map(|claimer| Claimer {
+                    stalls: Arc::clone(inputs.stalls()),
+                    ..claimer
+                })
+                .collect();
+            let (pool, stop) = (self.pool.clone(), claim_stop.clone());
             let interval = self.settings.interval;
             tokio::spawn(async move {
                 let rounds = Rounds {

@@ -167,7 +167,7 @@ async fn run_lane<S: Sink>(
     cancel: CancellationToken,
     held: Arc<Held>,
 ) {
-    let closing = Closing {
+    let _closing = Closing {
         stalls: &options.stalls,
         topic: stalled.topic().to_string(),
         shard: options.index,
