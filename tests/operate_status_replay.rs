@@ -222,21 +222,41 @@ async fn status_counts_rows_names_reasons_and_judges() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_outbox_is_healthy() {
+async fn an_empty_outbox_is_healthy_while_an_instance_streams() {
     let db = TestDb::migrated("status_empty").await;
+    // No relay has run here: nothing would read the binlog, so not healthy (issue 31).
+    let (code, report) = status_json(&db.url).await;
+    assert_eq!(
+        (code, report["verdict"].as_str()),
+        (1, Some("stuck")),
+        "{report:#}"
+    );
+    assert_eq!(report["oldest_pending_seconds"], 0.0);
+    let out = outbox_relay(&["--mysql-url", &db.url, "status"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out).1);
+    let (stdout, _) = text(&out);
+    for expected in [
+        "leader      none: no relay named `default` has run here",
+        "verdict: stuck — no instance streams: no relay named `default` has run here",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} in {stdout}");
+    }
+
+    // An instance leads (by lock) at the server's current position: healthy.
+    let checkpoint = current_position(&db).await.to_json();
+    db.conn()
+        .await
+        .exec_drop(
+            "INSERT INTO outbox_relay_state (name, checkpoint, checkpoint_at, leader, leader_epoch) \
+             VALUES ('default', ?, NOW(3), 'host-a-1', 1)",
+            (checkpoint,),
+        )
+        .await
+        .unwrap();
     let (code, report) = status_json(&db.url).await;
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["verdict"], "healthy");
-    assert_eq!(report["oldest_pending_seconds"], 0.0);
     assert_eq!(report["reasons"], json!([]));
-    let out = outbox_relay(&["--mysql-url", &db.url, "status"]).await;
-    assert!(out.status.success(), "{}", text(&out).1);
-    let (stdout, _) = text(&out);
-    assert!(stdout.contains("verdict: healthy"), "{stdout}");
-    assert!(
-        stdout.contains("no relay named `default` has run here"),
-        "{stdout}"
-    );
 }
 
 /// Commits one transaction of `count` events with keys `<prefix>-<i>`; their event_ids.

@@ -4,29 +4,122 @@
 //! transaction before it in binlog order is closed and has all its events completed (SENT or
 //! terminally FAILED, and recorded). Transactions with no outbox events complete as soon as they
 //! close. Completion order across shards does not matter.
+//!
+//! Memory is O(unfinished transactions), not O(transactions since the oldest unfinished one):
+//! only a transaction still open or with events not completed has an entry. A transaction that
+//! is done while an earlier one is unfinished is folded into the nearest earlier unfinished entry
+//! as part of its [`Run`] (the GTIDs and the newest file/offset of the done transactions after
+//! it), which costs no memory of its own. A prepared XA branch held for hours keeps one entry,
+//! however many transactions commit behind it.
 
-use crate::binlog::{BinlogPosition, TxEnd};
-use std::collections::VecDeque;
+use crate::binlog::{BinlogPosition, MariaDbGtid, MySqlGtidSet, TxEnd, TxGtid};
+use std::collections::BTreeMap;
 
 /// Sequence number of a transaction in binlog order, as handed out by [`Watermark::begin`].
 pub type TxSeq = u64;
 
+/// The done transactions that follow one unfinished entry, up to the next unfinished one,
+/// folded: passing the run moves a position exactly as passing each of them in order would.
+///
+/// Its size is bounded by the number of replication domains and GTID sources (and the gaps the
+/// unfinished transactions leave in a MySQL GTID set), not by how many transactions it holds.
+#[derive(Debug, Default)]
+struct Run {
+    /// The newest GTID of each MariaDB domain (a MariaDB position keeps the last per domain).
+    mariadb: BTreeMap<u32, MariaDbGtid>,
+    /// Every MySQL GTID of the run (a MySQL position is the set of all of them).
+    mysql: MySqlGtidSet,
+    /// The newest file/offset (ends are monotone in binlog order).
+    file_pos: Option<(String, u64)>,
+    /// Transactions of the run with an end (abandoned ones have none and move nothing).
+    ended: u64,
+}
+
+impl Run {
+    /// Appends one transaction's end (`None`: abandoned), as [`BinlogPosition::advance`] would.
+    fn push(&mut self, end: Option<&TxEnd>) {
+        let Some(end) = end else { return };
+        match &end.gtid {
+            Some(TxGtid::MariaDb(gtid)) => {
+                self.mariadb.insert(gtid.domain, *gtid);
+            }
+            Some(TxGtid::MySql(source, gno)) => self.mysql.add(source.clone(), *gno),
+            None => {}
+        }
+        if !end.file.is_empty() && end.end_pos > 0 {
+            match &mut self.file_pos {
+                Some((file, pos)) => {
+                    if *file != end.file {
+                        file.clone_from(&end.file);
+                    }
+                    *pos = end.end_pos;
+                }
+                None => self.file_pos = Some((end.file.clone(), end.end_pos)),
+            }
+        }
+        self.ended += 1;
+    }
+
+    /// Appends a later run.
+    fn append(&mut self, later: Run) {
+        self.mariadb.extend(later.mariadb);
+        self.mysql.union(&later.mysql);
+        if later.file_pos.is_some() {
+            self.file_pos = later.file_pos;
+        }
+        self.ended += later.ended;
+    }
+
+    /// Moves `position` past every transaction of the run.
+    fn apply_to(self, position: &mut BinlogPosition) {
+        if !self.mariadb.is_empty() {
+            let pos = position.mariadb_gtid.get_or_insert_with(Default::default);
+            for gtid in self.mariadb.into_values() {
+                pos.apply(gtid);
+            }
+        }
+        if !self.mysql.is_empty() {
+            position
+                .mysql_gtid_set
+                .get_or_insert_with(Default::default)
+                .union(&self.mysql);
+        }
+        if let Some((file, pos)) = self.file_pos {
+            position.file = Some(file);
+            position.pos = pos;
+        }
+    }
+}
+
+/// A transaction still open or with events not completed.
 #[derive(Debug)]
 struct Entry {
     open: bool,
     remaining: u64,
-    /// `None` for an abandoned transaction (its events complete, but it moves no position).
+    /// `None` while open, and for an abandoned transaction (its events complete, but it moves no
+    /// position).
     end: Option<TxEnd>,
+    /// The done transactions after this one, up to the next entry.
+    after: Run,
+}
+
+impl Entry {
+    fn is_done(&self) -> bool {
+        !self.open && self.remaining == 0
+    }
 }
 
 /// See the module documentation.
 #[derive(Debug)]
 pub struct Watermark {
-    /// Sequence number of `entries[0]`.
-    front: TxSeq,
-    entries: VecDeque<Entry>,
+    /// The unfinished transactions, by sequence number. Every transaction before the first one
+    /// has been passed; every other transaction before [`Watermark::next`] is done and folded
+    /// into the run of the nearest earlier entry.
+    entries: BTreeMap<TxSeq, Entry>,
+    /// The sequence number the next [`Watermark::begin`] hands out.
+    next: TxSeq,
     position: BinlogPosition,
-    /// Transactions passed since the start (for metrics and batching decisions).
+    /// Transactions with an end passed since the start (for metrics and batching decisions).
     advanced: u64,
     /// Events completed since the start.
     completed: u64,
@@ -36,8 +129,8 @@ impl Watermark {
     /// Starts at `position` (the checkpoint the reader resumes from).
     pub fn new(position: BinlogPosition) -> Self {
         Watermark {
-            front: 0,
-            entries: VecDeque::new(),
+            entries: BTreeMap::new(),
+            next: 0,
             position,
             advanced: 0,
             completed: 0,
@@ -46,19 +139,24 @@ impl Watermark {
 
     /// Opens the next transaction in binlog order.
     pub fn begin(&mut self) -> TxSeq {
-        self.entries.push_back(Entry {
-            open: true,
-            remaining: 0,
-            end: None,
-        });
-        self.front + self.entries.len() as u64 - 1
+        let seq = self.next;
+        self.next += 1;
+        self.entries.insert(
+            seq,
+            Entry {
+                open: true,
+                remaining: 0,
+                end: None,
+                after: Run::default(),
+            },
+        );
+        seq
     }
 
     fn entry(&mut self, seq: TxSeq) -> &mut Entry {
-        let index = seq
-            .checked_sub(self.front)
-            .expect("transaction already passed by the watermark") as usize;
-        &mut self.entries[index]
+        self.entries
+            .get_mut(&seq)
+            .expect("transaction already done or passed by the watermark")
     }
 
     /// Counts one more event of `seq` that must complete before the watermark passes it.
@@ -71,7 +169,7 @@ impl Watermark {
         let entry = self.entry(seq);
         entry.open = false;
         entry.end = Some(end);
-        self.advance();
+        self.settle(seq);
     }
 
     /// Closes `seq` without a position: the reader lost its connection mid-transaction and will
@@ -80,30 +178,42 @@ impl Watermark {
         let entry = self.entry(seq);
         entry.open = false;
         entry.end = None;
-        self.advance();
+        self.settle(seq);
     }
 
     /// One event of `seq` is done (SENT or FAILED and recorded).
     pub fn complete(&mut self, seq: TxSeq) {
-        let entry = self.entry(seq);
+        let entry = self
+            .entries
+            .get_mut(&seq)
+            .expect("more completions than events");
         entry.remaining = entry
             .remaining
             .checked_sub(1)
             .expect("more completions than events");
         self.completed += 1;
-        self.advance();
+        self.settle(seq);
     }
 
-    fn advance(&mut self) {
-        while let Some(front) = self.entries.front() {
-            if front.open || front.remaining > 0 {
-                break;
+    /// If `seq` is done, drops its entry: passed when it is the oldest unfinished one (with the
+    /// run after it), else folded with its run into the run of the nearest earlier entry.
+    fn settle(&mut self, seq: TxSeq) {
+        if !self.entries.get(&seq).is_some_and(Entry::is_done) {
+            return;
+        }
+        let entry = self.entries.remove(&seq).expect("checked above");
+        match self.entries.range_mut(..seq).next_back() {
+            Some((_, earlier)) => {
+                earlier.after.push(entry.end.as_ref());
+                earlier.after.append(entry.after);
             }
-            let entry = self.entries.pop_front().expect("front exists");
-            self.front += 1;
-            if let Some(end) = entry.end {
-                self.position.advance(&end);
-                self.advanced += 1;
+            None => {
+                if let Some(end) = &entry.end {
+                    self.position.advance(end);
+                    self.advanced += 1;
+                }
+                self.advanced += entry.after.ended;
+                entry.after.apply_to(&mut self.position);
             }
         }
     }
@@ -111,13 +221,7 @@ impl Watermark {
     /// Whether every event of `seq` completed and no more will be added: passed, or closed with
     /// nothing left (it may still wait behind an earlier transaction).
     pub fn is_done(&self, seq: TxSeq) -> bool {
-        match seq.checked_sub(self.front) {
-            None => true,
-            Some(index) => self
-                .entries
-                .get(index as usize)
-                .is_some_and(|e| !e.open && e.remaining == 0),
-        }
+        seq < self.next && !self.entries.contains_key(&seq)
     }
 
     /// The acknowledged position (see the module guarantee).
@@ -125,9 +229,31 @@ impl Watermark {
         &self.position
     }
 
-    /// Transactions read but not yet passed.
+    /// Transactions read but not yet passed: from the oldest unfinished one to the newest read.
     pub fn in_flight(&self) -> usize {
+        let oldest = self.entries.keys().next().copied().unwrap_or(self.next);
+        usize::try_from(self.next - oldest).unwrap_or(usize::MAX)
+    }
+
+    /// Entries held: the transactions still open or with events not completed. This, not
+    /// [`Watermark::in_flight`], is what the watermark's memory grows with.
+    #[cfg(test)]
+    pub fn unfinished(&self) -> usize {
         self.entries.len()
+    }
+
+    /// The parts all runs hold (MariaDB domains, MySQL GTID intervals, file/offsets): what the
+    /// done transactions behind an unfinished one cost, in place of one entry each.
+    #[cfg(test)]
+    pub fn run_parts(&self) -> usize {
+        self.entries
+            .values()
+            .map(|e| {
+                e.after.mariadb.len()
+                    + e.after.mysql.intervals().count()
+                    + usize::from(e.after.file_pos.is_some())
+            })
+            .sum()
     }
 
     /// The commit time (the commit event's header: server clock, Unix seconds) of the oldest
@@ -136,7 +262,7 @@ impl Watermark {
     /// sweeper must leave alone the rows committed since: they are still on their way.
     pub fn oldest_unfinished_commit(&self) -> Option<u64> {
         self.entries
-            .iter()
+            .values()
             .find(|e| e.remaining > 0 && e.end.is_some())
             .and_then(|e| e.end.as_ref())
             .map(|end| u64::from(end.timestamp))
@@ -170,140 +296,5 @@ impl Watermark {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::binlog::TxGtid;
-    use proptest::prelude::*;
-
-    fn end(seq: u64) -> TxEnd {
-        end_at(seq, 0)
-    }
-
-    fn end_at(seq: u64, timestamp: u32) -> TxEnd {
-        TxEnd {
-            gtid: Some(TxGtid::MariaDb(crate::binlog::MariaDbGtid {
-                domain: 0,
-                server: 1,
-                seq: seq + 1,
-            })),
-            file: "binlog.000001".into(),
-            end_pos: 100 * (seq + 1),
-            timestamp,
-        }
-    }
-
-    #[test]
-    fn done_up_to_stops_at_the_oldest_transaction_with_events_in_flight() {
-        let mut w = Watermark::new(BinlogPosition::default());
-        assert_eq!(w.done_up_to(None), None, "nothing read");
-        let a = w.begin();
-        w.end(a, end_at(a, 100)); // no events: passes at once
-        assert_eq!(w.done_up_to(Some(100)), Some(100));
-        let b = w.begin();
-        w.add_event(b);
-        w.end(b, end_at(b, 105));
-        let c = w.begin();
-        w.add_event(c);
-        w.end(c, end_at(c, 110));
-        let d = w.begin();
-        w.add_event(d); // open: its commit is not read yet
-        assert_eq!(w.oldest_unfinished_commit(), Some(105));
-        assert_eq!(
-            w.done_up_to(Some(120)),
-            Some(105),
-            "read up to 120, but b (105) is still on its way"
-        );
-        w.complete(b);
-        assert_eq!(w.done_up_to(Some(120)), Some(110), "c is next");
-        w.complete(c);
-        assert_eq!(
-            w.done_up_to(Some(120)),
-            Some(120),
-            "only the open d is left"
-        );
-        w.complete(d);
-        w.end(d, end_at(d, 121));
-        assert_eq!(w.done_up_to(Some(121)), Some(121));
-        assert_eq!(w.oldest_unfinished_commit(), None);
-    }
-
-    #[test]
-    fn empty_transactions_pass_at_once_and_busy_ones_hold_the_line() {
-        let mut w = Watermark::new(BinlogPosition::default());
-        let a = w.begin();
-        w.add_event(a);
-        w.end(a, end(a));
-        let b = w.begin();
-        w.end(b, end(b)); // no events
-        assert_eq!(w.position().pos, 0, "b may not pass a");
-        w.complete(a);
-        assert_eq!(w.position().pos, 200, "a done -> past b too");
-        assert_eq!(w.in_flight(), 0);
-    }
-
-    #[test]
-    fn a_transaction_is_done_when_closed_and_complete_even_behind_a_busy_one() {
-        let mut w = Watermark::new(BinlogPosition::default());
-        let a = w.begin();
-        w.add_event(a);
-        w.end(a, end(a));
-        let b = w.begin();
-        w.add_event(b);
-        assert!(!w.is_done(b), "open");
-        w.end(b, end(b));
-        assert!(!w.is_done(b), "an event left");
-        w.complete(b);
-        assert!(w.is_done(b), "done, though a holds the position");
-        assert!(!w.is_done(a));
-        w.complete(a);
-        assert!(w.is_done(a) && w.is_done(b), "passed");
-        let c = w.begin();
-        assert!(!w.is_done(c), "a new one is open");
-    }
-
-    #[test]
-    fn an_abandoned_transaction_completes_without_moving_the_position() {
-        let mut w = Watermark::new(BinlogPosition::default());
-        let a = w.begin();
-        w.add_event(a);
-        w.abandon(a);
-        let b = w.begin();
-        w.end(b, end(b));
-        w.complete(a);
-        assert_eq!(w.position().pos, 200);
-        assert_eq!(w.advanced(), 1);
-    }
-
-    proptest! {
-        /// Random transaction sizes, random completion order: after every step the watermark
-        /// is exactly the end of the longest fully completed prefix.
-        #[test]
-        fn never_passes_an_incomplete_transaction(
-            sizes in proptest::collection::vec(0u64..4, 1..40),
-            order_seed in any::<u64>(),
-        ) {
-            let mut w = Watermark::new(BinlogPosition::default());
-            let mut pending: Vec<u64> = Vec::new();
-            let mut remaining = vec![0u64; sizes.len()];
-            for (i, &n) in sizes.iter().enumerate() {
-                let seq = w.begin();
-                prop_assert_eq!(seq, i as u64);
-                for _ in 0..n { w.add_event(seq); pending.push(seq); }
-                remaining[i] = n;
-                w.end(seq, end(seq));
-            }
-            let mut rng = order_seed;
-            while !pending.is_empty() {
-                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let pick = (rng >> 33) as usize % pending.len();
-                let seq = pending.swap_remove(pick);
-                remaining[seq as usize] -= 1;
-                w.complete(seq);
-                let done_prefix = remaining.iter().take_while(|&&r| r == 0).count() as u64;
-                let expected = if done_prefix == 0 { 0 } else { 100 * done_prefix };
-                prop_assert_eq!(w.position().pos, expected);
-            }
-            prop_assert_eq!(w.position().pos, 100 * sizes.len() as u64);
-        }
-    }
-}
+#[path = "watermark_tests.rs"]
+mod tests;

@@ -1,6 +1,6 @@
 //! What `/healthz` and `/readyz` report: this instance's role, whether its last contact with
-//! MySQL and with the broker worked, and whether the broker refuses the relay's account for a
-//! topic.
+//! MySQL and with the broker worked, whether the broker refuses the relay's account for a topic,
+//! and whether the checkpointer can save the checkpoint.
 
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -31,6 +31,8 @@ pub struct Health {
     refused: Mutex<BTreeSet<String>>,
     /// `refused.len()`, so that a `SEND_OK` takes no lock while nothing is refused.
     refused_count: AtomicUsize,
+    /// False from a failed checkpoint save until a save succeeds again.
+    checkpoint_ok: AtomicBool,
 }
 
 /// The body of `/readyz`.
@@ -44,6 +46,9 @@ pub struct Readiness {
     pub broker_auth: bool,
     /// Those topics.
     pub refused_topics: Vec<String>,
+    /// False while the checkpointer cannot save the checkpoint (disk full, unwritable
+    /// `relay.checkpoint_dir`): the stream goes on, but its progress is not durable.
+    pub checkpoint: bool,
 }
 
 const ROLES: [Role; 5] = [
@@ -89,8 +94,13 @@ impl Health {
         self.refused_count.store(refused.len(), Ordering::Relaxed);
     }
 
-    /// Ready: streaming, standing by or polling, with MySQL and the broker reachable, and no
-    /// topic refused for the relay's account.
+    /// The last checkpoint save worked (true) or failed (false).
+    pub fn set_checkpoint(&self, ok: bool) {
+        self.checkpoint_ok.store(ok, Ordering::Relaxed);
+    }
+
+    /// Ready: streaming, standing by or polling, with MySQL and the broker reachable, no topic
+    /// refused for the relay's account, and the checkpoint saved.
     pub fn readiness(&self) -> Readiness {
         let role = self.role();
         let mysql = self.mysql_ok.load(Ordering::Relaxed);
@@ -103,24 +113,28 @@ impl Health {
             .cloned()
             .collect();
         let broker_auth = refused_topics.is_empty();
+        let checkpoint = self.checkpoint_ok.load(Ordering::Relaxed);
         let serving = matches!(role, Role::Standby | Role::Streaming | Role::Polling);
         Readiness {
-            ready: serving && mysql && broker && broker_auth,
+            ready: serving && mysql && broker && broker_auth && checkpoint,
             role,
             mysql,
             broker,
             broker_auth,
             refused_topics,
+            checkpoint,
         }
     }
 
-    fn new(mysql_ok: bool) -> Self {
+    /// A process's health (the relay's is [`health()`]; tests make their own).
+    pub(crate) fn new(mysql_ok: bool) -> Self {
         Health {
             role: AtomicU8::new(0),
             mysql_ok: AtomicBool::new(mysql_ok),
             broker_ok: AtomicBool::new(true),
             refused: Mutex::new(BTreeSet::new()),
             refused_count: AtomicUsize::new(0),
+            checkpoint_ok: AtomicBool::new(true),
         }
     }
 }
@@ -170,5 +184,17 @@ mod tests {
             r.ready && r.broker_auth && r.refused_topics.is_empty(),
             "{r:?}"
         );
+    }
+
+    #[test]
+    fn a_checkpoint_that_cannot_be_saved_keeps_it_unready_until_a_save_works() {
+        let health = Health::new(true);
+        health.set_role(Role::Streaming);
+        assert!(health.readiness().checkpoint && health.readiness().ready);
+        health.set_checkpoint(false);
+        let r = health.readiness();
+        assert!(!r.ready && !r.checkpoint && r.mysql && r.broker, "{r:?}");
+        health.set_checkpoint(true);
+        assert!(health.readiness().ready);
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Alert on: `outbox_events_failed_total` increasing (a row needs an operator), and
 //! `outbox_binlog_position_lost_total` increasing (the stream skipped purged binlogs; the sweeper
-//! covers the gap, but binlog retention is too short for the relay's downtime).
+//! covers the gap, but binlog retention is too short for the relay's downtime), and
+//! `outbox_checkpoint_save_errors_total` increasing (progress is not durable).
 
 pub mod health;
 pub mod server;
@@ -138,6 +139,8 @@ pub struct RelayMetrics {
     /// 0 means tomorrow's rows fall into the catch-all partition. Exported for partitioned tables
     /// only.
     pub partitions_ahead: Family<TableLabel, Gauge>,
+    /// Checkpoint saves that failed (sled: disk full, unwritable directory) (alert).
+    pub checkpoint_save_errors: Counter,
 }
 
 impl RelayMetrics {
@@ -173,6 +176,7 @@ impl RelayMetrics {
             failed: Family::default(),
             ready: Gauge::default(),
             partitions_ahead: Family::default(),
+            checkpoint_save_errors: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -327,6 +331,11 @@ impl RelayMetrics {
             "Daily partitions of a partitioned outbox table that start after today (0: tomorrow's rows land in the catch-all partition)",
             metrics.partitions_ahead.clone(),
         );
+        registry.register(
+            "checkpoint_save_errors",
+            "Checkpoint saves to relay.checkpoint_dir that failed (disk full, unwritable directory): /readyz is unready until a save works, and the relay stops if saves keep failing",
+            metrics.checkpoint_save_errors.clone(),
+        );
         RelayMetrics {
             registry,
             ..metrics
@@ -376,6 +385,10 @@ mod tests {
         assert!(text.contains("outbox_ready 0"), "not serving yet: {text}");
         assert!(
             text.contains("outbox_binlog_position_lost_total 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outbox_checkpoint_save_errors_total 0"),
             "{text}"
         );
     }

@@ -20,12 +20,21 @@
 //!    "growing"; a PENDING row older than the threshold is one the relay has not sent, and a
 //!    checkpoint that does not move while rows wait means the stream is not progressing. In CDC
 //!    mode a missing checkpoint counts as not moving; in poll mode there is no checkpoint and
-//!    only the lease rule applies.
+//!    only the lease rule applies. Also stuck in CDC mode: **no instance streams**, because
+//!    `outbox_relay_state` names no leader (every instance stopped, or none has run here) or
+//!    the leader's election lease ran out more than 30 s ago with no takeover. Whatever the
+//!    rows look like at that moment, nothing reads the binlog, so new events wait for the
+//!    sweeper at best.
 //! 2. **failing**: rows became FAILED within the failing window (1 h): their `updated_at`, the
 //!    time they were marked, is in the window (a row created earlier that failed after its
 //!    retries counts too). FAILED rows older than the window are listed but do not fail the
 //!    check: an operator has seen them (or `retry` / `mark-failed` decides).
-//! 3. **lagging**: the oldest PENDING row is older than the lag threshold (30 s).
+//! 3. **lagging**: the oldest PENDING row is older than the lag threshold (30 s), or the
+//!    mirrored checkpoint is more than `behind_threshold` (10,000) transactions behind the
+//!    server's end of binlog (a restart would read them all again; a checkpoint held by a
+//!    prepared XA transaction or a held key shows here while other events still flow). The
+//!    mirror is written every 2 s, so a busy healthy relay is always somewhat behind: the
+//!    default is 2 s of a server committing 5,000 transactions/s; raise it for busier servers.
 //! 4. **healthy**: none of the above.
 //!
 //! Exit code of the command: 0 when healthy, 1 otherwise.
@@ -61,7 +70,14 @@ pub struct StatusOptions {
     /// Rows marked FAILED within this window are `failing`.
     #[serde(with = "humantime_serde")]
     pub failing_window: Duration,
+    /// The mirrored checkpoint more than this many transactions behind the server is
+    /// `lagging`.
+    pub behind_threshold: u64,
 }
+
+/// The default [`StatusOptions::behind_threshold`]: 2 s (the mirror's period) of a server
+/// committing 5,000 transactions/s.
+pub const DEFAULT_BEHIND_THRESHOLD: u64 = 10_000;
 
 impl Default for StatusOptions {
     fn default() -> Self {
@@ -69,6 +85,7 @@ impl Default for StatusOptions {
             lag_threshold: Duration::from_secs(30),
             stuck_after: Duration::from_secs(60),
             failing_window: Duration::from_secs(3600),
+            behind_threshold: DEFAULT_BEHIND_THRESHOLD,
         }
     }
 }
@@ -208,7 +225,15 @@ impl StatusReport {
                     server.version,
                     &server.current,
                     report.relay.position.as_ref(),
-                ))
+                ));
+                // Judged again: how far the checkpoint is behind counts too.
+                (report.verdict, report.reasons) = judge(
+                    &report.tables,
+                    &report.relay,
+                    report.binlog.as_ref(),
+                    report.mode,
+                    options,
+                );
             }
             Err(e) => report.binlog_error = Some(e.to_string()),
         }
@@ -231,7 +256,7 @@ impl StatusReport {
             .iter()
             .map(|t| t.oldest_pending_seconds)
             .fold(0.0, f64::max);
-        let (verdict, reasons) = judge(&tables, &relay, config.relay.mode, options);
+        let (verdict, reasons) = judge(&tables, &relay, None, config.relay.mode, options);
         Ok(StatusReport {
             database_time: database_time.unwrap_or_default(),
             mode: config.relay.mode,
@@ -410,10 +435,12 @@ async fn relay_state(conn: &mut Conn, name: &str) -> Result<RelayState, mysql_as
 /// standby takes over about a lease (8 s) after the last renewal it saw.
 const LEASE_RAN_OUT_LIMIT: f64 = 30.0;
 
-/// The verdict and its reasons (see the module doc).
+/// The verdict and its reasons (see the module doc); `binlog`: how far the checkpoint is behind
+/// the server, when it could be read.
 fn judge(
     tables: &[TableStatus],
     relay: &RelayState,
+    binlog: Option<&BinlogLag>,
     mode: RelayMode,
     options: &StatusOptions,
 ) -> (Verdict, Vec<String>) {
@@ -463,6 +490,31 @@ fn judge(
                 format!(
                     "the lease of leader {leader} ran out {:.0} s ago and no instance took over: no instance streams",
                     -left
+                ),
+            );
+        }
+    }
+    if mode == RelayMode::Cdc && relay.leader.is_none() {
+        let why = match relay.found {
+            true => format!(
+                "no instance streams: no leader (last epoch {}); start an instance, or read the instances' logs for why none leads",
+                relay.leader_epoch
+            ),
+            false => format!(
+                "no instance streams: no relay named `{}` has run here; start one",
+                relay.name
+            ),
+        };
+        flag(Verdict::Stuck, why);
+    }
+    if let Some(behind) = binlog.and_then(|b| b.transactions_behind) {
+        if behind > options.behind_threshold {
+            flag(
+                Verdict::Lagging,
+                format!(
+                    "the checkpoint is {} transactions behind the server (threshold {})",
+                    crate::operate::thousands(behind),
+                    crate::operate::thousands(options.behind_threshold)
                 ),
             );
         }

@@ -148,6 +148,11 @@ impl RelayHandle {
                 cancel.child_token(),
             ));
         }
+        // A checkpointer that gives up (saves failing for a minute) stops the relay through
+        // this token; the caller's `cancel` stops it too.
+        let token = token.child_token();
+        let mut options = options;
+        options.checkpoint.stop_relay = Some(token.clone());
         let task = tokio::spawn(async move {
             let pipeline = PipelineBuilder::new(&config, &deployment, Arc::clone(&sink));
             let result = match store {

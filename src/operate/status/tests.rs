@@ -15,15 +15,16 @@ fn table(oldest: f64, expired: u64, failed_recently: u64) -> TableStatus {
     }
 }
 
+/// A relay with a leader (elected by lock) and a checkpoint of that age (`None`: none yet).
 fn relay(checkpoint_age: Option<f64>) -> RelayState {
     RelayState {
         name: "default".into(),
-        found: checkpoint_age.is_some(),
+        found: true,
         checkpoint: None,
         checkpoint_at: None,
         checkpoint_age_seconds: checkpoint_age,
-        leader: None,
-        leader_epoch: 0,
+        leader: Some("relay-a-1".into()),
+        leader_epoch: 3,
         lease_left_seconds: None,
         position: None,
     }
@@ -33,10 +34,22 @@ fn verdict(t: TableStatus, checkpoint_age: Option<f64>, mode: RelayMode) -> Verd
     judge(
         &[t],
         &relay(checkpoint_age),
+        None,
         mode,
         &StatusOptions::default(),
     )
     .0
+}
+
+/// The server's distance from the checkpoint, in transactions.
+fn behind(transactions: Option<u64>) -> BinlogLag {
+    BinlogLag {
+        server_version: "10.11".into(),
+        server_position: "gtid 0-1-9000".into(),
+        domains: vec![],
+        transactions_behind: transactions,
+        bytes_behind: None,
+    }
 }
 
 #[test]
@@ -57,6 +70,7 @@ fn verdict_rules() {
     let (_, reasons) = judge(
         &[table(31.0, 0, 2)],
         &relay(Some(1.0)),
+        None,
         Cdc,
         &StatusOptions::default(),
     );
@@ -78,6 +92,7 @@ fn a_lease_that_ran_out_long_ago_means_no_instance_streams() {
         judge(
             &[table(0.0, 0, 0)],
             &with_lease(left),
+            None,
             RelayMode::Cdc,
             &StatusOptions::default(),
         )
@@ -88,6 +103,119 @@ fn a_lease_that_ran_out_long_ago_means_no_instance_streams() {
     assert_eq!(verdict, Verdict::Stuck);
     assert!(
         reasons[0].contains("lease of leader relay-b ran out 120 s ago"),
+        "{reasons:?}"
+    );
+}
+
+/// The case reported in issue 31: every instance stopped 16 minutes earlier (no leader), the
+/// checkpoint 5,221 transactions behind, no row waiting yet. It was `healthy`.
+#[test]
+fn no_instance_streaming_a_cdc_deployment_is_stuck() {
+    let stopped = RelayState {
+        leader: None,
+        leader_epoch: 7,
+        ..relay(Some(960.0))
+    };
+    let judged = |relay: &RelayState, mode, options: &StatusOptions| {
+        judge(
+            &[table(0.0, 0, 0)],
+            relay,
+            Some(&behind(Some(5_221))),
+            mode,
+            options,
+        )
+    };
+    let (verdict, reasons) = judged(&stopped, RelayMode::Cdc, &StatusOptions::default());
+    assert_eq!(verdict, Verdict::Stuck);
+    assert_eq!(
+        reasons.len(),
+        1,
+        "5,221 is within the default threshold: {reasons:?}"
+    );
+    assert!(
+        reasons[0].contains("no instance streams: no leader (last epoch 7)"),
+        "{reasons:?}"
+    );
+
+    // With a lower threshold, the distance is named too; the verdict stays the most severe.
+    let strict = StatusOptions {
+        behind_threshold: 1_000,
+        ..StatusOptions::default()
+    };
+    let (verdict, reasons) = judged(&stopped, RelayMode::Cdc, &strict);
+    assert_eq!(verdict, Verdict::Stuck);
+    assert!(
+        reasons[1]
+            .contains("the checkpoint is 5,221 transactions behind the server (threshold 1,000)"),
+        "{reasons:?}"
+    );
+
+    // A relay that never ran here is not streaming either.
+    let never = RelayState {
+        found: false,
+        checkpoint_age_seconds: None,
+        leader: None,
+        leader_epoch: 0,
+        ..relay(None)
+    };
+    let (verdict, reasons) = judge(
+        &[table(0.0, 0, 0)],
+        &never,
+        None,
+        RelayMode::Cdc,
+        &StatusOptions::default(),
+    );
+    assert_eq!(verdict, Verdict::Stuck);
+    assert!(
+        reasons[0].contains("no relay named `default` has run here"),
+        "{reasons:?}"
+    );
+
+    // Poll mode has no leader: nothing to say.
+    let (verdict, reasons) = judged(&stopped, RelayMode::Poll, &StatusOptions::default());
+    assert_eq!(
+        (verdict, reasons.len()),
+        (Verdict::Healthy, 0),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn a_checkpoint_far_behind_the_server_is_lagging() {
+    let judged = |t: TableStatus, lag: Option<BinlogLag>| {
+        judge(
+            &[t],
+            &relay(Some(1.0)),
+            lag.as_ref(),
+            RelayMode::Cdc,
+            &StatusOptions::default(),
+        )
+    };
+    let at_limit = judged(
+        table(0.0, 0, 0),
+        Some(behind(Some(DEFAULT_BEHIND_THRESHOLD))),
+    );
+    assert_eq!(at_limit.0, Verdict::Healthy, "{:?}", at_limit.1);
+    assert_eq!(
+        judged(table(0.0, 0, 0), None).0,
+        Verdict::Healthy,
+        "no binlog read"
+    );
+    assert_eq!(
+        judged(table(0.0, 0, 0), Some(behind(None))).0,
+        Verdict::Healthy,
+        "distance unknown"
+    );
+    let (verdict, reasons) = judged(table(0.0, 0, 0), Some(behind(Some(10_001))));
+    assert_eq!(verdict, Verdict::Lagging);
+    assert_eq!(
+        reasons,
+        vec!["the checkpoint is 10,001 transactions behind the server (threshold 10,000)"]
+    );
+    let (verdict, reasons) = judged(table(0.0, 0, 2), Some(behind(Some(50_000))));
+    assert_eq!(
+        (verdict, reasons.len()),
+        (Verdict::Failing, 2),
         "{reasons:?}"
     );
 }
