@@ -234,6 +234,10 @@ async fn a_sled_store_on_a_full_file_system_turns_readiness_off_then_stops_the_r
     };
     let dir = fs.dir.path().join("checkpoint");
     let store = Arc::new(crate::checkpoint::SledStore::open(&dir).unwrap());
+    let acks = Acknowledgements::new(BinlogPosition::default());
+    // One save made durable while there is room (what the restart below loads).
+    commit_one(&acks);
+    store.save(&acks.position()).unwrap();
     let filler = fs.dir.path().join("filler");
     fill(&filler);
     let stop_relay = CancellationToken::new();
@@ -243,7 +247,6 @@ async fn a_sled_store_on_a_full_file_system_turns_readiness_off_then_stops_the_r
         give_up_after: Duration::from_millis(500),
         stop_relay: Some(stop_relay.clone()),
     };
-    let acks = Acknowledgements::new(BinlogPosition::default());
     let health = streaming_health();
     let checkpointer = parts(&acks, store.clone(), settings, &health).run(CancellationToken::new());
     let test = async {

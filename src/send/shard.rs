@@ -23,8 +23,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+mod interrupt;
 mod lane;
 mod retry;
+use interrupt::{Halt, Interrupt, OnFailure, Stalled, Stop};
 use lane::Lanes;
 pub use retry::WakeUp;
 use retry::{Backoff, Next, Refusal};
@@ -260,66 +262,6 @@ async fn next_batch<S: Sink>(
 async fn queue_of<S: Sink>(sink: &S, event: &ShardEvent) -> Option<usize> {
     let n = sink.queue_count(&event.row.message.topic).await.ok()?;
     (n > 0).then(|| index_for(event.key_hash, n))
-}
-
-/// Why a route look-up returned no queues.
-enum Halt {
-    /// The shard is stopping.
-    Stopped,
-    /// It failed and the sender does not wait ([`OnFailure::Stall`]).
-    Stall,
-    /// Retrying cannot help, or the retries are used up: the events' outcome.
-    Failed(SendOutcome),
-}
-
-/// Why sending a batch ended before every event of it had an outcome.
-enum Interrupt {
-    /// The shard is stopping (cancelled, or its fence no longer holds).
-    Stopped,
-    /// An attempt failed and the sender does not wait ([`OnFailure::Stall`]): the events left,
-    /// and the retries they used, for the topic's lane.
-    Stalled(Stalled),
-}
-
-impl From<()> for Interrupt {
-    fn from((): ()) -> Self {
-        Interrupt::Stopped
-    }
-}
-
-/// The events of one topic whose attempt failed, in order, with the retries they used so far.
-struct Stalled {
-    batch: Vec<ShardEvent>,
-    backoff: Backoff,
-}
-
-impl Stalled {
-    fn new(batch: Vec<ShardEvent>, backoff: Backoff) -> Self {
-        Stalled { batch, backoff }
-    }
-
-    fn topic(&self) -> &str {
-        &self.batch[0].row.message.topic
-    }
-}
-
-/// What a sender does when an attempt fails for a reason worth retrying.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum OnFailure {
-    /// Waits out the retry delay and tries again (a lane: it holds one topic only).
-    Wait,
-    /// Hands the events over ([`Interrupt::Stalled`]) so the shard can go on with other topics.
-    Stall,
-}
-
-/// How a shard sends: what stops it between sends (its cancellation — shutdown, a drain
-/// timeout, a leadership that is over — and, checked right before each send, its fence), and
-/// what it does with a failed attempt.
-#[derive(Clone, Copy)]
-struct Stop<'a> {
-    cancel: &'a CancellationToken,
-    fence: &'a Fence,
-    on_failure: OnFailure,
 }
 
 /// The queue of each of `events` (all of one topic) under the topic's current route, retrying

@@ -1,0 +1,66 @@
+//! How sending a batch can end before every event has an outcome, and what a sender does then.
+
+use super::retry::Backoff;
+use super::{SendOutcome, ShardEvent};
+use crate::leader::Fence;
+use tokio_util::sync::CancellationToken;
+
+/// Why a route look-up returned no queues.
+pub(super) enum Halt {
+    /// The shard is stopping.
+    Stopped,
+    /// It failed and the sender does not wait ([`OnFailure::Stall`]).
+    Stall,
+    /// Retrying cannot help, or the retries are used up: the events' outcome.
+    Failed(SendOutcome),
+}
+
+/// Why sending a batch ended before every event of it had an outcome.
+pub(super) enum Interrupt {
+    /// The shard is stopping (cancelled, or its fence no longer holds).
+    Stopped,
+    /// An attempt failed and the sender does not wait ([`OnFailure::Stall`]): the events left,
+    /// and the retries they used, for the topic's lane.
+    Stalled(Stalled),
+}
+
+impl From<()> for Interrupt {
+    fn from((): ()) -> Self {
+        Interrupt::Stopped
+    }
+}
+
+/// The events of one topic whose attempt failed, in order, with the retries they used so far.
+pub(super) struct Stalled {
+    pub(super) batch: Vec<ShardEvent>,
+    pub(super) backoff: Backoff,
+}
+
+impl Stalled {
+    pub(super) fn new(batch: Vec<ShardEvent>, backoff: Backoff) -> Self {
+        Stalled { batch, backoff }
+    }
+
+    pub(super) fn topic(&self) -> &str {
+        &self.batch[0].row.message.topic
+    }
+}
+
+/// What a sender does when an attempt fails for a reason worth retrying.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum OnFailure {
+    /// Waits out the retry delay and tries again (a lane: it holds one topic only).
+    Wait,
+    /// Hands the events over ([`Interrupt::Stalled`]) so the shard can go on with other topics.
+    Stall,
+}
+
+/// How a shard sends: what stops it between sends (its cancellation — shutdown, a drain
+/// timeout, a leadership that is over — and, checked right before each send, its fence), and
+/// what it does with a failed attempt.
+#[derive(Clone, Copy)]
+pub(super) struct Stop<'a> {
+    pub(super) cancel: &'a CancellationToken,
+    pub(super) fence: &'a Fence,
+    pub(super) on_failure: OnFailure,
+}
