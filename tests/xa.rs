@@ -1,7 +1,8 @@
 //! XA transactions and undone rows, live on MariaDB or MySQL (`OUTBOX_TEST_DB`): an XA
 //! transaction's outbox rows are published only at `XA COMMIT` (or `XA COMMIT … ONE PHASE`),
 //! never after `XA ROLLBACK`; while one is prepared the checkpoint stays below it and everything
-//! else flows; a relay restarted meanwhile still publishes it at its commit. Rows undone by
+//! else flows, until `relay.park_prepared_after`, when it is parked (the checkpoint passes it and
+//! the sweeper sends its row at `XA COMMIT`); a relay restarted meanwhile still publishes it at its commit. Rows undone by
 //! `ROLLBACK TO SAVEPOINT` (which MariaDB binlogs with the rows) are never published. Judged by
 //! what the broker stored.
 
@@ -155,15 +156,18 @@ async fn prepared_then_committed_is_published_once_and_rolled_back_never() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prepared_transaction_holds_the_checkpoint_while_5000_other_events_flow() {
+async fn a_prepared_transaction_holds_the_checkpoint_while_5000_other_events_flow_then_is_parked() {
     // A server of its own (as the restart test below): the relay holds its checkpoint at any
     // prepared XA transaction it reads in the binlog, of any database, so on the shared server
-    // every other test's relay would be held for this minute too (CI: prepared_then_committed…
-    // timed out waiting for its checkpoint beside it).
+    // every other test's relay would be held too (CI: prepared_then_committed… timed out
+    // waiting for its checkpoint beside it).
     let server = common::own_database("xa_hold");
     let db = TestDb::migrated_on(&server, "xa_hold").await;
     let topic = new_topic("xa_hold");
-    let (config, _dir) = relay_fixture(&db).at_current_end().await; // the sweeper on, as users run it
+    // The sweeper on, as users run it; parked after 40 s instead of the default minute.
+    let (mut config, _dir) = relay_fixture(&db).at_current_end().await;
+    let park_after = Duration::from_secs(40);
+    config.relay.park_prepared_after = park_after;
     let relay = RunningRelay::start(&config).await;
     // One event first, so that a checkpoint is mirrored before the prepare.
     insert_event(&mut db.conn().await, &topic, "first", "first-key").await;
@@ -177,33 +181,42 @@ async fn a_prepared_transaction_holds_the_checkpoint_while_5000_other_events_flo
     let started = std::time::Instant::now();
     write_events(&db, &topic, 4, 1_250, 200).await;
     wait_until_sent(&db, 5_001, Duration::from_secs(180)).await;
-    // Held for 60 s in all; meanwhile every other event was sent and the mirror moves on
-    // mirroring a checkpoint below the prepare.
-    tokio::time::sleep(Duration::from_secs(60).saturating_sub(started.elapsed())).await;
+    let after_writes = current_position(&db).await;
+    // Meanwhile every other event was sent and the mirror moved on mirroring a checkpoint
+    // below the prepare.
     let held = mirrored_checkpoint(&db, &config)
         .await
         .expect("a mirrored checkpoint");
+    let elapsed = started.elapsed();
     assert!(
-        !held.covers(&prepared_at),
-        "the checkpoint {held} passed the prepared transaction ({prepared_at})"
+        elapsed >= park_after || !held.covers(&prepared_at),
+        "the checkpoint {held} passed the prepared transaction ({prepared_at}) after {elapsed:?}"
     );
     assert!(
         !stored(&topic).await.contains_key("xa-held"),
         "the prepared transaction's event is not published before XA COMMIT"
     );
 
-    xa.query_drop("XA COMMIT 'xa-held'").await.unwrap();
-    wait_until_sent(&db, 5_002, Duration::from_secs(60)).await;
+    // Still prepared past the limit: parked, the checkpoint passes it and what followed.
     wait_for(
-        "the checkpoint to pass the committed transaction",
-        Duration::from_secs(30),
+        "the checkpoint to pass the parked prepare",
+        park_after + Duration::from_secs(30),
         || async {
             mirrored_checkpoint(&db, &config)
                 .await
-                .is_some_and(|c| c.covers(&prepared_at))
+                .is_some_and(|c| c.covers(&after_writes))
         },
     )
     .await;
+    assert!(
+        started.elapsed() >= park_after,
+        "parked no sooner than relay.park_prepared_after"
+    );
+    assert_eq!(status_of(&db, "xa-held").await, None, "still prepared");
+
+    // At XA COMMIT its row is PENDING; the sweeper sends it.
+    xa.query_drop("XA COMMIT 'xa-held'").await.unwrap();
+    wait_until_sent(&db, 5_002, Duration::from_secs(90)).await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
     let per_event = stored(&topic).await;

@@ -292,6 +292,11 @@ pub struct RelayConfig {
     /// them in key order once the topic accepts events again. Only with the sweeper on.
     #[serde(with = "humantime_serde")]
     pub park_after: Duration,
+    /// How long a prepared XA transaction is held (keeping the checkpoint below its prepare)
+    /// before it is parked: the checkpoint passes it and, at `XA COMMIT`, the sweeper sends its
+    /// events. Only with the sweeper on.
+    #[serde(with = "humantime_serde")]
+    pub park_prepared_after: Duration,
 }
 
 impl Default for RelayConfig {
@@ -304,7 +309,8 @@ impl Default for RelayConfig {
             instance_id: None,
             minimal_row_image: true,
             election: ElectionMethod::Auto,
-            park_after: crate::send::stall::DEFAULT_PARK_AFTER,
+            park_after: Duration::from_secs(5),
+            park_prepared_after: Duration::from_secs(60),
         }
     }
 }

@@ -115,6 +115,8 @@ pub struct RelayMetrics {
     pub checkpoint_age_seconds: Gauge<f64, AtomicU64>,
     /// Prepared XA transactions whose outcome the stream waits for (each holds the checkpoint).
     pub xa_prepared_transactions: Gauge,
+    /// Prepared XA transactions held for `relay.park_prepared_after` and parked.
+    pub xa_parked: Counter,
     /// Keys whose stream events wait for an older row of the key the stream did not read.
     pub keys_held_for_order: Gauge,
     /// Events waiting in each shard's input.
@@ -163,6 +165,7 @@ impl RelayMetrics {
             binlog_lag_seconds: Gauge::default(),
             checkpoint_age_seconds: Gauge::default(),
             xa_prepared_transactions: Gauge::default(),
+            xa_parked: Counter::default(),
             keys_held_for_order: Gauge::default(),
             binlog_behind_transactions: Gauge::default(),
             binlog_behind_bytes: Gauge::default(),
@@ -275,6 +278,11 @@ impl RelayMetrics {
             "xa_prepared_transactions",
             "Prepared XA transactions the stream holds until XA COMMIT or XA ROLLBACK (the checkpoint stays below the oldest)",
             metrics.xa_prepared_transactions.clone(),
+        );
+        registry.register(
+            "xa_parked",
+            "Prepared XA transactions held for relay.park_prepared_after, then parked: the checkpoint passes them and the sweeper sends their events at XA COMMIT",
+            metrics.xa_parked.clone(),
         );
         registry.register(
             "keys_held_for_order",

@@ -116,7 +116,14 @@ pub async fn run_cdc<S: Sink>(
         checkpoint_stop.clone(),
     ));
 
-    let outputs = dispatch::Outputs { inputs, key_order };
+    let park_prepared_after = key_order
+        .is_some()
+        .then_some(config.relay.park_prepared_after);
+    let outputs = dispatch::Outputs {
+        inputs,
+        key_order,
+        park_prepared_after,
+    };
     let dispatched = dispatch::run(items_rx, outputs, acks, catch_up).await;
 
     // The reader stopped (cancelled or failed). Let the shards drain, within the timeout.

@@ -31,8 +31,9 @@ use mysql_async::prelude::*;
 use mysql_async::Pool;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// Most items taken from the reader at once (one status query per table per batch).
 const MAX_BATCH: usize = 1000;
@@ -195,6 +196,9 @@ pub struct Outputs {
     pub inputs: SendInputs,
     /// Per-key order with the sweeper's rows (`None`: no sweeper, events go straight on).
     pub key_order: Option<KeyOrder>,
+    /// A prepared XA transaction held this long is parked (`None`: never; there is no sweeper
+    /// to send its rows at `XA COMMIT`).
+    pub park_prepared_after: Option<Duration>,
 }
 
 /// Consumes reader items until the reader's channel closes. Every event leaves with its
@@ -215,6 +219,8 @@ pub async fn run(
         last_long_warning: Instant::now(),
         last_recheck: Instant::now(),
         parking: HashSet::new(),
+        park_prepared_after: outputs.park_prepared_after,
+        parked_xa: HashMap::new(),
     };
     let mut current: Option<TxSeq> = None;
     loop {
@@ -224,7 +230,7 @@ pub async fn run(
         let timer = match (d.held.is_empty(), d.holding_keys()) {
             (true, false) => None,
             (_, true) => Some(key_order::RECHECK),
-            (false, false) => Some(LONG_PREPARED),
+            (false, false) => Some(d.prepared_timer()),
         };
         let next = match timer {
             None => Ok(items.recv().await),
@@ -234,7 +240,7 @@ pub async fn run(
             Ok(Some(item)) => item,
             Ok(None) => break,
             Err(_) => {
-                d.warn_long_prepared();
+                d.look_at_prepared();
                 if !d.recheck_keys().await {
                     return d.stats;
                 }
@@ -299,7 +305,7 @@ pub async fn run(
                 return d.stats; // shutting down
             }
         }
-        d.warn_long_prepared();
+        d.look_at_prepared();
         if !d.recheck_keys().await {
             return d.stats;
         }
@@ -342,6 +348,9 @@ struct Dispatcher {
     last_long_warning: Instant,
     /// The topics whose events this batch parks (see [`crate::send::Stalls::parking`]).
     parking: HashSet<String>,
+    park_prepared_after: Option<Duration>,
+    /// Prepared XA transactions parked, and since when they were prepared.
+    parked_xa: HashMap<Xid, Instant>,
 }
 
 impl Dispatcher {
@@ -459,6 +468,15 @@ impl Dispatcher {
     /// The outcome of prepared `xid`: its rows are handed on (commit) or dropped (rollback), and
     /// its entry closes at its prepare's end. False once the receivers are gone.
     async fn resolve(&mut self, xid: &Xid, committed: bool) -> bool {
+        if let Some(since) = self.parked_xa.remove(xid) {
+            let outcome = if committed {
+                "XA COMMIT: the sweeper sends its events"
+            } else {
+                "XA ROLLBACK: nothing to send"
+            };
+            tracing::info!(%xid, prepared_for = ?since.elapsed(), "parked XA transaction ended with {outcome}");
+            return true;
+        }
         let Some(held) = self.held.remove(xid) else {
             if committed {
                 tracing::warn!(%xid,
@@ -488,6 +506,45 @@ impl Dispatcher {
         crate::metrics::relay()
             .xa_prepared_transactions
             .set(self.held.len() as i64);
+    }
+
+    /// How long the dispatcher may wait for the reader while XA transactions are held: until
+    /// the next one is due to be parked or warned about.
+    fn prepared_timer(&self) -> Duration {
+        match self.park_prepared_after {
+            Some(after) => after.min(LONG_PREPARED).max(Duration::from_millis(100)),
+            None => LONG_PREPARED,
+        }
+    }
+
+    /// Parks the prepared XA transactions held for `park_prepared_after` (with a sweeper), then
+    /// logs those still held for long, at most once per [`LONG_PREPARED`].
+    ///
+    /// Parking one closes its transaction at its prepare's end, so the checkpoint passes it and
+    /// a restart does not read everything since again, and drops its rows from memory: they
+    /// become PENDING rows at `XA COMMIT` (the reader sees that outcome, or, after a restart,
+    /// finds it prepared before its start), and the sweeper sends them, in key order; at
+    /// `XA ROLLBACK` there is nothing to send. Nothing is lost: the rows are the record.
+    fn look_at_prepared(&mut self) {
+        if let Some(after) = self.park_prepared_after {
+            let due: Vec<Xid> = (self.held.iter())
+                .filter(|(_, held)| held.since.elapsed() >= after)
+                .map(|(xid, _)| xid.clone())
+                .collect();
+            for xid in due {
+                let held = self.held.remove(&xid).expect("present");
+                tracing::warn!(%xid, prepared_for = ?held.since.elapsed(), rows = held.rows.len(),
+                    prepare = ?held.end.gtid,
+                    "XA transaction {xid} is still prepared: parked — the checkpoint passes its \
+                     prepare and its events are no longer held in memory; at XA COMMIT the \
+                     sweeper sends them, at XA ROLLBACK nothing is sent (XA RECOVER lists it)");
+                crate::metrics::relay().xa_parked.inc();
+                self.acks.end(held.seq, held.end);
+                self.parked_xa.insert(xid, held.since);
+            }
+            self.publish_held_count();
+        }
+        self.warn_long_prepared();
     }
 
     /// Logs the prepared XA transactions held for long, at most once per [`LONG_PREPARED`].

@@ -58,6 +58,7 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
     let outputs = Outputs {
         inputs,
         key_order: None,
+        park_prepared_after: None,
     };
     let dispatcher = tokio::spawn(dispatch::run(items, outputs, acks.clone(), None));
 

@@ -51,10 +51,6 @@ impl Default for Stalls {
     }
 }
 
-/// How long a stalled topic's new streamed events are held in memory before they are parked
-/// (`relay.park_after`'s default).
-pub const DEFAULT_PARK_AFTER: Duration = Duration::from_secs(5);
-
 /// Events one shard's lane of one topic holds before the topic's new streamed events are parked
 /// at once (whatever `park_after` says), or, where nothing parks, before the shard waits.
 pub const LANE_LIMIT: usize = 512;

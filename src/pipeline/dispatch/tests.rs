@@ -30,6 +30,7 @@ fn outputs(shard: mpsc::Sender<ShardEvent>, completions: mpsc::Sender<Completion
     Outputs {
         inputs: SendInputs::from_channels(vec![shard], completions),
         key_order: None,
+        park_prepared_after: None,
     }
 }
 
@@ -154,4 +155,60 @@ async fn a_prepared_xa_transaction_holds_the_checkpoint_not_the_stream() {
         handed.try_recv().is_err(),
         "the rolled-back row 2 is never handed on"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prepared_xa_transaction_held_past_the_limit_is_parked_and_the_checkpoint_passes_it() {
+    use crate::binlog::PreparedTx;
+    let (items_tx, items, shard, mut handed, completions, acks) = wiring();
+    let xid = Xid::parse_statement_id("X'61',X'',1").unwrap();
+    let end_at = |pos| match end(pos) {
+        BinlogItem::TxEnd(end) => end,
+        _ => unreachable!(),
+    };
+    let script = [
+        BinlogItem::Prepared(PreparedTx {
+            xid: xid.clone(),
+            rows: vec![DecodedRow::Event(OutboxRow::sample(1))],
+            end: end_at(100),
+        }),
+        BinlogItem::TxBegin,
+        row(2),
+        end(200),
+    ];
+    for item in script {
+        items_tx.send(item).await.unwrap();
+    }
+    let outputs = Outputs {
+        park_prepared_after: Some(Duration::from_secs(30)),
+        ..outputs(shard, completions)
+    };
+    let dispatcher = tokio::spawn(run(items, outputs, acks.clone(), None));
+    handed.recv().await.unwrap().origin.acknowledge();
+    assert_eq!(acks.position().pos, 0, "held below the prepare at first");
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(
+        acks.position().pos,
+        200,
+        "parked: the checkpoint passes the prepare and what followed it"
+    );
+    assert_eq!(acks.in_flight(), 0, "nothing of it is held any more");
+    // Its XA COMMIT hands nothing on: its rows are PENDING for the sweeper.
+    for item in [
+        BinlogItem::TxBegin,
+        BinlogItem::XaOutcome {
+            xid,
+            committed: true,
+        },
+        end(300),
+    ] {
+        items_tx.send(item).await.unwrap();
+    }
+    drop(items_tx);
+    dispatcher.await.unwrap();
+    assert!(
+        handed.try_recv().is_err(),
+        "the sweeper sends the parked rows"
+    );
+    assert_eq!(acks.position().pos, 300);
 }
