@@ -117,6 +117,8 @@ pub struct RelayMetrics {
     pub xa_prepared_transactions: Gauge,
     /// Prepared XA transactions held for `relay.park_prepared_after` and parked.
     pub xa_parked: Counter,
+    /// Failed relay rounds whose error the relay does not classify (retried; alert).
+    pub unclassified_errors: Counter,
     /// Keys whose stream events wait for an older row of the key the stream did not read.
     pub keys_held_for_order: Gauge,
     /// Events waiting in each shard's input.
@@ -166,6 +168,7 @@ impl RelayMetrics {
             checkpoint_age_seconds: Gauge::default(),
             xa_prepared_transactions: Gauge::default(),
             xa_parked: Counter::default(),
+            unclassified_errors: Counter::default(),
             keys_held_for_order: Gauge::default(),
             binlog_behind_transactions: Gauge::default(),
             binlog_behind_bytes: Gauge::default(),
@@ -283,6 +286,11 @@ impl RelayMetrics {
             "xa_parked",
             "Prepared XA transactions held for relay.park_prepared_after, then parked: the checkpoint passes them and the sweeper sends their events at XA COMMIT",
             metrics.xa_parked.clone(),
+        );
+        registry.register(
+            "unclassified_errors",
+            "Failed relay rounds whose error is neither a lost connection nor a known configuration error (retried, logged at ERROR): report them",
+            metrics.unclassified_errors.clone(),
         );
         registry.register(
             "keys_held_for_order",

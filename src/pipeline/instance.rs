@@ -52,18 +52,15 @@ pub async fn run_instance<S: Sink>(
                 server.galera,
             )?;
             let leadership = match election.try_lead().await.map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot enter the leader election in MySQL (has `outbox-relay migrate` run?): {e}"
+                anyhow::Error::new(e).context(
+                    "cannot enter the leader election in MySQL (has `outbox-relay migrate` run?)",
                 )
             })? {
                 Some(leadership) => leadership,
-                None => {
-                    match stand_by(pipeline, &election, &options, &cancel, &mut total).await?
-                    {
-                        Some(leadership) => leadership,
-                        None => return Ok(None),
-                    }
-                }
+                None => match stand_by(pipeline, &election, &options, &cancel, &mut total).await? {
+                    Some(leadership) => leadership,
+                    None => return Ok(None),
+                },
             };
             let led = lead(pipeline, server, &store, &options, &cancel, &leadership).await;
             leadership.resign(&election).await;
@@ -86,7 +83,17 @@ pub async fn run_instance<S: Sink>(
             Err(e) => {
                 failures += 1;
                 let delay = policy.delay(failures).unwrap_or(policy.max);
-                tracing::warn!(error = %e, retry_in = ?delay, "relay round failed; retrying");
+                if is_unclassified(&e) {
+                    // Retried like a lost connection, but never unseen: an ERROR, a count and an
+                    // alert (OutboxUnclassifiedErrors) say that the relay cannot tell what it is.
+                    crate::metrics::relay().unclassified_errors.inc();
+                    tracing::error!(error = %format!("{e:#}"), retry_in = ?delay, failures,
+                        "relay round failed with an error the relay does not classify (not a \
+                         lost connection, not a known configuration error): retrying; if it \
+                         repeats, report it with this message");
+                } else {
+                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "relay round failed; retrying");
+                }
                 tokio::select! {
                     _ = cancel.cancelled() => return Ok(total),
                     _ = tokio::time::sleep(delay) => {}
@@ -103,9 +110,26 @@ fn is_permanent(error: &anyhow::Error, started: bool) -> bool {
     class_of(error).stops(started)
 }
 
+/// Whether no error in `error`'s chain classifies itself and none is a lost connection (a
+/// MySQL client or I/O error): an error the relay cannot tell anything about.
+fn is_unclassified(error: &anyhow::Error) -> bool {
+    let classified = |cause: &(dyn std::error::Error + 'static)| {
+        cause.is::<mysql_async::Error>()
+            || cause.is::<mysql_async::DriverError>()
+            || cause.is::<mysql_async::IoError>()
+            || cause.is::<std::io::Error>()
+    };
+    class_of_known(error).is_none() && !error.chain().any(classified)
+}
+
 /// The class of the first error in `error`'s chain whose type classifies itself. The pipeline's
 /// error types are listed here, and only here.
 fn class_of(error: &anyhow::Error) -> ErrorClass {
+    class_of_known(error).unwrap_or(ErrorClass::Retryable)
+}
+
+/// [`class_of`], `None` when no error of the chain classifies itself.
+fn class_of_known(error: &anyhow::Error) -> Option<ErrorClass> {
     use crate::binlog::reader::StartupError;
     use crate::checkpoint::store::StoreError;
     use crate::mark::MarkError;
@@ -123,10 +147,7 @@ fn class_of(error: &anyhow::Error) -> ErrorClass {
             .downcast_ref::<StoreError>()
             .map(|e| e as &dyn Classify)
     }
-    error
-        .chain()
-        .find_map(as_classified)
-        .map_or(ErrorClass::Retryable, Classify::class)
+    error.chain().find_map(as_classified).map(Classify::class)
 }
 
 /// Sweeps (if enabled) while waiting for leadership; `None` when cancelled first.
@@ -299,5 +320,20 @@ mod tests {
         ));
         // An error of no classified type (a connection lost mid-way) is retried.
         assert!(!is_permanent(&anyhow::anyhow!("connection reset"), false));
+    }
+
+    #[test]
+    fn an_error_neither_classified_nor_a_lost_connection_is_unclassified() {
+        let lost = anyhow::Error::new(mysql_async::Error::Driver(
+            mysql_async::DriverError::PoolDisconnected,
+        ))
+        .context("cannot enter the leader election");
+        assert!(!is_unclassified(&lost), "a lost connection, under context");
+        let io = anyhow::Error::new(std::io::Error::other("reset")).context("reading");
+        assert!(!is_unclassified(&io));
+        assert!(!is_unclassified(&unreachable()), "classified");
+        assert!(is_unclassified(&anyhow::anyhow!(
+            "something nobody expected"
+        )));
     }
 }

@@ -215,7 +215,9 @@ async fn detect_strategy(pool: &Pool, tables: &[TableName]) -> anyhow::Result<Cl
         ))
         .await
         .map_err(|e| {
-            anyhow::anyhow!("cannot read outbox table {table} (run `outbox-relay migrate`?): {e}")
+            anyhow::Error::new(e).context(format!(
+                "cannot read outbox table {table} (run `outbox-relay migrate`?)"
+            ))
         })?;
     }
     let strategy = ClaimStrategy::for_version(&version);
