@@ -2,7 +2,8 @@
 //! operator does to drain a topic and what a broker does when its disk is nearly full) holds
 //! back only its own events. A second topic written at the same rate keeps flowing; the stuck
 //! topic's events wait (in memory, then parked as PENDING rows for the sweeper) and are
-//! delivered in key order once it is writable again. Judged by what the broker stored.
+//! delivered in key order once it is writable again. Judged by what the broker stored. (The
+//! same with a frozen broker group is in `cluster`, which starts clusters of two groups.)
 
 use crate::common::relay::{
     assert_key_order, assert_msg_ids_stored, count_status, relay_fixture, wait_for, RunningRelay,
@@ -36,7 +37,12 @@ fn set_permission(topic: &str, perm: &str) {
 
 /// Writes one event per transaction, alternating between `topics`, `per_second` in all, until
 /// `stop`; keys `k0..k9` per topic.
-async fn write_steadily(db: TestDb, topics: [String; 2], per_second: u64, stop: Arc<AtomicBool>) {
+pub async fn write_steadily(
+    db: TestDb,
+    topics: [String; 2],
+    per_second: u64,
+    stop: Arc<AtomicBool>,
+) {
     let outbox = Outbox::default();
     let mut conn = db.conn().await;
     let every = Duration::from_micros(1_000_000 / per_second);
@@ -60,7 +66,7 @@ async fn write_steadily(db: TestDb, topics: [String; 2], per_second: u64, stop: 
 
 /// Commit → SENT latencies (ms, database clock) of `topic`'s rows created in `[from, to)`
 /// seconds since `t0` (the database's `UNIX_TIMESTAMP(NOW(3))` at the start), sorted.
-async fn latencies(db: &TestDb, topic: &str, t0: f64, from: f64, to: f64) -> Vec<f64> {
+pub async fn latencies(db: &TestDb, topic: &str, t0: f64, from: f64, to: f64) -> Vec<f64> {
     let rows: Vec<f64> = db
         .conn()
         .await
@@ -77,7 +83,7 @@ async fn latencies(db: &TestDb, topic: &str, t0: f64, from: f64, to: f64) -> Vec
     rows
 }
 
-fn p99(sorted: &[f64]) -> f64 {
+pub fn p99(sorted: &[f64]) -> f64 {
     assert!(!sorted.is_empty(), "no latencies measured");
     sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
 }
@@ -168,9 +174,12 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
         "the healthy topic waited for the stuck one: p99 {p99_during:.1} ms during the fault \
          against {p99_before:.1} ms before"
     );
+    // As many stuck events were written during the fault as healthy ones (the writer
+    // alternates): most of them were still waiting at its end.
     assert!(
-        stuck_pending_during > 500,
-        "the stuck topic's events waited during the fault ({stuck_pending_during})"
+        stuck_pending_during as usize * 2 >= during.len(),
+        "the stuck topic's events waited during the fault ({stuck_pending_during} of about {})",
+        during.len()
     );
     assert!(
         rocketmq_outbox::metrics::relay()

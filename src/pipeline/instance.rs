@@ -4,13 +4,17 @@
 //!
 //! Guarantees: at most one instance streams at a time as far as the server's lock goes (see
 //! [`crate::leader`]); a new leader resumes from the furthest checkpoint it can see (its own, or
-//! the mirror the previous leader kept in MySQL), so a takeover resends at most what the old
-//! leader sent after its last mirrored checkpoint. If the checkpoint is no longer on the server
+//! the mirror the previous leader kept in MySQL) and, reading again up to the server's end of
+//! binlog as it is when it takes over, skips the events already recorded SENT or FAILED: a
+//! takeover resends what the old leader had sent but not yet recorded, not everything after its
+//! last mirrored checkpoint. If the checkpoint is no longer on the server
 //! (purged binlogs), the leader logs an ERROR, counts it, restarts from the oldest position the
 //! server has, and the sweeper publishes the PENDING rows of the gap.
 
 use super::{run_cdc, run_sweeper_alone, PipelineBuilder, RunOptions, RunSummary};
-use crate::binlog::reader::{check_server, oldest_position, ReaderError, ServerInfo};
+use crate::binlog::reader::{
+    check_server, oldest_position, server_position, ReaderError, ServerInfo,
+};
 use crate::binlog::ServerFlavor;
 use crate::checkpoint::CheckpointStore;
 use crate::db::Deployment;
@@ -223,7 +227,17 @@ async fn lead<S: Sink>(
     let result = loop {
         // After a fall-back the server is asked again: its end of binlog has moved on.
         let server = match server.take() {
-            Some(server) => server,
+            // The end of binlog is asked again even the first time: a standby read it when it
+            // began to wait for this leadership, maybe long ago, and catching up (skipping the
+            // events the old leader already recorded) runs up to the end as it is now. With a
+            // stale end a new leader resent everything since the mirrored checkpoint.
+            Some(server) => match server_position(&deployment.opts).await {
+                Ok(now) => ServerInfo {
+                    current: now.current,
+                    ..server
+                },
+                Err(e) => break Err(e.into()),
+            },
             None => match check_server(&deployment.opts, &deployment.tables).await {
                 Ok(server) => server,
                 Err(e) => break Err(e.into()),

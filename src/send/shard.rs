@@ -198,7 +198,8 @@ pub async fn run_shard<S: Sink>(
         );
         match next.await {
             Ok(Some((batch, queue))) => {
-                let backoff = Backoff::new(&options.retry, &options.wake);
+                let topic = &batch[0].row.message.topic;
+                let backoff = Backoff::new(&options.retry, &options.wake, topic);
                 match send_batch(&*sink, batch, queue, backoff, &completions, stop).await {
                     Ok(()) => {}
                     Err(Interrupt::Stalled(stalled)) => lanes.open(stalled),
@@ -227,7 +228,7 @@ async fn next_batch<S: Sink>(
     stop: Stop<'_>,
 ) -> Result<Option<(Vec<ShardEvent>, usize)>, Interrupt> {
     // The first event's route look-up has retries of its own; the batch's start afresh.
-    let mut look_up = Backoff::new(&options.retry, &options.wake);
+    let mut look_up = Backoff::new(&options.retry, &options.wake, &first.row.message.topic);
     let first = vec![first];
     let queue = match route(sink, &first, &mut look_up, stop).await {
         Ok(queues) => queues[0],

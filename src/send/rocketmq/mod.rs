@@ -20,7 +20,7 @@ use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use topics::{ClusterMemory, Missing, NameServerView, AUTO_CREATE_TOPIC};
@@ -60,6 +60,8 @@ pub struct RocketMqSink {
     /// Topics and broker groups seen, for the verdict on "no such topic" (see [`topics`]).
     memory: ClusterMemory,
     unavailable_in_a_row: AtomicU32,
+    /// Set while a sender rebuilds the producer.
+    rebuilding: AtomicBool,
 }
 
 /// Gives the client a runtime of its own with this many worker threads (see `client_host`).
@@ -104,6 +106,7 @@ impl RocketMqSink {
             routes: Mutex::new(HashMap::new()),
             memory: ClusterMemory::default(),
             unavailable_in_a_row: AtomicU32::new(0),
+            rebuilding: AtomicBool::new(false),
         })
     }
 
@@ -306,9 +309,14 @@ impl RocketMqSink {
         if self.unavailable_in_a_row.load(Ordering::Relaxed) < REBUILD_AFTER_UNAVAILABLE {
             return;
         }
+        // One sender rebuilds; the others go on with the producer they have.
+        if self.rebuilding.swap(true, Ordering::SeqCst) {
+            return;
+        }
         self.unavailable_in_a_row.store(0, Ordering::Relaxed);
         self.rebuild(self.security(), "after repeated connection failures")
             .await;
+        self.rebuilding.store(false, Ordering::SeqCst);
     }
 
     /// After a refusal: if the secret is read from `rocketmq.secret_key_file` and the file now
@@ -336,7 +344,15 @@ impl RocketMqSink {
                 let mut old =
                     std::mem::replace(&mut *self.producer.write().expect("not poisoned"), fresh);
                 *self.security.write().expect("not poisoned") = security;
-                let _ = self.host.run(async move { old.shutdown().await }).await;
+                // The old producer ends in the background, once the sends it carries have had
+                // their time: its end unregisters from every broker, which takes a timeout per
+                // broker that does not answer (a frozen one), and a sender must not wait for
+                // that, nor see its send on the old producer cut short.
+                let linger = self.config.send_timeout * 2;
+                self.host.spawn(async move {
+                    tokio::time::sleep(linger).await;
+                    old.shutdown().await;
+                });
                 self.routes.lock().expect("not poisoned").clear();
                 tracing::info!("rebuilt the RocketMQ producer {why}");
             }

@@ -167,7 +167,7 @@ async fn run_lane<S: Sink>(
     cancel: CancellationToken,
     held: Arc<Held>,
 ) {
-    let _closing = Closing {
+    let closing = Closing {
         stalls: &options.stalls,
         topic: stalled.topic().to_string(),
         shard: options.index,
@@ -206,7 +206,7 @@ async fn run_lane<S: Sink>(
         let sent = match next.await {
             Ok(Some((batch, queue))) => {
                 let size = batch.len();
-                let backoff = Backoff::new(&options.retry, &options.wake);
+                let backoff = Backoff::new(&options.retry, &options.wake, &closing.topic);
                 send_batch(&*sink, batch, queue, backoff, &completions, stop)
                     .await
                     .map(|()| size)

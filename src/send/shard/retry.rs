@@ -2,44 +2,67 @@
 
 use super::{failed, SendOutcome};
 use crate::retry::RetryPolicy;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Wakes the shards waiting out a retry delay when one of them got `SEND_OK`: the broker is
-/// back, so a shard need not sit out the rest of a long backoff (and hold its keys) after an
-/// outage that other shards have already seen end. A wake-up only moves an attempt earlier; it
-/// is not a retry (see `Backoff`).
+/// Wakes the senders waiting out a retry delay for a topic when a send to that topic got
+/// `SEND_OK`: its broker is back, so a shard (or a lane) need not sit out the rest of a long
+/// backoff (and hold its keys) after an outage that another shard has already seen end. A
+/// success on another topic wakes nobody here: it says nothing about this topic, and would
+/// make a stalled topic's lanes try again at the pace of a healthy topic's sends. A wake-up
+/// only moves an attempt earlier; it is not a retry (see `Backoff`).
 ///
 /// Shared by the shards given clones of one [`ShardOptions`](super::ShardOptions), i.e. the
 /// shards of one relay; shards of other relays in the same process (tests) are not woken.
 #[derive(Debug, Default)]
 pub struct WakeUp {
-    notify: Notify,
-    /// Shards waiting out a retry delay (so a successful send only notifies when someone waits).
-    waiting: AtomicUsize,
+    /// The senders waiting out a retry delay, by topic: how many, and what wakes them.
+    waiting: Mutex<HashMap<String, (usize, Arc<Notify>)>>,
 }
 
 impl WakeUp {
-    /// A send got `SEND_OK`: wakes the shards waiting out a retry delay, if any.
-    pub(super) fn broker_answered(&self) {
-        if self.waiting.load(Ordering::SeqCst) > 0 {
-            self.notify.notify_waiters();
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<String, (usize, Arc<Notify>)>> {
+        self.waiting.lock().expect("not poisoned")
+    }
+
+    /// A send to `topic` got `SEND_OK`: wakes the senders waiting out a retry delay for it.
+    pub(super) fn broker_answered(&self, topic: &str) {
+        if let Some((_, notify)) = self.waiting().get(topic) {
+            notify.notify_waiters();
         }
     }
 
-    /// Waits until `deadline` or a wake-up, whichever comes first; `Err` if `cancel` fires.
-    async fn wait_until(&self, deadline: Instant, cancel: &CancellationToken) -> Result<(), ()> {
-        self.waiting.fetch_add(1, Ordering::SeqCst);
+    /// Waits until `deadline` or a wake-up for `topic`, whichever comes first; `Err` if
+    /// `cancel` fires.
+    async fn wait_until(
+        &self,
+        topic: &str,
+        deadline: Instant,
+        cancel: &CancellationToken,
+    ) -> Result<(), ()> {
+        let notify = {
+            let mut waiting = self.waiting();
+            let entry =
+                (waiting.entry(topic.to_string())).or_insert_with(|| (0, Arc::new(Notify::new())));
+            entry.0 += 1;
+            Arc::clone(&entry.1)
+        };
         let waited = tokio::select! {
             _ = cancel.cancelled() => Err(()),
             _ = tokio::time::sleep_until(deadline) => Ok(()),
-            _ = self.notify.notified() => Ok(()),
+            _ = notify.notified() => Ok(()),
         };
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        let mut waiting = self.waiting();
+        if let Some(entry) = waiting.get_mut(topic) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                waiting.remove(topic);
+            }
+        }
         waited
     }
 }
@@ -55,6 +78,8 @@ impl WakeUp {
 pub(super) struct Backoff {
     policy: RetryPolicy,
     wake: Arc<WakeUp>,
+    /// The topic of the events retried (what a wake-up is for).
+    topic: String,
     /// Retries counted so far.
     retries: u32,
     /// Attempts refused for the relay's account so far (they use no retry).
@@ -86,10 +111,11 @@ pub(super) enum Refusal {
 }
 
 impl Backoff {
-    pub(super) fn new(policy: &RetryPolicy, wake: &Arc<WakeUp>) -> Self {
+    pub(super) fn new(policy: &RetryPolicy, wake: &Arc<WakeUp>, topic: &str) -> Self {
         Backoff {
             policy: policy.clone(),
             wake: Arc::clone(wake),
+            topic: topic.to_string(),
             retries: 0,
             refusals: 0,
             deadline: None,
@@ -152,14 +178,15 @@ impl Backoff {
         Some(deadline - now)
     }
 
-    /// A send got `SEND_OK`: wakes the shards waiting out a retry delay (see [`WakeUp`]).
+    /// A send got `SEND_OK`: wakes the senders waiting out a retry delay for the same topic
+    /// (see [`WakeUp`]).
     pub(super) fn broker_answered(&self) {
-        self.wake.broker_answered();
+        self.wake.broker_answered(&self.topic);
     }
 
     /// Waits until the current retry delay ends or a wake-up comes; `Err` if `cancel` fires.
     pub(super) async fn wait(&self, cancel: &CancellationToken) -> Result<(), ()> {
         let deadline = self.deadline.unwrap_or_else(Instant::now);
-        self.wake.wait_until(deadline, cancel).await
+        self.wake.wait_until(&self.topic, deadline, cancel).await
     }
 }

@@ -360,7 +360,7 @@ async fn fails_only_after_the_total_delay_despite_wake_ups(sink: Arc<ScriptedSin
     let wake = Arc::clone(&options.wake);
     let waker = tokio::spawn(async move {
         loop {
-            wake.broker_answered();
+            wake.broker_answered("t");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     });
@@ -416,7 +416,7 @@ async fn a_wake_up_ends_a_retry_delay_at_once_when_the_broker_is_back() {
     let wake = Arc::clone(&options.wake);
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        wake.broker_answered();
+        wake.broker_answered("t");
     });
     let started = tokio::time::Instant::now();
     let done = run(Arc::clone(&sink), vec![event(1, "k", "t")], options).await;

@@ -155,3 +155,24 @@ async fn a_stalled_batch_keeps_its_retries_in_the_lane_and_fails_per_the_policy(
     );
     assert!(!stalls.is_stalled("t"), "a lane with nothing left closes");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_healthy_topic_s_successes_do_not_wake_a_stalled_topic_s_lane() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    sink.down_topics.lock().unwrap().insert("t".into());
+    let mut shard = running(&sink, ShardOptions::default());
+    shard.feed(vec![event(1, "a", "t")]).await;
+    // u's events succeed every 10 ms for 6 s: a SEND_OK each, on another topic.
+    for n in 0..600 {
+        shard.feed(vec![event(100 + n, "b", "u")]).await;
+        shard.next(1).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t_attempts = sink
+        .calls()
+        .iter()
+        .filter(|(topic, _, _)| topic == "t")
+        .count();
+    // The first attempt, then retries after 1, 2 and 4 s (the default policy): 3 in 6 s.
+    assert_eq!(t_attempts, 3, "t is tried at its own retry pace only");
+}
