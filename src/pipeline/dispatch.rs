@@ -399,7 +399,9 @@ impl Dispatcher {
             // Its topic does not accept events: the row stays PENDING and no acknowledgement is
             // taken for it, so the checkpoint may pass it; the sweeper sends it once the topic
             // accepts events (in key order: a later event of its key waits for it, `KeyOrder`).
-            DecodedRow::Event(row) if self.parking.contains(&row.message.topic) => {
+            DecodedRow::Event(row)
+                if !self.parking.is_empty() && self.parking.contains(&row.message.topic) =>
+            {
                 self.stats.parked += 1;
                 crate::send::stall::count_parked(&row.message.topic);
             }

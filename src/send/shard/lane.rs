@@ -83,10 +83,12 @@ impl<'a, S: Sink> Lanes<'a, S> {
     /// gives it back, to be sent by the shard. A lane that has closed (its topic accepts events
     /// again) is waited for first. Waits while the lane is full. `Err` once the shard stops.
     pub(super) async fn queue(&mut self, event: ShardEvent) -> Result<Option<ShardEvent>, ()> {
-        let topic = event.row.message.topic.clone();
-        let Some(lane) = self.lanes.get(&topic) else {
+        // The common case, no stalled topic at all, costs no look-up.
+        if self.lanes.is_empty() || !self.lanes.contains_key(&event.row.message.topic) {
             return Ok(Some(event));
-        };
+        }
+        let topic = event.row.message.topic.clone();
+        let lane = &self.lanes[&topic];
         let event = tokio::select! {
             _ = self.cancel.cancelled() => return Err(()),
             sent = lane.input.send(event) => match sent {
