@@ -16,7 +16,7 @@ pub mod stall;
 pub use rocketmq::RocketMqSink;
 pub use shard::{run_shard, Completion, SendOutcome, ShardEvent, ShardOptions};
 pub use shards::{SendInputs, Shards, Stopped};
-pub use stall::{StalledTopic, Stalls};
+pub use stall::Stalls;
 
 pub use crate::outbox::OutboundMessage;
 

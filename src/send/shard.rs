@@ -198,8 +198,7 @@ pub async fn run_shard<S: Sink>(
         );
         match next.await {
             Ok(Some((batch, queue))) => {
-                let topic = &batch[0].row.message.topic;
-                let backoff = Backoff::new(&options.retry, &options.wake, topic);
+                let backoff = Backoff::new(&options.retry, &options.wake);
                 match send_batch(&*sink, batch, queue, backoff, &completions, stop).await {
                     Ok(()) => {}
                     Err(Interrupt::Stalled(stalled)) => lanes.open(stalled),
@@ -228,7 +227,7 @@ async fn next_batch<S: Sink>(
     stop: Stop<'_>,
 ) -> Result<Option<(Vec<ShardEvent>, usize)>, Interrupt> {
     // The first event's route look-up has retries of its own; the batch's start afresh.
-    let mut look_up = Backoff::new(&options.retry, &options.wake, &first.row.message.topic);
+    let mut look_up = Backoff::new(&options.retry, &options.wake);
     let first = vec![first];
     let queue = match route(sink, &first, &mut look_up, stop).await {
         Ok(queues) => queues[0],
@@ -288,7 +287,7 @@ async fn route<S: Sink>(
             }
             Err(SendError::Unauthorized(reason)) => {
                 refused(topic, &reason, backoff);
-                wait_or_stall(backoff, stop).await?;
+                wait_or_stall(backoff, topic, stop).await?;
                 continue;
             }
             // No route (its broker gone, the name server unreachable) is a failed attempt like
@@ -307,16 +306,19 @@ async fn route<S: Sink>(
             }
             Next::GiveUp => return Err(Halt::Failed(backoff.gave_up(&reason))),
         }
-        wait_or_stall(backoff, stop).await?;
+        wait_or_stall(backoff, topic, stop).await?;
     }
 }
 
 /// After a failed look-up: waits out the retry delay, or stalls.
-async fn wait_or_stall(backoff: &Backoff, stop: Stop<'_>) -> Result<(), Halt> {
+async fn wait_or_stall(backoff: &Backoff, topic: &str, stop: Stop<'_>) -> Result<(), Halt> {
     if stop.on_failure == OnFailure::Stall {
         return Err(Halt::Stall);
     }
-    backoff.wait(stop.cancel).await.map_err(|()| Halt::Stopped)
+    backoff
+        .wait(topic, stop.cancel)
+        .await
+        .map_err(|()| Halt::Stopped)
 }
 
 /// Cuts `batch` into runs of consecutive events bound for one queue (`queues[i]` is the queue of
@@ -425,7 +427,7 @@ async fn send_batch<S: Sink>(
                 crate::failpoint::hit(crate::failpoint::AFTER_SEND_OK);
                 crate::metrics::health().set_broker(true);
                 crate::metrics::health().set_broker_auth(&topic, true);
-                backoff.broker_answered();
+                backoff.broker_answered(&topic);
                 for (mut event, msg_id) in batch.into_iter().zip(ids) {
                     event.row.stamps.ack = ack;
                     report(completions, event, SendOutcome::Sent { msg_id }).await?;
@@ -464,7 +466,7 @@ async fn send_batch<S: Sink>(
         if stop.on_failure == OnFailure::Stall {
             return Err(Interrupt::Stalled(Stalled::new(batch, backoff)));
         }
-        backoff.wait(stop.cancel).await?;
+        backoff.wait(&topic, stop.cancel).await?;
         match requeue(sink, batch, &mut backoff, completions, stop).await? {
             Some(next) => (queue, batch) = next,
             None => return Ok(()),
@@ -481,7 +483,9 @@ async fn resume<S: Sink>(
     stop: Stop<'_>,
 ) -> Result<(), Interrupt> {
     let Stalled { batch, mut backoff } = stalled;
-    backoff.wait(stop.cancel).await?;
+    backoff
+        .wait(&batch[0].row.message.topic, stop.cancel)
+        .await?;
     if let Some((queue, batch)) = requeue(sink, batch, &mut backoff, completions, stop).await? {
         send_batch(sink, batch, queue, backoff, completions, stop).await?;
     }

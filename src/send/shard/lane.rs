@@ -169,7 +169,8 @@ async fn run_lane<S: Sink>(
     cancel: CancellationToken,
     held: Arc<Held>,
 ) {
-    let closing = Closing {
+    // Tells the stalls the lane is closed when this function returns, however it returns.
+    let _closing = Closing {
         stalls: &options.stalls,
         topic: stalled.topic().to_string(),
         shard: options.index,
@@ -208,7 +209,7 @@ async fn run_lane<S: Sink>(
         let sent = match next.await {
             Ok(Some((batch, queue))) => {
                 let size = batch.len();
-                let backoff = Backoff::new(&options.retry, &options.wake, &closing.topic);
+                let backoff = Backoff::new(&options.retry, &options.wake);
                 send_batch(&*sink, batch, queue, backoff, &completions, stop)
                     .await
                     .map(|()| size)

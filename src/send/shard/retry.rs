@@ -3,6 +3,7 @@
 use super::{failed, SendOutcome};
 use crate::retry::RetryPolicy;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -22,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 pub struct WakeUp {
     /// The senders waiting out a retry delay, by topic: how many, and what wakes them.
     waiting: Mutex<HashMap<String, (usize, Arc<Notify>)>>,
+    /// How many wait in all: a `SEND_OK` while nobody waits (the common case) takes no lock.
+    waiting_total: AtomicUsize,
 }
 
 impl WakeUp {
@@ -31,6 +34,9 @@ impl WakeUp {
 
     /// A send to `topic` got `SEND_OK`: wakes the senders waiting out a retry delay for it.
     pub(super) fn broker_answered(&self, topic: &str) {
+        if self.waiting_total.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         if let Some((_, notify)) = self.waiting().get(topic) {
             notify.notify_waiters();
         }
@@ -51,11 +57,13 @@ impl WakeUp {
             entry.0 += 1;
             Arc::clone(&entry.1)
         };
+        self.waiting_total.fetch_add(1, Ordering::SeqCst);
         let waited = tokio::select! {
             _ = cancel.cancelled() => Err(()),
             _ = tokio::time::sleep_until(deadline) => Ok(()),
             _ = notify.notified() => Ok(()),
         };
+        self.waiting_total.fetch_sub(1, Ordering::SeqCst);
         let mut waiting = self.waiting();
         if let Some(entry) = waiting.get_mut(topic) {
             entry.0 -= 1;
@@ -78,8 +86,6 @@ impl WakeUp {
 pub(super) struct Backoff {
     policy: RetryPolicy,
     wake: Arc<WakeUp>,
-    /// The topic of the events retried (what a wake-up is for).
-    topic: String,
     /// Retries counted so far.
     retries: u32,
     /// Attempts refused for the relay's account so far (they use no retry).
@@ -111,11 +117,10 @@ pub(super) enum Refusal {
 }
 
 impl Backoff {
-    pub(super) fn new(policy: &RetryPolicy, wake: &Arc<WakeUp>, topic: &str) -> Self {
+    pub(super) fn new(policy: &RetryPolicy, wake: &Arc<WakeUp>) -> Self {
         Backoff {
             policy: policy.clone(),
             wake: Arc::clone(wake),
-            topic: topic.to_string(),
             retries: 0,
             refusals: 0,
             deadline: None,
@@ -178,15 +183,16 @@ impl Backoff {
         Some(deadline - now)
     }
 
-    /// A send got `SEND_OK`: wakes the senders waiting out a retry delay for the same topic
+    /// A send to `topic` got `SEND_OK`: wakes the senders waiting out a retry delay for it
     /// (see [`WakeUp`]).
-    pub(super) fn broker_answered(&self) {
-        self.wake.broker_answered(&self.topic);
+    pub(super) fn broker_answered(&self, topic: &str) {
+        self.wake.broker_answered(topic);
     }
 
-    /// Waits until the current retry delay ends or a wake-up comes; `Err` if `cancel` fires.
-    pub(super) async fn wait(&self, cancel: &CancellationToken) -> Result<(), ()> {
+    /// Waits until the current retry delay ends or a wake-up for `topic` comes; `Err` if `cancel`
+    /// fires.
+    pub(super) async fn wait(&self, topic: &str, cancel: &CancellationToken) -> Result<(), ()> {
         let deadline = self.deadline.unwrap_or_else(Instant::now);
-        self.wake.wait_until(&self.topic, deadline, cancel).await
+        self.wake.wait_until(topic, deadline, cancel).await
     }
 }
