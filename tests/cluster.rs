@@ -19,8 +19,6 @@ use rocketmq_outbox::outbox::status::codes::{FAILED, SENT};
 use rocketmq_outbox::producer::NewEvent;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn cluster(label: &str, options: RocketMqOptions) -> RocketMq {
@@ -210,7 +208,7 @@ fn create_topic_on(cluster: &RocketMq, group: &str, topic: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_broker_group_holds_back_only_the_topic_it_serves() {
-    use crate::isolation::{latencies, p99, write_steadily};
+    use crate::isolation::{assert_only_the_stuck_topic_waited, SteadyLoad};
     let db = TestDb::migrated("cluster_isolation").await;
     let mut mq = two_groups("cluster-isolation");
     let (healthy, stuck) = ("isolation_on_a", "isolation_on_b");
@@ -220,43 +218,19 @@ async fn a_frozen_broker_group_holds_back_only_the_topic_it_serves() {
     config.relay.park_after = Duration::from_secs(2);
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
-    let t0: f64 = db
-        .conn()
-        .await
-        .query_first("SELECT UNIX_TIMESTAMP(NOW(3))")
-        .await
-        .unwrap()
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = tokio::spawn(write_steadily(
-        db.clone_handle(),
-        [stuck.to_string(), healthy.to_string()],
-        100,
-        Arc::clone(&stop),
-    ));
+    let mut load = SteadyLoad::start(&db, [stuck.to_string(), healthy.to_string()], 100).await;
     // 6 s before, 20 s of broker-b frozen (SIGSTOP: its connections stay open, sends time
     // out), 3 s after.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let b = mq.broker_index("broker-b", 0).unwrap();
     mq.freeze_broker_at(b);
-    let frozen_from = t0_elapsed(&db, t0).await;
+    let frozen_from = load.elapsed().await;
     tokio::time::sleep(Duration::from_secs(20)).await;
-    let waiting: u64 = db
-        .conn()
-        .await
-        .exec_first(
-            "SELECT COUNT(*) FROM outbox_event WHERE topic = ? AND status <> ?",
-            (stuck, SENT),
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    let frozen_to = t0_elapsed(&db, t0).await;
+    let waiting = load.not_sent(stuck).await;
+    let frozen_to = load.elapsed().await;
     mq.thaw_broker_at(b);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.store(true, Ordering::SeqCst);
-    writer.await.unwrap();
-    let total = db.count("outbox_event").await;
+    let total = load.stop().await;
     wait_until_sent(&db, total, Duration::from_secs(120)).await;
     let summary = relay.stop().await;
     assert_eq!(
@@ -264,42 +238,13 @@ async fn a_frozen_broker_group_holds_back_only_the_topic_it_serves() {
         "the freeze is shorter than the retry policy"
     );
 
-    let before = latencies(&db, healthy, t0, 1.0, 6.0).await;
+    let before = load.latencies(healthy, 1.0, 6.0).await;
     // From 2 s into the freeze: the first send to broker-b has timed out (1 s) by then.
-    let during = latencies(&db, healthy, t0, frozen_from + 2.0, frozen_to).await;
-    let (p99_before, p99_during) = (p99(&before), p99(&during));
-    println!(
-        "broker-a's topic commit → SENT p99: {p99_before:.1} ms before broker-b froze ({} \
-         events), {p99_during:.1} ms while it was frozen ({} events); broker-b's topic: \
-         {waiting} rows waiting at the end of the freeze",
-        before.len(),
-        during.len()
-    );
-    assert!(
-        p99_during <= (2.0 * p99_before).max(p99_before + 250.0),
-        "the healthy topic waited for the frozen group: p99 {p99_during:.1} ms against \
-         {p99_before:.1} ms before"
-    );
-    assert!(
-        waiting as usize * 2 >= during.len(),
-        "broker-b's topic waited ({waiting} rows; about {} written during the freeze)",
-        during.len()
-    );
+    let during = load.latencies(healthy, frozen_from + 2.0, frozen_to).await;
+    assert_only_the_stuck_topic_waited(&before, &during, waiting, "broker group frozen");
     for topic in [healthy, stuck] {
         assert_delivered(&db, &mq, topic).await;
     }
-}
-
-/// Seconds since `t0` on the database's clock.
-async fn t0_elapsed(db: &TestDb, t0: f64) -> f64 {
-    let now: f64 = db
-        .conn()
-        .await
-        .query_first("SELECT UNIX_TIMESTAMP(NOW(3))")
-        .await
-        .unwrap()
-        .unwrap();
-    now - t0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

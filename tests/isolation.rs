@@ -35,14 +35,94 @@ fn set_permission(topic: &str, perm: &str) {
         .expect("mqadmin updateTopicPerm");
 }
 
-/// Writes one event per transaction, alternating between `topics`, `per_second` in all, until
-/// `stop`; keys `k0..k9` per topic.
-pub async fn write_steadily(
+/// Two topics written at a steady rate while it runs, one event per transaction, alternating
+/// between them (keys `k0..k9` per topic); times are seconds since its start on the database's
+/// clock, as `created_at` and `sent_at` are.
+pub struct SteadyLoad {
     db: TestDb,
-    topics: [String; 2],
-    per_second: u64,
+    /// The database's `UNIX_TIMESTAMP(NOW(3))` at the start.
+    pub t0: f64,
     stop: Arc<AtomicBool>,
-) {
+    writer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl SteadyLoad {
+    /// Starts writing `per_second` events in all to `topics`.
+    pub async fn start(db: &TestDb, topics: [String; 2], per_second: u64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = tokio::spawn(write_steadily(
+            db.clone_handle(),
+            topics,
+            per_second,
+            Arc::clone(&stop),
+        ));
+        let t0 = db_now(db).await;
+        SteadyLoad {
+            db: db.clone_handle(),
+            t0,
+            stop,
+            writer: Some(writer),
+        }
+    }
+
+    /// Seconds since the start.
+    pub async fn elapsed(&self) -> f64 {
+        db_now(&self.db).await - self.t0
+    }
+
+    /// Rows of `topic` not SENT yet.
+    pub async fn not_sent(&self, topic: &str) -> u64 {
+        self.db
+            .conn()
+            .await
+            .exec_first(
+                "SELECT COUNT(*) FROM outbox_event WHERE topic = ? AND status <> ?",
+                (topic, Status::Sent.code()),
+            )
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    /// Commit → SENT latencies (ms) of `topic`'s rows created in `[from, to)`, sorted.
+    pub async fn latencies(&self, topic: &str, from: f64, to: f64) -> Vec<f64> {
+        let mut rows: Vec<f64> = self
+            .db
+            .conn()
+            .await
+            .exec(
+                "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) / 1000 FROM outbox_event \
+                 WHERE topic = ? AND sent_at IS NOT NULL AND UNIX_TIMESTAMP(created_at) >= ? \
+                 AND UNIX_TIMESTAMP(created_at) < ?",
+                (topic, self.t0 + from, self.t0 + to),
+            )
+            .await
+            .unwrap();
+        rows.sort_by(f64::total_cmp);
+        rows
+    }
+
+    /// Stops writing; how many events were written.
+    pub async fn stop(&mut self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(writer) = self.writer.take() {
+            writer.await.unwrap();
+        }
+        self.db.count("outbox_event").await
+    }
+}
+
+/// The database's clock, Unix seconds.
+async fn db_now(db: &TestDb) -> f64 {
+    db.conn()
+        .await
+        .query_first("SELECT UNIX_TIMESTAMP(NOW(3))")
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+async fn write_steadily(db: TestDb, topics: [String; 2], per_second: u64, stop: Arc<AtomicBool>) {
     let outbox = Outbox::default();
     let mut conn = db.conn().await;
     let every = Duration::from_micros(1_000_000 / per_second);
@@ -64,28 +144,37 @@ pub async fn write_steadily(
     }
 }
 
-/// Commit → SENT latencies (ms, database clock) of `topic`'s rows created in `[from, to)`
-/// seconds since `t0` (the database's `UNIX_TIMESTAMP(NOW(3))` at the start), sorted.
-pub async fn latencies(db: &TestDb, topic: &str, t0: f64, from: f64, to: f64) -> Vec<f64> {
-    let rows: Vec<f64> = db
-        .conn()
-        .await
-        .exec(
-            "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) / 1000 FROM outbox_event \
-             WHERE topic = ? AND sent_at IS NOT NULL AND UNIX_TIMESTAMP(created_at) >= ? \
-             AND UNIX_TIMESTAMP(created_at) < ?",
-            (topic, t0 + from, t0 + to),
-        )
-        .await
-        .unwrap();
-    let mut rows = rows;
-    rows.sort_by(f64::total_cmp);
-    rows
-}
-
-pub fn p99(sorted: &[f64]) -> f64 {
-    assert!(!sorted.is_empty(), "no latencies measured");
-    sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
+/// The healthy topic's commit → SENT latencies `before` and `during` a fault (one run, this
+/// machine's noise: within 2× or 250 ms of before), and the stuck topic's rows still `waiting`
+/// at the fault's end: most of those written meanwhile (as many as the healthy topic's, the
+/// writer alternating).
+pub fn assert_only_the_stuck_topic_waited(
+    before: &[f64],
+    during: &[f64],
+    waiting: u64,
+    fault: &str,
+) {
+    let p99 = |sorted: &[f64]| {
+        assert!(!sorted.is_empty(), "no latencies measured");
+        sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
+    };
+    let (p99_before, p99_during) = (p99(before), p99(during));
+    println!(
+        "{fault}: healthy topic commit → SENT p99 {p99_before:.1} ms before ({} events), \
+         {p99_during:.1} ms during ({} events); stuck topic: {waiting} rows waiting at its end",
+        before.len(),
+        during.len()
+    );
+    assert!(
+        p99_during <= (2.0 * p99_before).max(p99_before + 250.0),
+        "{fault}: the healthy topic waited for the stuck one: p99 {p99_during:.1} ms during \
+         against {p99_before:.1} ms before"
+    );
+    assert!(
+        waiting as usize * 2 >= during.len(),
+        "{fault}: the stuck topic's events waited ({waiting} rows; about {} written meanwhile)",
+        during.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,20 +200,7 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
     config.relay.park_after = Duration::from_secs(2);
     let relay = RunningRelay::start(&config).await;
 
-    let t0: f64 = db
-        .conn()
-        .await
-        .query_first("SELECT UNIX_TIMESTAMP(NOW(3))")
-        .await
-        .unwrap()
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = tokio::spawn(write_steadily(
-        db.clone_handle(),
-        [stuck.clone(), healthy.clone()],
-        100,
-        Arc::clone(&stop),
-    ));
+    let mut load = SteadyLoad::start(&db, [stuck.clone(), healthy.clone()], 100).await;
     // 8 s before the fault; the fault from when the relay's route shows the topic read-only
     // (the client refreshes routes every 30 s) for 20 s; 4 s after.
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -141,16 +217,14 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
     })
     .await;
     let fault = Instant::now();
-    let fault_from = stalled_since.get() - t0;
+    let fault_from = stalled_since.get() - load.t0;
     tokio::time::sleep(Duration::from_secs(20)).await;
-    let stuck_pending_during = count_pending_of(&db, &stuck).await;
+    let waiting = load.not_sent(&stuck).await;
     set_permission(&stuck, "6");
     let fault_lasted = fault.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(4)).await;
-    stop.store(true, Ordering::SeqCst);
-    writer.await.unwrap();
+    let total = load.stop().await;
 
-    let total = db.count("outbox_event").await;
     wait_for("every row SENT", Duration::from_secs(120), || async {
         count_status(&db, Status::Sent).await == total
     })
@@ -158,29 +232,10 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
     let summary = relay.stop().await;
     println!("{summary:?}");
 
-    // The healthy topic flowed during the fault as before it (both measured in this run).
-    let before = latencies(&db, &healthy, t0, 1.0, 8.0).await;
-    let during = latencies(&db, &healthy, t0, fault_from, fault_from + fault_lasted).await;
-    let (p99_before, p99_during) = (p99(&before), p99(&during));
-    println!(
-        "healthy topic commit → SENT p99: {p99_before:.1} ms before the fault ({} events), \
-         {p99_during:.1} ms during it ({} events); stuck topic: {stuck_pending_during} rows \
-         waiting at the end of the fault",
-        before.len(),
-        during.len()
-    );
-    assert!(
-        p99_during <= (2.0 * p99_before).max(p99_before + 250.0),
-        "the healthy topic waited for the stuck one: p99 {p99_during:.1} ms during the fault \
-         against {p99_before:.1} ms before"
-    );
-    // As many stuck events were written during the fault as healthy ones (the writer
-    // alternates): most of them were still waiting at its end.
-    assert!(
-        stuck_pending_during as usize * 2 >= during.len(),
-        "the stuck topic's events waited during the fault ({stuck_pending_during} of about {})",
-        during.len()
-    );
+    // Both measured in this run.
+    let before = load.latencies(&healthy, 1.0, 8.0).await;
+    let during = (load.latencies(&healthy, fault_from, fault_from + fault_lasted)).await;
+    assert_only_the_stuck_topic_waited(&before, &during, waiting, "read-only topic");
     assert!(
         rocketmq_outbox::metrics::relay()
             .events_parked
@@ -191,7 +246,6 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
             > 0,
         "the stuck topic's later events were parked, not held in memory"
     );
-
     // What the broker stored: every event of both topics, each key on one queue in commit
     // order, every SENT msg_id stored.
     for topic in [&healthy, &stuck] {
@@ -224,16 +278,4 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
         assert_msg_ids_stored(&rows, &messages);
         assert_key_order(&rows, &messages);
     }
-}
-
-async fn count_pending_of(db: &TestDb, topic: &str) -> u64 {
-    db.conn()
-        .await
-        .exec_first(
-            "SELECT COUNT(*) FROM outbox_event WHERE topic = ? AND status <> ?",
-            (topic, Status::Sent.code()),
-        )
-        .await
-        .unwrap()
-        .unwrap()
 }
