@@ -158,6 +158,10 @@ pub struct RocketMqConfig {
     /// TLS to the name server and brokers; the servers' certificates must chain to the system's
     /// roots (or to the PEM bundle in `$SSL_CERT_FILE`).
     pub tls: bool,
+    /// When a broker group is lost, send the keys of its queues to the other groups' queues
+    /// (as RocketMQ's own producers do) instead of waiting for it. Off by default: a consumer
+    /// could then read a key's newer events before its older ones, stored on the lost group.
+    pub reroute_on_broker_loss: bool,
 }
 
 impl Default for RocketMqConfig {
@@ -170,6 +174,7 @@ impl Default for RocketMqConfig {
             secret_key: None,
             secret_key_file: None,
             tls: false,
+            reroute_on_broker_loss: false,
         }
     }
 }

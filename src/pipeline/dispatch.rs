@@ -26,7 +26,7 @@ use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, StreamClock, TxEnd, 
 use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::event::Origin;
 use crate::outbox::{Status, TableName};
-use crate::send::{Completion, SendInputs, ShardEvent};
+use crate::send::{Completion, SendInputs, ShardEvent, StalledSet};
 use mysql_async::prelude::*;
 use mysql_async::Pool;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -218,7 +218,7 @@ pub async fn run(
         held: HashMap::new(),
         last_long_warning: Instant::now(),
         last_recheck: Instant::now(),
-        parking: HashSet::new(),
+        parking: StalledSet::default(),
         park_prepared_after: outputs.park_prepared_after,
         parked_xa: HashMap::new(),
     };
@@ -347,7 +347,7 @@ struct Dispatcher {
     held: HashMap<Xid, Held>,
     last_long_warning: Instant,
     /// The topics whose events this batch parks (see [`crate::send::Stalls::parking`]).
-    parking: HashSet<String>,
+    parking: StalledSet,
     park_prepared_after: Option<Duration>,
     /// Prepared XA transactions parked, and since when they were prepared.
     parked_xa: HashMap<Xid, Instant>,
@@ -400,7 +400,10 @@ impl Dispatcher {
             // taken for it, so the checkpoint may pass it; the sweeper sends it once the topic
             // accepts events (in key order: a later event of its key waits for it, `KeyOrder`).
             DecodedRow::Event(row)
-                if !self.parking.is_empty() && self.parking.contains(&row.message.topic) =>
+                if !self.parking.is_empty()
+                    && self
+                        .parking
+                        .contains(&row.message.topic, &row.message.biz_key) =>
             {
                 self.stats.parked += 1;
                 crate::send::stall::count_parked(&row.message.topic);

@@ -16,7 +16,7 @@ pub mod stall;
 pub use rocketmq::RocketMqSink;
 pub use shard::{run_shard, Completion, SendOutcome, ShardEvent, ShardOptions};
 pub use shards::{SendInputs, Shards, Stopped};
-pub use stall::Stalls;
+pub use stall::{StalledSet, Stalls};
 
 pub use crate::outbox::OutboundMessage;
 
@@ -55,6 +55,13 @@ impl SendError {
 pub trait Sink: Send + Sync + 'static {
     /// How many write queues `topic` has (implementations cache the route).
     fn queue_count(&self, topic: &str) -> impl Future<Output = Result<usize, SendError>> + Send;
+
+    /// Whether a key keeps its queue index while a broker group is lost (the queue list does not
+    /// shrink), so a send that fails holds back that queue's events only; else a failure holds
+    /// back the topic's (in one shard), since its keys may move to other queues.
+    fn stable_queues(&self) -> bool {
+        false
+    }
 
     /// Publishes `messages` (all of `topic`) to the queue at `queue_index`, in order.
     fn send(

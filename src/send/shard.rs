@@ -201,12 +201,12 @@ pub async fn run_shard<S: Sink>(
                 let backoff = Backoff::new(&options.retry, &options.wake);
                 match send_batch(&*sink, batch, queue, backoff, &completions, stop).await {
                     Ok(()) => {}
-                    Err(Interrupt::Stalled(stalled)) => lanes.open(stalled),
+                    Err(Interrupt::Stalled(stalled)) => lanes.open(stalled).await,
                     Err(Interrupt::Stopped) => return,
                 }
             }
             Ok(None) => {}
-            Err(Interrupt::Stalled(stalled)) => lanes.open(stalled),
+            Err(Interrupt::Stalled(stalled)) => lanes.open(stalled).await,
             Err(Interrupt::Stopped) => return,
         }
     }
@@ -316,7 +316,7 @@ async fn wait_or_stall(backoff: &Backoff, topic: &str, stop: Stop<'_>) -> Result
         return Err(Halt::Stall);
     }
     backoff
-        .wait(topic, stop.cancel)
+        .wait(topic, None, stop.cancel)
         .await
         .map_err(|()| Halt::Stopped)
 }
@@ -412,6 +412,8 @@ async fn send_batch<S: Sink>(
 ) -> Result<(), Interrupt> {
     let topic = batch[0].row.message.topic.clone();
     loop {
+        // Where keys keep their queue, a failed send holds that queue only, and waits for it.
+        let own_queue = sink.stable_queues().then_some(queue);
         if !stop.fence.holds() {
             return Err(Interrupt::Stopped);
         }
@@ -427,7 +429,7 @@ async fn send_batch<S: Sink>(
                 crate::failpoint::hit(crate::failpoint::AFTER_SEND_OK);
                 crate::metrics::health().set_broker(true);
                 crate::metrics::health().set_broker_auth(&topic, true);
-                backoff.broker_answered(&topic);
+                backoff.broker_answered(&topic, own_queue);
                 for (mut event, msg_id) in batch.into_iter().zip(ids) {
                     event.row.stamps.ack = ack;
                     report(completions, event, SendOutcome::Sent { msg_id }).await?;
@@ -464,9 +466,9 @@ async fn send_batch<S: Sink>(
             },
         }
         if stop.on_failure == OnFailure::Stall {
-            return Err(Interrupt::Stalled(Stalled::new(batch, backoff)));
+            return Err(Interrupt::Stalled(Stalled::at(batch, queue, backoff)));
         }
-        backoff.wait(&topic, stop.cancel).await?;
+        backoff.wait(&topic, own_queue, stop.cancel).await?;
         match requeue(sink, batch, &mut backoff, completions, stop).await? {
             Some(next) => (queue, batch) = next,
             None => return Ok(()),
@@ -482,9 +484,14 @@ async fn resume<S: Sink>(
     completions: &mpsc::Sender<Completion>,
     stop: Stop<'_>,
 ) -> Result<(), Interrupt> {
-    let Stalled { batch, mut backoff } = stalled;
+    let Stalled {
+        batch,
+        mut backoff,
+        queue,
+    } = stalled;
+    let queue = queue.filter(|_| sink.stable_queues());
     backoff
-        .wait(&batch[0].row.message.topic, stop.cancel)
+        .wait(&batch[0].row.message.topic, queue, stop.cancel)
         .await?;
     if let Some((queue, batch)) = requeue(sink, batch, &mut backoff, completions, stop).await? {
         send_batch(sink, batch, queue, backoff, completions, stop).await?;
@@ -545,9 +552,12 @@ async fn send_in_turn<S: Sink>(
         match sent.await {
             Ok(()) => {}
             Err(Interrupt::Stalled(mut stalled)) => {
-                stalled
-                    .batch
-                    .extend(sub_batches.flat_map(|(_, events)| events));
+                for (queue, events) in sub_batches {
+                    if stalled.queue != Some(queue) {
+                        stalled.queue = None;
+                    }
+                    stalled.batch.extend(events);
+                }
                 return Err(Interrupt::Stalled(stalled));
             }
             Err(stopped) => return Err(stopped),

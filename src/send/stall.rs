@@ -4,16 +4,20 @@
 //! A topic stalls when a send to it, or a look-up of its route, fails for a reason worth
 //! retrying (a read-only or deleted topic, a frozen or lost broker group, an account refused on
 //! it): the shard moves that topic's events into a *lane* of their own and goes on with the
-//! other topics (see `shard::lane`). The topic stays stalled while any shard has a lane for it,
-//! and recovers when the last lane has sent (or, per the retry policy, FAILED) what it held.
+//! other topics (see `shard::lane`). Where a key keeps its queue whatever the route says (the
+//! RocketMQ sink's default, see `Sink::stable_queues`), a failed send stalls only its queue: the
+//! lane holds the events bound for that queue, and the topic's other queues go on. The topic
+//! (or queue) stays stalled while any shard has a lane for it, and recovers when the last lane
+//! has sent (or, per the retry policy, FAILED) what it held.
 //!
-//! Guarantee: only the stalled topic's events wait. Memory stays bounded however long the stall
+//! Guarantee: only the stalled topic's (or queue's) events wait. Memory stays bounded however long the stall
 //! lasts: once a topic has been stalled for `park_after`, the stream *parks* its new events
 //! instead of handing them to the shards — they are PENDING rows in the outbox table already, so
 //! the stream only lets its checkpoint pass them — and the sweeper, which leaves a stalled topic's
 //! rows alone, sends them in key order once the topic accepts events again.
 
 use crate::metrics::TopicLabel;
+use crate::route::{index_for, java_string_hash};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -30,10 +34,82 @@ pub struct Stalls {
 #[derive(Debug)]
 struct Stall {
     since: Instant,
-    /// The shards with a lane for the topic, and how many events each holds there.
-    lanes: HashMap<u32, usize>,
+    /// The lanes of the topic, and how many events each holds.
+    lanes: HashMap<LaneId, usize>,
     /// Whether the stream has started parking its events (logged once).
     parking: bool,
+}
+
+/// One lane of a topic: its shard, and the queue whose events it holds (`None`: all of the
+/// topic's events in that shard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LaneId {
+    pub shard: u32,
+    pub queue: Option<QueueIndex>,
+}
+
+/// A queue of a topic as keys are hashed over its queue list: the key with hash `h` goes to
+/// `index_for(h, count)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct QueueIndex {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Stall {
+    /// Which of the topic's events it holds back.
+    fn scope(&self) -> Scope {
+        let mut queues = HashSet::new();
+        for lane in self.lanes.keys() {
+            match lane.queue {
+                None => return Scope::Topic,
+                Some(queue) => queues.insert(queue),
+            };
+        }
+        Scope::Queues(queues)
+    }
+}
+
+/// A snapshot of what is stalled (or parked): whole topics, or some queues of a topic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StalledSet {
+    topics: HashMap<String, Scope>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Scope {
+    Topic,
+    Queues(HashSet<QueueIndex>),
+}
+
+impl StalledSet {
+    pub fn is_empty(&self) -> bool {
+        self.topics.is_empty()
+    }
+
+    /// Whether an event of `topic` with key `biz_key` is held back.
+    pub fn contains(&self, topic: &str, biz_key: &str) -> bool {
+        match self.topics.get(topic) {
+            None => false,
+            Some(Scope::Topic) => true,
+            Some(Scope::Queues(queues)) => {
+                let hash = java_string_hash(biz_key);
+                queues.iter().any(|q| index_for(hash, q.count) == q.index)
+            }
+        }
+    }
+
+    /// The topics held back whole, sorted.
+    pub fn whole_topics(&self) -> Vec<String> {
+        let mut topics: Vec<String> = self
+            .topics
+            .iter()
+            .filter(|(_, scope)| **scope == Scope::Topic)
+            .map(|(topic, _)| topic.clone())
+            .collect();
+        topics.sort();
+        topics
+    }
 }
 
 impl Default for Stalls {
@@ -74,8 +150,8 @@ impl Stalls {
         self.topics.lock().expect("not poisoned")
     }
 
-    /// `shard` holds `held` events of `topic` in a lane (opened, or grown or shrunk).
-    pub(crate) fn holding(&self, topic: &str, shard: u32, held: usize) {
+    /// The lane `lane` holds `held` events of `topic` (opened, or grown or shrunk).
+    pub(crate) fn holding(&self, topic: &str, lane: LaneId, held: usize) {
         let mut topics = self.topics();
         let stall = topics.entry(topic.to_string()).or_insert_with(|| {
             tracing::warn!(%topic, "topic {topic} does not accept events now: its events wait \
@@ -90,17 +166,17 @@ impl Stalls {
                 parking: false,
             }
         });
-        stall.lanes.insert(shard, held);
+        stall.lanes.insert(lane, held);
         held_gauge(topic).set(stall.lanes.values().sum::<usize>() as i64);
     }
 
-    /// `shard` closed its lane of `topic`: everything it held there has its outcome.
-    pub(crate) fn closed(&self, topic: &str, shard: u32) {
+    /// The lane `lane` of `topic` closed: everything it held has its outcome.
+    pub(crate) fn closed(&self, topic: &str, lane: LaneId) {
         let mut topics = self.topics();
         let Some(stall) = topics.get_mut(topic) else {
             return;
         };
-        stall.lanes.remove(&shard);
+        stall.lanes.remove(&lane);
         held_gauge(topic).set(stall.lanes.values().sum::<usize>() as i64);
         if stall.lanes.is_empty() {
             let stall = topics.remove(topic).expect("present");
@@ -116,22 +192,26 @@ impl Stalls {
         self.topics().contains_key(topic)
     }
 
-    /// The stalled topics (the sweeper claims none of their rows meanwhile).
-    pub fn stalled_topics(&self) -> Vec<String> {
-        let mut topics: Vec<String> = self.topics().keys().cloned().collect();
-        topics.sort();
-        topics
+    /// What is stalled now (the sweeper claims none of its rows meanwhile).
+    pub fn stalled(&self) -> StalledSet {
+        let topics = self.topics();
+        StalledSet {
+            topics: topics
+                .iter()
+                .map(|(topic, stall)| (topic.clone(), stall.scope()))
+                .collect(),
+        }
     }
 
-    /// The topics whose new streamed events are parked now: stalled for `park_after` or longer,
-    /// or with a lane holding [`LANE_LIMIT`] events.
+    /// The stalled topics (or queues) whose new streamed events are parked now: stalled for
+    /// `park_after` or longer, or with a lane holding [`LANE_LIMIT`] events.
     /// The dispatcher takes this once per batch, so every event of one batch is treated alike.
-    pub fn parking(&self) -> HashSet<String> {
+    pub fn parking(&self) -> StalledSet {
         let Some(park_after) = self.park_after else {
-            return HashSet::new();
+            return StalledSet::default();
         };
         let mut topics = self.topics();
-        let mut parking = HashSet::new();
+        let mut parking = StalledSet::default();
         for (topic, stall) in topics.iter_mut() {
             let full = stall.lanes.values().any(|&held| held >= LANE_LIMIT);
             if stall.since.elapsed() < park_after && !full {
@@ -144,7 +224,7 @@ impl Stalls {
                      PENDING in the outbox (parked) and the sweeper sends them, in key order, once \
                      it accepts events again", park_after);
             }
-            parking.insert(topic.clone());
+            parking.topics.insert(topic.clone(), stall.scope());
         }
         parking
     }
@@ -195,33 +275,73 @@ mod tests {
     #[test]
     fn a_topic_is_stalled_while_any_shard_holds_a_lane_for_it() {
         let stalls = Stalls::new(Duration::ZERO);
-        stalls.holding("t", 0, 3);
-        stalls.holding("t", 1, 2);
+        stalls.holding("t", whole(0), 3);
+        stalls.holding("t", whole(1), 2);
         assert!(stalls.is_stalled("t"));
         assert!(!stalls.is_stalled("u"));
         assert_eq!(stalls.held("t"), 5);
-        stalls.closed("t", 0);
+        stalls.closed("t", whole(0));
         assert!(stalls.is_stalled("t"), "shard 1 still holds it");
-        stalls.closed("t", 1);
+        stalls.closed("t", whole(1));
         assert!(!stalls.is_stalled("t"));
-        assert!(stalls.stalled_topics().is_empty());
+        assert!(stalls.stalled().is_empty());
     }
 
     #[test]
     fn new_events_are_parked_only_after_the_hold() {
         let stalls = Stalls::new(Duration::from_secs(3600));
-        stalls.holding("t", 0, 1);
+        stalls.holding("t", whole(0), 1);
         assert!(stalls.parking().is_empty(), "not stalled for an hour yet");
-        stalls.holding("t", 1, LANE_LIMIT);
-        assert_eq!(stalls.parking().len(), 1, "a full lane parks at once");
+        stalls.holding("t", whole(1), LANE_LIMIT);
+        assert!(
+            stalls.parking().contains("t", "any"),
+            "a full lane parks at once"
+        );
         let stalls = Stalls::without_parking();
-        stalls.holding("t", 0, LANE_LIMIT);
+        stalls.holding("t", whole(0), LANE_LIMIT);
         assert!(
             stalls.parking().is_empty(),
             "nothing parks without a sweeper"
         );
         let stalls = Stalls::new(Duration::ZERO);
-        stalls.holding("t", 0, 1);
-        assert_eq!(stalls.parking(), HashSet::from(["t".to_string()]));
+        stalls.holding("t", whole(0), 1);
+        assert_eq!(stalls.parking().whole_topics(), ["t"]);
+    }
+
+    #[test]
+    fn a_stalled_queue_holds_back_only_the_keys_hashed_to_it() {
+        let stalls = Stalls::new(Duration::ZERO);
+        // "order-1" hashes to queue 6 of 8 (see `route`); "order-2" elsewhere.
+        let queue = QueueIndex { index: 6, count: 8 };
+        assert_ne!(index_for(java_string_hash("order-2"), 8), 6);
+        let lane = LaneId {
+            shard: 3,
+            queue: Some(queue),
+        };
+        stalls.holding("t", lane, 2);
+        let stalled = stalls.stalled();
+        assert!(stalled.contains("t", "order-1"));
+        assert!(
+            !stalled.contains("t", "order-2"),
+            "another queue's key goes on"
+        );
+        assert!(!stalled.contains("u", "order-1"));
+        assert!(
+            stalled.whole_topics().is_empty(),
+            "the sweeper still claims t's rows"
+        );
+        assert!(stalls.parking().contains("t", "order-1"));
+        assert!(!stalls.parking().contains("t", "order-2"));
+        // A lane of the whole topic in another shard holds back every key.
+        stalls.holding("t", whole(0), 1);
+        assert!(stalls.stalled().contains("t", "order-2"));
+        assert_eq!(stalls.stalled().whole_topics(), ["t"]);
+        stalls.closed("t", whole(0));
+        stalls.closed("t", lane);
+        assert!(stalls.stalled().is_empty());
+    }
+
+    fn whole(shard: u32) -> LaneId {
+        LaneId { shard, queue: None }
     }
 }

@@ -21,7 +21,7 @@ use super::waiting::{on_pending_index, waiting_rows_of_keys};
 use crate::event::{OutboxRow, RowProblem};
 use crate::outbox::message::{message_from_text, RowLimits, RowText};
 use crate::outbox::{Status, TableName};
-use crate::send::Stalls;
+use crate::send::{StalledSet, Stalls};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, IsolationLevel, Row, TxOpts, Value};
 use std::sync::Arc;
@@ -120,12 +120,18 @@ impl Claimer {
         let rows: Vec<Row> = match scope {
             Scope::Next => {
                 let after = self.cursor.start();
-                let stalled = self.stalls.stalled_topics();
-                let params = self.select_params(after, &stalled);
-                let sql = |hinted| self.select_sql(hinted, stalled.len());
+                let stalled = self.stalls.stalled();
+                let whole = stalled.whole_topics();
+                let params = self.select_params(after, &whole);
+                let sql = |hinted| self.select_sql(hinted, whole.len());
                 let rows = on_pending_index(q, &self.table, sql, params).await?;
-                let rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
+                let mut rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
                 self.moved_past(after, &rows);
+                // The rows of stalled queues wait where they are too (all of a key's rows
+                // are bound for one queue, so a key's order is kept).
+                if !stalled.is_empty() {
+                    rows.retain(|(_, text)| !is_held_back(&stalled, text));
+                }
                 return Ok(rows);
             }
             Scope::These(ids) => q.query(self.select_these_sql(ids)).await?,
@@ -363,6 +369,12 @@ impl Claimer {
             }),
         }
     }
+}
+
+/// Whether `text`'s row is of a stalled topic or queue.
+fn is_held_back(stalled: &StalledSet, text: &RowText) -> bool {
+    let topic = text.topic.as_deref().unwrap_or_default();
+    stalled.contains(topic, text.biz_key.as_deref().unwrap_or_default())
 }
 
 /// Which of the `locked` rows may be claimed: a row is dropped when an older row of its key is

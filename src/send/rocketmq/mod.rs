@@ -5,46 +5,38 @@
 //! Every message carries KEYS = `event_id biz_key`, the user properties `event_id` and `biz_key`,
 //! its tags and its headers.
 
+mod queues;
+mod route;
 mod topics;
 
 use super::{OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
 use crate::rocketmq_client::{ClientHost, ClientSecurity};
+use queues::{QueueBook, TopicQueues};
 use rocketmq_client_rust::{
-    ClientError, DefaultMQProducer, MQClientException, RouteAdmin, SendResult, SendStatus,
-    TopicAdmin,
+    ClientError, DefaultMQProducer, MQClientException, SendResult, SendStatus,
 };
 use rocketmq_model::common::message::message_batch::MessageBatch;
 use rocketmq_model::common::message::message_client_id_setter::MessageClientIDSetter;
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
-use std::collections::{HashMap, HashSet};
+use route::Route;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
-use topics::{ClusterMemory, Missing, NameServerView, AUTO_CREATE_TOPIC};
+use std::time::Instant;
+use topics::{ClusterMemory, Missing};
 
-/// How long a topic's queue list is trusted before it is fetched again.
-const ROUTE_TTL: Duration = Duration::from_secs(30);
 /// After this many consecutive "broker unavailable" errors the producer is rebuilt: the client
 /// keeps a per-address circuit breaker open for 30 s after 5 failed connects, even once the
 /// broker is back; a fresh client connects at once.
 const REBUILD_AFTER_UNAVAILABLE: u32 = 3;
 
-/// A topic's write queues and when they were fetched.
-type CachedRoute = (Arc<Vec<MessageQueue>>, Instant);
+/// A topic's queue list and when it was fetched.
+type CachedRoute = (Arc<TopicQueues>, Instant);
 /// Queues a topic the broker auto-creates gets: the producer's `defaultTopicQueueNums`.
 const AUTO_CREATED_QUEUES: usize = 4;
-
-/// Where a topic's messages go.
-enum Route {
-    /// Its write queues, from the name server.
-    Queues(Arc<Vec<MessageQueue>>),
-    /// No route yet, but the cluster creates it on its first message: sent through the
-    /// default topic's route, [`AUTO_CREATED_QUEUES`] queues.
-    AutoCreate,
-}
 
 /// See the module documentation.
 pub struct RocketMqSink {
@@ -55,8 +47,10 @@ pub struct RocketMqSink {
     security: RwLock<ClientSecurity>,
     namesrv: String,
     producer: RwLock<DefaultMQProducer>,
-    /// Write queues per topic, shared (`Arc`) so the per-event queue look-up copies nothing.
+    /// Queue lists per topic, shared (`Arc`) so the per-event queue look-up copies nothing.
     routes: Mutex<HashMap<String, CachedRoute>>,
+    /// Every queue each topic was seen with, so a lost broker group moves no key.
+    queue_book: QueueBook,
     /// Topics and broker groups seen, for the verdict on "no such topic" (see [`topics`]).
     memory: ClusterMemory,
     unavailable_in_a_row: AtomicU32,
@@ -104,6 +98,7 @@ impl RocketMqSink {
             namesrv,
             producer: RwLock::new(producer),
             routes: Mutex::new(HashMap::new()),
+            queue_book: QueueBook::new(config.reroute_on_broker_loss),
             memory: ClusterMemory::default(),
             unavailable_in_a_row: AtomicU32::new(0),
             rebuilding: AtomicBool::new(false),
@@ -112,42 +107,6 @@ impl RocketMqSink {
 
     fn producer(&self) -> DefaultMQProducer {
         self.producer.read().expect("not poisoned").clone()
-    }
-
-    async fn route(&self, topic: &str) -> Result<Route, SendError> {
-        if let Some((queues, at)) = self.routes.lock().expect("not poisoned").get(topic) {
-            if at.elapsed() < ROUTE_TTL {
-                return Ok(Route::Queues(Arc::clone(queues)));
-            }
-        }
-        let mut producer = self.producer();
-        let owned = topic.to_string();
-        let fetched = self
-            .host
-            .run(async move { producer.fetch_publish_message_queues(&owned).await })
-            .await
-            .map_err(|e| SendError::Retryable(e.to_string()))?;
-        let queues = match fetched {
-            Ok(queues) => Arc::new(queues),
-            Err(e) => {
-                return match self.classify_route_error(topic, &e).await {
-                    Missing::AutoCreate => Ok(Route::AutoCreate),
-                    Missing::Rejected(e) | Missing::Retry(e) => Err(e),
-                }
-            }
-        };
-        if queues.is_empty() {
-            return Err(SendError::Rejected(format!(
-                "topic {topic} has no writable queue"
-            )));
-        }
-        self.routes
-            .lock()
-            .expect("not poisoned")
-            .insert(topic.to_string(), (Arc::clone(&queues), Instant::now()));
-        let groups: HashSet<String> = queues.iter().map(|q| q.broker_name().to_string()).collect();
-        self.memory.routed(topic, groups);
-        Ok(Route::Queues(queues))
     }
 
     /// Maps a client error to retryable, rejected (the event's fault) or unauthorized (the
@@ -185,57 +144,6 @@ impl RocketMqSink {
             // retried, and FAILED only when the retry policy gives up.
             _ => SendError::Retryable(text),
         }
-    }
-
-    /// What a client error of a send or route look-up means; "no such topic" is decided by
-    /// [`ClusterMemory::verdict`].
-    async fn classify_route_error(&self, topic: &str, error: &ClientError) -> Missing {
-        let classified = self.classify(error);
-        if let SendError::Unauthorized(_) = classified {
-            self.reload_secret_file().await;
-        }
-        if !is_missing_topic(error) {
-            return match classified {
-                SendError::Rejected(_) => Missing::Rejected(classified),
-                SendError::Retryable(_) | SendError::Unauthorized(_) => Missing::Retry(classified),
-            };
-        }
-        let view = self.name_server_view(topic).await;
-        self.memory.verdict(topic, classified.reason(), view)
-    }
-
-    /// The name server's registered broker groups, and whether it routes `topic` and the
-    /// auto-create topic.
-    async fn name_server_view(&self, topic: &str) -> Result<NameServerView, String> {
-        let mut admin = self.security().admin(self.host.client_runtime());
-        admin.set_namesrv_addr(self.namesrv.as_str());
-        let topic = topic.to_string();
-        let (info, route, auto) = self
-            .host
-            .run(async move {
-                admin.start().await?;
-                let info = admin.examine_broker_cluster_info().await;
-                let route = admin.examine_topic_route_info(topic.into()).await;
-                let auto = admin
-                    .examine_topic_route_info(AUTO_CREATE_TOPIC.into())
-                    .await;
-                admin.shutdown().await;
-                Ok::<_, ClientError>((info?, route, auto))
-            })
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
-        let mut view = NameServerView::default();
-        for (group, data) in info.broker_addr_table.unwrap_or_default() {
-            if data.broker_addrs().contains_key(&0) {
-                view.groups.insert(group.to_string());
-            } else {
-                view.groups_without_master += 1;
-            }
-        }
-        view.routed = matches!(route, Ok(Some(r)) if !r.queue_datas.is_empty());
-        view.auto_create = matches!(auto, Ok(Some(r)) if !r.queue_datas.is_empty());
-        Ok(view)
     }
 
     /// Sends `messages` one by one through the default topic's route, so the broker creates
@@ -485,9 +393,13 @@ fn accept(result: SendResult, count: usize) -> Result<Vec<String>, SendError> {
 }
 
 impl Sink for RocketMqSink {
+    fn stable_queues(&self) -> bool {
+        self.queue_book.stable()
+    }
+
     async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {
         match self.route(topic).await? {
-            Route::Queues(queues) => Ok(queues.len()),
+            Route::Queues(queues) => Ok(queues.list.len()),
             Route::AutoCreate => Ok(AUTO_CREATED_QUEUES),
         }
     }
@@ -508,11 +420,10 @@ impl Sink for RocketMqSink {
             Route::Queues(queues) => queues,
             Route::AutoCreate => return self.send_creating(queue_index, built).await,
         };
-        let queue = queues.get(queue_index).cloned().ok_or_else(|| {
-            SendError::Retryable(format!(
-                "topic {topic} has fewer queues than before; re-routing"
-            ))
-        })?;
+        let queue = queues
+            .writable(topic, queue_index)
+            .map_err(SendError::Retryable)?
+            .clone();
         let count = built.len();
         let request = match built.pop() {
             Some(one) if built.is_empty() => Ok(one),

@@ -34,11 +34,28 @@ impl From<()> for Interrupt {
 pub(super) struct Stalled {
     pub(super) batch: Vec<ShardEvent>,
     pub(super) backoff: Backoff,
+    /// The queue they were all bound for, if one: a send to it failed. `None`: the topic's
+    /// route could not be looked up, or they are bound for several queues.
+    pub(super) queue: Option<usize>,
 }
 
 impl Stalled {
+    /// Events whose topic's route could not be looked up.
     pub(super) fn new(batch: Vec<ShardEvent>, backoff: Backoff) -> Self {
-        Stalled { batch, backoff }
+        Stalled {
+            batch,
+            backoff,
+            queue: None,
+        }
+    }
+
+    /// Events whose send to `queue` failed.
+    pub(super) fn at(batch: Vec<ShardEvent>, queue: usize, backoff: Backoff) -> Self {
+        Stalled {
+            batch,
+            backoff,
+            queue: Some(queue),
+        }
     }
 
     pub(super) fn topic(&self) -> &str {

@@ -1,21 +1,24 @@
-//! A shard's lanes: one per topic that does not accept events now.
+//! A shard's lanes: one per topic, or per queue of a topic, that does not accept events now.
 //!
 //! When an attempt for a topic fails for a reason worth retrying, the shard hands the events
-//! to a lane of that topic (a task of its own) and goes on with its other topics. Every later
-//! event of the topic the shard takes goes to the back of the lane, so the lane sends the
-//! topic's events in the shard's order, retrying each batch under the retry policy as a shard
-//! always did. Once the lane has given every event it holds an outcome it closes, and the shard
-//! sends the topic's events itself again, but only after the lane's task has ended: a key's
-//! events are never sent by two tasks at once.
+//! to a lane (a task of its own) and goes on with the rest. Where keys keep their queue whatever
+//! the route says ([`Sink::stable_queues`]), a failed send to a queue opens a lane of that queue
+//! only; a failed route look-up (or a sink whose keys may move between queues) opens a lane of
+//! the whole topic, which first lets the topic's queue lanes finish. Every later event the lane
+//! covers goes to its back, so the lane sends them in the shard's order, retrying each batch
+//! under the retry policy as a shard always did. Once the lane has given every event it holds an
+//! outcome it closes, and the shard sends those events itself again, but only after the lane's
+//! task has ended: a key's events are never sent by two tasks at once.
 //!
-//! Guarantee: a topic that does not accept events holds back its own events only, in order.
+//! Guarantee: a topic (or queue) that does not accept events holds back its own events only, in
+//! order.
 //! A lane holds at most [`LANE_CAPACITY`] events: well before that, the stream parks the
 //! topic's new events (see [`Stalls`]); where nothing parks, at most [`LANE_LIMIT`], and the
 //! shard waits while it is full.
 
-use super::{next_batch, resume, send_batch, Backoff, OnFailure, ShardOptions, Stalled, Stop};
-use super::{Completion, ShardEvent, Sink};
-use crate::send::stall::LANE_LIMIT;
+use super::{next_batch, queue_of, resume, send_batch, Backoff, OnFailure, ShardOptions};
+use super::{Completion, ShardEvent, Sink, Stalled, Stop};
+use crate::send::stall::{LaneId, QueueIndex, LANE_LIMIT};
 use crate::send::Stalls;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,13 +31,15 @@ use tokio_util::sync::CancellationToken;
 /// the time it takes the stream to start parking, never reached in practice.
 pub const LANE_CAPACITY: usize = 16 * LANE_LIMIT;
 
-/// The lanes of one shard, by topic.
+/// The lanes of one shard.
 pub(super) struct Lanes<'a, S> {
     sink: &'a Arc<S>,
     completions: &'a mpsc::Sender<Completion>,
     options: &'a ShardOptions,
     cancel: &'a CancellationToken,
-    lanes: HashMap<String, Lane>,
+    /// Per topic, its lanes by queue index (`None`: the lane of all its events, then its only
+    /// one).
+    lanes: HashMap<String, HashMap<Option<usize>, Lane>>,
 }
 
 struct Lane {
@@ -48,18 +53,18 @@ struct Held {
     count: AtomicUsize,
     stalls: Arc<Stalls>,
     topic: String,
-    shard: u32,
+    lane: LaneId,
 }
 
 impl Held {
     fn add(&self, n: usize) {
         let held = self.count.fetch_add(n, Ordering::SeqCst) + n;
-        self.stalls.holding(&self.topic, self.shard, held);
+        self.stalls.holding(&self.topic, self.lane, held);
     }
 
     fn done(&self, n: usize) {
         let held = self.count.fetch_sub(n, Ordering::SeqCst) - n;
-        self.stalls.holding(&self.topic, self.shard, held);
+        self.stalls.holding(&self.topic, self.lane, held);
     }
 }
 
@@ -79,16 +84,35 @@ impl<'a, S: Sink> Lanes<'a, S> {
         }
     }
 
-    /// Puts `event` at the back of its topic's lane, if the topic has one (`Ok(None)`); else
-    /// gives it back, to be sent by the shard. A lane that has closed (its topic accepts events
-    /// again) is waited for first. Waits while the lane is full. `Err` once the shard stops.
+    /// Puts `event` at the back of its lane, if its topic or queue has one (`Ok(None)`); else
+    /// gives it back, to be sent by the shard. A lane that has closed (its topic or queue accepts
+    /// events again) is waited for first. Waits while the lane is full. `Err` once the shard
+    /// stops.
     pub(super) async fn queue(&mut self, event: ShardEvent) -> Result<Option<ShardEvent>, ()> {
         // The common case, no stalled topic at all, costs no look-up.
-        if self.lanes.is_empty() || !self.lanes.contains_key(&event.row.message.topic) {
+        if self.lanes.is_empty() {
             return Ok(Some(event));
         }
+        let Some(of_topic) = self.lanes.get(&event.row.message.topic) else {
+            return Ok(Some(event));
+        };
+        let queue = if of_topic.contains_key(&None) {
+            None
+        } else {
+            match queue_of(&**self.sink, &event).await {
+                Some(queue) if of_topic.contains_key(&Some(queue)) => Some(queue),
+                Some(_) => return Ok(Some(event)),
+                // Its queue is unknown now (no route), so it may be one with a lane: the whole
+                // topic waits, behind the lanes it has.
+                None => {
+                    let backoff = Backoff::new(&self.options.retry, &self.options.wake);
+                    self.open(Stalled::new(vec![event], backoff)).await;
+                    return Ok(None);
+                }
+            }
+        };
         let topic = event.row.message.topic.clone();
-        let lane = &self.lanes[&topic];
+        let lane = &self.lanes[&topic][&queue];
         let event = tokio::select! {
             _ = self.cancel.cancelled() => return Err(()),
             sent = lane.input.send(event) => match sent {
@@ -99,7 +123,11 @@ impl<'a, S: Sink> Lanes<'a, S> {
                 Err(mpsc::error::SendError(event)) => event,
             },
         };
-        let lane = self.lanes.remove(&topic).expect("present");
+        let of_topic = self.lanes.get_mut(&topic).expect("present");
+        let lane = of_topic.remove(&queue).expect("present");
+        if of_topic.is_empty() {
+            self.lanes.remove(&topic);
+        }
         let _ = lane.task.await;
         if self.cancel.is_cancelled() {
             return Err(());
@@ -107,9 +135,32 @@ impl<'a, S: Sink> Lanes<'a, S> {
         Ok(Some(event))
     }
 
-    /// Opens a lane for the topic of `stalled`, starting with its events.
-    pub(super) fn open(&mut self, stalled: Stalled) {
+    /// Opens a lane for `stalled`, starting with its events: of its queue, if it has one and
+    /// keys keep their queue, else of its whole topic (which takes over from the topic's queue
+    /// lanes: they finish what they hold, then it starts).
+    pub(super) async fn open(&mut self, stalled: Stalled) {
         let topic = stalled.topic().to_string();
+        let queue = match stalled.queue {
+            Some(index) if self.sink.stable_queues() => match self.sink.queue_count(&topic).await {
+                Ok(count) if index < count => Some(QueueIndex { index, count }),
+                _ => None,
+            },
+            _ => None,
+        };
+        let of_topic = self.lanes.entry(topic.clone()).or_default();
+        let index = queue.map(|q| q.index);
+        let before: Vec<JoinHandle<()>> = match index {
+            None => of_topic.drain().map(|(_, lane)| lane.task).collect(),
+            Some(_) => of_topic
+                .remove(&index)
+                .map(|lane| lane.task)
+                .into_iter()
+                .collect(),
+        };
+        let lane = LaneId {
+            shard: self.options.index,
+            queue,
+        };
         let stalls = &self.options.stalls;
         let capacity = if stalls.parks() {
             LANE_CAPACITY
@@ -120,25 +171,25 @@ impl<'a, S: Sink> Lanes<'a, S> {
         let held = Arc::new(Held {
             count: AtomicUsize::new(0),
             stalls: Arc::clone(stalls),
-            topic: topic.clone(),
-            shard: self.options.index,
+            topic,
+            lane,
         });
         held.add(stalled.batch.len());
         let task = tokio::spawn(run_lane(
             Arc::clone(self.sink),
-            stalled,
+            (before, stalled),
             events,
             self.completions.clone(),
             self.options.clone(),
             self.cancel.clone(),
             Arc::clone(&held),
         ));
-        self.lanes.insert(topic, Lane { input, task, held });
+        of_topic.insert(index, Lane { input, task, held });
     }
 
     /// Once the shard's input is drained: waits until every lane has sent what it holds.
     pub(super) async fn finish(self) {
-        for (_, lane) in self.lanes {
+        for lane in self.lanes.into_values().flat_map(HashMap::into_values) {
             drop(lane.input);
             let _ = lane.task.await;
         }
@@ -147,22 +198,21 @@ impl<'a, S: Sink> Lanes<'a, S> {
 
 /// Tells the stalls when a lane ends, however it ends.
 struct Closing<'a> {
-    stalls: &'a Stalls,
-    topic: String,
-    shard: u32,
+    held: &'a Held,
 }
 
 impl Drop for Closing<'_> {
     fn drop(&mut self) {
-        self.stalls.closed(&self.topic, self.shard);
+        self.held.stalls.closed(&self.held.topic, self.held.lane);
     }
 }
 
-/// A lane: sends `stalled`, then the events queued behind it, each batch retried until it has
-/// its outcome; closes its input once it finds it empty and ends when it has sent what was left.
+/// A lane: once the lanes it takes over from (`before`) have ended, sends `stalled`, then the
+/// events queued behind it, each batch retried until it has its outcome; closes its input once
+/// it finds it empty and ends when it has sent what was left.
 async fn run_lane<S: Sink>(
     sink: Arc<S>,
-    stalled: Stalled,
+    (before, stalled): (Vec<JoinHandle<()>>, Stalled),
     mut input: mpsc::Receiver<ShardEvent>,
     completions: mpsc::Sender<Completion>,
     options: ShardOptions,
@@ -170,11 +220,10 @@ async fn run_lane<S: Sink>(
     held: Arc<Held>,
 ) {
     // Tells the stalls the lane is closed when this function returns, however it returns.
-    let _closing = Closing {
-        stalls: &options.stalls,
-        topic: stalled.topic().to_string(),
-        shard: options.index,
-    };
+    let _closing = Closing { held: &held };
+    for lane in before {
+        let _ = lane.await;
+    }
     let stop = Stop {
         cancel: &cancel,
         fence: &options.fence,

@@ -32,13 +32,20 @@ impl WakeUp {
         self.waiting.lock().expect("not poisoned")
     }
 
-    /// A send to `topic` got `SEND_OK`: wakes the senders waiting out a retry delay for it.
-    pub(super) fn broker_answered(&self, topic: &str) {
+    /// A send to `topic` (to `queue`, where keys keep their queue) got `SEND_OK`: wakes the
+    /// senders waiting out a retry delay for the topic, and those for that queue. Senders waiting
+    /// for another queue are not woken: their queue's broker group may be the one that is down.
+    pub(super) fn broker_answered_at(&self, topic: &str, queue: Option<usize>) {
         if self.waiting_total.load(Ordering::SeqCst) == 0 {
             return;
         }
-        if let Some((_, notify)) = self.waiting().get(topic) {
-            notify.notify_waiters();
+        let waiting = self.waiting();
+        let keys =
+            std::iter::once(topic.to_string()).chain(queue.map(|q| wait_key(topic, Some(q))));
+        for key in keys {
+            if let Some((_, notify)) = waiting.get(&key) {
+                notify.notify_waiters();
+            }
         }
     }
 
@@ -183,16 +190,32 @@ impl Backoff {
         Some(deadline - now)
     }
 
-    /// A send to `topic` got `SEND_OK`: wakes the senders waiting out a retry delay for it
-    /// (see [`WakeUp`]).
-    pub(super) fn broker_answered(&self, topic: &str) {
-        self.wake.broker_answered(topic);
+    /// A send to `topic` (to `queue`, where keys keep their queue) got `SEND_OK`: wakes the
+    /// senders waiting out a retry delay for it (see [`WakeUp`]).
+    pub(super) fn broker_answered(&self, topic: &str, queue: Option<usize>) {
+        self.wake.broker_answered_at(topic, queue);
     }
 
-    /// Waits until the current retry delay ends or a wake-up for `topic` comes; `Err` if `cancel`
-    /// fires.
-    pub(super) async fn wait(&self, topic: &str, cancel: &CancellationToken) -> Result<(), ()> {
+    /// Waits until the current retry delay ends or a wake-up comes for `topic` (for `queue`
+    /// only, if given: a failed send to that queue); `Err` if `cancel` fires.
+    pub(super) async fn wait(
+        &self,
+        topic: &str,
+        queue: Option<usize>,
+        cancel: &CancellationToken,
+    ) -> Result<(), ()> {
         let deadline = self.deadline.unwrap_or_else(Instant::now);
-        self.wake.wait_until(topic, deadline, cancel).await
+        self.wake
+            .wait_until(&wait_key(topic, queue), deadline, cancel)
+            .await
+    }
+}
+
+/// What the senders waiting for `topic` (for its `queue` only, if given) are woken by.
+fn wait_key(topic: &str, queue: Option<usize>) -> String {
+    match queue {
+        // `#` is not allowed in a RocketMQ topic name.
+        Some(queue) => format!("{topic}#{queue}"),
+        None => topic.to_string(),
     }
 }

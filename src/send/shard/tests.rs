@@ -31,6 +31,11 @@ struct ScriptedSink {
     route_refusals: AtomicU32,
     /// Topics whose sends answer `Retryable` (made read-only, say) until taken out.
     down_topics: Mutex<std::collections::HashSet<String>>,
+    /// Queues (topic, index) whose sends answer `Retryable` (their broker group lost) until
+    /// taken out.
+    down_queues: Mutex<std::collections::HashSet<(String, usize)>>,
+    /// What [`Sink::stable_queues`] answers.
+    stable: bool,
 }
 
 impl ScriptedSink {
@@ -53,6 +58,10 @@ impl ScriptedSink {
 }
 
 impl Sink for ScriptedSink {
+    fn stable_queues(&self) -> bool {
+        self.stable
+    }
+
     async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {
         if let Some(reason) = &self.route_down {
             return Err(SendError::Retryable(reason.clone()));
@@ -89,6 +98,11 @@ impl Sink for ScriptedSink {
         if queue >= self.queue_count(topic).await? {
             return Err(SendError::Retryable(format!(
                 "topic {topic} has fewer queues than before; re-routing"
+            )));
+        }
+        if (self.down_queues.lock().unwrap()).contains(&(topic.to_string(), queue)) {
+            return Err(SendError::Retryable(format!(
+                "queue {queue} of topic {topic} is on a broker group that is unavailable"
             )));
         }
         if self.down_topics.lock().unwrap().contains(topic) {
@@ -360,7 +374,7 @@ async fn fails_only_after_the_total_delay_despite_wake_ups(sink: Arc<ScriptedSin
     let wake = Arc::clone(&options.wake);
     let waker = tokio::spawn(async move {
         loop {
-            wake.broker_answered("t");
+            wake.broker_answered_at("t", None);
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     });
@@ -416,7 +430,7 @@ async fn a_wake_up_ends_a_retry_delay_at_once_when_the_broker_is_back() {
     let wake = Arc::clone(&options.wake);
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        wake.broker_answered("t");
+        wake.broker_answered_at("t", None);
     });
     let started = tokio::time::Instant::now();
     let done = run(Arc::clone(&sink), vec![event(1, "k", "t")], options).await;

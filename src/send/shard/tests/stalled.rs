@@ -172,3 +172,95 @@ async fn a_healthy_topic_s_successes_do_not_wake_a_stalled_topic_s_lane() {
     // The first attempt, then retries after 1, 2 and 4 s (the default policy): 3 in 6 s.
     assert_eq!(t_attempts, 3, "t is tried at its own retry pace only");
 }
+
+#[tokio::test(start_paused = true)]
+async fn where_keys_keep_their_queue_a_lost_queue_holds_back_only_its_keys() {
+    // Four queues: key "d" hashes to queue 0, "a" to 1, "b" to 2, "c" to 3.
+    let sink = Arc::new(ScriptedSink {
+        stable: true,
+        ..ScriptedSink::new(vec![])
+    });
+    sink.down_queues.lock().unwrap().insert(("t".into(), 1));
+    let options = ShardOptions::default();
+    let stalls = Arc::clone(&options.stalls);
+    let mut shard = running(&sink, options);
+    shard
+        .feed(vec![
+            event(1, "a", "t"),
+            event(2, "b", "t"),
+            event(3, "a", "t"),
+            event(4, "c", "t"),
+            event(5, "d", "u"),
+            event(6, "d", "t"),
+        ])
+        .await;
+    let healthy = shard.next(4).await;
+    assert_eq!(ids(&healthy), ["e2", "e4", "e5", "e6"]);
+    assert!(
+        healthy.iter().all(|(_, at)| *at == 0),
+        "the topic's other queues never wait for queue 1: {healthy:?}"
+    );
+    let stalled = stalls.stalled();
+    assert!(stalled.contains("t", "a") && !stalled.contains("t", "b"));
+    assert!(stalled.whole_topics().is_empty());
+    assert_eq!(stalls.held("t"), 2);
+
+    // Later events: queue 1's join its lane, the others go at once.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    shard
+        .feed(vec![event(7, "a", "t"), event(8, "b", "t")])
+        .await;
+    assert_eq!(shard.next(1).await, [("e8".to_string(), 10)]);
+
+    // The group is back: queue 1's events go in order, then the shard sends them itself again.
+    sink.down_queues.lock().unwrap().clear();
+    assert_eq!(ids(&shard.next(3).await), ["e1", "e3", "e7"]);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        stalls.stalled().is_empty(),
+        "the lane closed once it was done"
+    );
+    shard.feed(vec![event(9, "a", "t")]).await;
+    assert_eq!(ids(&shard.next(1).await), ["e9"]);
+    drop(shard.input);
+    shard.task.await.unwrap();
+    // Every send to queue 1 carried only key a's events, in order.
+    let queue_1: Vec<String> = sink
+        .calls()
+        .into_iter()
+        .filter(|(topic, queue, _)| topic == "t" && *queue == 1)
+        .flat_map(|(_, _, ids)| ids)
+        .collect();
+    assert!(queue_1
+        .iter()
+        .all(|id| ["e1", "e3", "e7", "e9"].contains(&id.as_str())));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_route_holds_the_whole_topic_behind_its_queue_lanes() {
+    let sink = Arc::new(ScriptedSink {
+        stable: true,
+        ..ScriptedSink::new(vec![])
+    });
+    sink.down_queues.lock().unwrap().insert(("t".into(), 1));
+    let options = ShardOptions::default();
+    let stalls = Arc::clone(&options.stalls);
+    let mut shard = running(&sink, options);
+    shard.feed(vec![event(1, "a", "t")]).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(stalls.stalled().contains("t", "a"));
+    // t's route cannot be looked up for a moment (within queue 1's retry delay): the queue of
+    // a new event is unknown, so the whole topic waits, behind queue 1's lane.
+    sink.queues.lock().unwrap().remove("t");
+    shard
+        .feed(vec![event(2, "a", "t"), event(3, "b", "t")])
+        .await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(stalls.stalled().whole_topics(), ["t"], "b waits too");
+    sink.down_queues.lock().unwrap().clear();
+    sink.queues.lock().unwrap().insert("t".into(), 4);
+    let all = shard.next(3).await;
+    assert_eq!(ids(&all), ["e1", "e2", "e3"], "in the shard's order");
+    drop(shard.input);
+    shard.task.await.unwrap();
+}
