@@ -248,40 +248,91 @@ async fn a_frozen_broker_group_holds_back_only_the_topic_it_serves() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_of_two_killed_mid_stream_loses_nothing_and_fails_nothing() {
+async fn a_killed_broker_group_keeps_every_key_on_its_queue_and_the_other_keys_flowing() {
+    use crate::isolation::{assert_healthy_latency_kept, SteadyLoad};
     let db = TestDb::migrated("cluster_kill").await;
     let mut mq = two_groups("cluster-kill");
+    // Four queues on each group: keys spread over eight.
     let topic = "cluster_kill";
     mq.create_topic(topic, 4).unwrap();
-    let (config, _dir) = config_on(&db, &mq);
+    let (mut config, _dir) = relay_fixture(&db)
+        .on(&mq.namesrv_addr())
+        .broker_retries(
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            Duration::from_secs(4),
+            30,
+        )
+        .sweeper(
+            Duration::from_millis(500),
+            Duration::from_secs(1),
+            Duration::from_secs(30),
+        )
+        .build();
+    config.relay.park_after = Duration::from_secs(2);
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
-    let writer = {
-        let db = db.clone_handle();
-        tokio::spawn(async move {
-            for round in 0..40 {
-                write(&db, "cluster_kill", round * 10, 10, 20).await;
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        })
-    };
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    // kill -9: the name server drops broker-b's route at once, so its keys are re-routed to
-    // broker-a's queues (in their order) or wait for it; none may be FAILED.
+    let mut load = SteadyLoad::start(&db, [topic.to_string(), topic.to_string()], 100).await;
+    // 6 s before, broker-b killed (the name server drops its route at once) for 15 s. By
+    // default its keys keep their queues and wait for it; broker-a's keys go on.
+    tokio::time::sleep(Duration::from_secs(6)).await;
     let b = mq.broker_index("broker-b", 0).unwrap();
     mq.kill_broker_at(b);
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    let killed_at = load.elapsed().await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
     assert_eq!(
         count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
         "nothing FAILED during the outage"
     );
+    let restarted_at = load.elapsed().await;
     mq.start_broker_at(b).unwrap();
-    writer.await.unwrap();
-    wait_until_sent(&db, 400, Duration::from_secs(90)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let total = load.stop().await;
+    wait_until_sent(&db, total, Duration::from_secs(120)).await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
-    assert_delivered(&db, &mq, topic).await;
+    let stored = assert_delivered(&db, &mq, topic).await;
+
+    // No key's events on two queues.
+    let mut queues_of: BTreeMap<String, Vec<(String, i32)>> = BTreeMap::new();
+    for m in &stored {
+        let queues = queues_of
+            .entry(m.properties["biz_key"].clone())
+            .or_default();
+        let queue = (m.broker_name.clone(), m.queue_id);
+        if !queues.contains(&queue) {
+            queues.push(queue);
+        }
+    }
+    let moved: Vec<_> = queues_of.iter().filter(|(_, q)| q.len() > 1).collect();
+    assert!(moved.is_empty(), "keys stored on two queues: {moved:?}");
+    let on_a: Vec<String> = queues_of
+        .iter()
+        .filter(|(_, q)| q[0].0 == "broker-a")
+        .map(|(key, _)| key.clone())
+        .collect();
+    let on_b = queues_of.len() - on_a.len();
+    assert!(
+        !on_a.is_empty() && on_b > 0,
+        "keys on both groups: {queues_of:?}"
+    );
+
+    // broker-a's keys kept flowing; broker-b's waited.
+    let of_a = |key: &str| on_a.iter().any(|k| k == key);
+    let before = load.latencies_of(topic, of_a, 1.0, killed_at).await;
+    let during = load
+        .latencies_of(topic, of_a, killed_at + 2.0, restarted_at)
+        .await;
+    let b_during = load
+        .latencies_of(topic, |key| !of_a(key), killed_at + 2.0, restarted_at)
+        .await;
+    println!("{on_b} of {} keys on broker-b", queues_of.len());
+    assert_healthy_latency_kept(&before, &during, "broker group killed");
+    assert!(
+        !b_during.is_empty() && b_during.iter().all(|&ms| ms > 1_000.0),
+        "broker-b's keys waited for it: {b_during:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
