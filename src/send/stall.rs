@@ -41,11 +41,26 @@ struct Stall {
 }
 
 /// One lane of a topic: its shard, and the queue whose events it holds (`None`: all of the
-/// topic's events in that shard).
+/// topic's events in that shard). A lane that takes over from one that is closing has the same
+/// shard and queue, and another serial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LaneId {
     pub shard: u32,
     pub queue: Option<QueueIndex>,
+    serial: u64,
+}
+
+impl LaneId {
+    /// A new lane of `shard` for `queue`.
+    pub fn new(shard: u32, queue: Option<QueueIndex>) -> Self {
+        static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        LaneId {
+            shard,
+            queue,
+            serial,
+        }
+    }
 }
 
 /// A queue of a topic as keys are hashed over its queue list: the key with hash `h` goes to
@@ -314,10 +329,7 @@ mod tests {
         // "order-1" hashes to queue 6 of 8 (see `route`); "order-2" elsewhere.
         let queue = QueueIndex { index: 6, count: 8 };
         assert_ne!(index_for(java_string_hash("order-2"), 8), 6);
-        let lane = LaneId {
-            shard: 3,
-            queue: Some(queue),
-        };
+        let lane = LaneId::new(3, Some(queue));
         stalls.holding("t", lane, 2);
         let stalled = stalls.stalled();
         assert!(stalled.contains("t", "order-1"));
@@ -342,6 +354,10 @@ mod tests {
     }
 
     fn whole(shard: u32) -> LaneId {
-        LaneId { shard, queue: None }
+        LaneId {
+            shard,
+            queue: None,
+            serial: 0,
+        }
     }
 }

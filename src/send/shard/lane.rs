@@ -128,6 +128,18 @@ impl<'a, S: Sink> Lanes<'a, S> {
         if of_topic.is_empty() {
             self.lanes.remove(&topic);
         }
+        if !lane.task.is_finished() {
+            // The lane has closed but still sends its last events (and may be retrying them):
+            // this one waits behind them in a new lane, rather than the shard waiting.
+            let backoff = Backoff::new(&self.options.retry, &self.options.wake);
+            let stalled = Stalled {
+                batch: vec![event],
+                backoff,
+                queue,
+            };
+            self.spawn(lane.held.lane.queue, stalled, vec![lane.task]);
+            return Ok(None);
+        }
         let _ = lane.task.await;
         if self.cancel.is_cancelled() {
             return Err(());
@@ -147,20 +159,23 @@ impl<'a, S: Sink> Lanes<'a, S> {
             },
             _ => None,
         };
-        let of_topic = self.lanes.entry(topic.clone()).or_default();
-        let index = queue.map(|q| q.index);
-        let before: Vec<JoinHandle<()>> = match index {
+        let of_topic = self.lanes.entry(topic).or_default();
+        let before: Vec<JoinHandle<()>> = match queue {
             None => of_topic.drain().map(|(_, lane)| lane.task).collect(),
-            Some(_) => of_topic
-                .remove(&index)
+            Some(q) => of_topic
+                .remove(&Some(q.index))
                 .map(|lane| lane.task)
                 .into_iter()
                 .collect(),
         };
-        let lane = LaneId {
-            shard: self.options.index,
-            queue,
-        };
+        self.spawn(queue, stalled, before);
+    }
+
+    /// Starts the lane of `stalled`'s topic and `queue` (`None`: all of the topic's events),
+    /// once the lanes `before` it have ended.
+    fn spawn(&mut self, queue: Option<QueueIndex>, stalled: Stalled, before: Vec<JoinHandle<()>>) {
+        let topic = stalled.topic().to_string();
+        let lane = LaneId::new(self.options.index, queue);
         let stalls = &self.options.stalls;
         let capacity = if stalls.parks() {
             LANE_CAPACITY
@@ -171,7 +186,7 @@ impl<'a, S: Sink> Lanes<'a, S> {
         let held = Arc::new(Held {
             count: AtomicUsize::new(0),
             stalls: Arc::clone(stalls),
-            topic,
+            topic: topic.clone(),
             lane,
         });
         held.add(stalled.batch.len());
@@ -184,7 +199,9 @@ impl<'a, S: Sink> Lanes<'a, S> {
             self.cancel.clone(),
             Arc::clone(&held),
         ));
-        of_topic.insert(index, Lane { input, task, held });
+        let lane = Lane { input, task, held };
+        let of_topic = self.lanes.entry(topic).or_default();
+        of_topic.insert(queue.map(|q| q.index), lane);
     }
 
     /// Once the shard's input is drained: waits until every lane has sent what it holds.
