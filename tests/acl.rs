@@ -48,7 +48,7 @@ fn root() -> AclAccount {
 }
 
 /// One Apache cluster with authentication and authorization on, topics created by hand.
-fn cluster() -> &'static RocketMq {
+pub fn cluster() -> &'static RocketMq {
     static CLUSTER: OnceLock<RocketMq> = OnceLock::new();
     CLUSTER.get_or_init(|| {
         let options = RocketMqOptions {
@@ -63,7 +63,7 @@ fn cluster() -> &'static RocketMq {
 }
 
 /// A new topic `acl_<label>_<pid>` with 4 queues.
-fn new_topic(label: &str) -> String {
+pub fn new_topic(label: &str) -> String {
     new_topic_on(cluster(), label)
 }
 
@@ -74,7 +74,7 @@ fn new_topic_on(cluster: &RocketMq, label: &str) -> String {
 }
 
 /// A new ordinary account `<name><pid>n<k>` (no permissions yet).
-fn new_account(name: &str) -> AclAccount {
+pub fn new_account(name: &str) -> AclAccount {
     new_account_on(cluster(), name)
 }
 
@@ -88,22 +88,30 @@ fn new_account_on(cluster: &RocketMq, name: &str) -> AclAccount {
 }
 
 /// `account` may publish to `topic`.
-fn grant_pub(cluster: &RocketMq, account: &AclAccount, topic: &str) {
+pub fn grant_pub(cluster: &RocketMq, account: &AclAccount, topic: &str) {
     let resource = format!("Topic:{topic}");
     cluster
         .grant(&account.access_key, &resource, "Pub")
         .expect("mqadmin createAcl");
 }
 
-/// A reader of `topic` signed as a new account allowed to subscribe to it (and to any group).
-async fn signed_reader(topic: &str) -> TopicReader {
+/// A new account allowed to subscribe to `topics` (and to any group).
+pub fn reader_account(topics: &[&str]) -> AclAccount {
     let reader = new_account("reader");
-    cluster()
-        .grant(&reader.access_key, &format!("Topic:{topic}"), "Sub")
-        .unwrap();
+    for topic in topics {
+        cluster()
+            .grant(&reader.access_key, &format!("Topic:{topic}"), "Sub")
+            .unwrap();
+    }
     cluster()
         .grant(&reader.access_key, "Group:*", "Sub")
         .unwrap();
+    reader
+}
+
+/// A reader of `topic` signed as a new account allowed to subscribe to it (and to any group).
+async fn signed_reader(topic: &str) -> TopicReader {
+    let reader = reader_account(&[topic]);
     TopicReader::with_credentials(&cluster().namesrv_addr(), topic, Some(reader))
         .await
         .expect("reader starts")
@@ -111,7 +119,7 @@ async fn signed_reader(topic: &str) -> TopicReader {
 
 /// A relay config for `db` on the cluster, signed as `account`, whose retry policy would FAIL
 /// an event after 0.2 + 0.4 + 0.8 s if refusals counted as retries.
-fn config_as(db: &TestDb, account: &AclAccount) -> (Config, tempfile::TempDir) {
+pub fn config_as(db: &TestDb, account: &AclAccount) -> (Config, tempfile::TempDir) {
     let (mut config, dir) = relay_config_on(db, &cluster().namesrv_addr());
     config.rocketmq.access_key = Some(account.access_key.clone());
     config.rocketmq.secret_key = Some(Secret::new(account.secret_key.as_str()));

@@ -11,6 +11,7 @@ use crate::common::relay::{
 use crate::common::rocketmq::{new_topic, rocketmq};
 use crate::common::TestDb;
 use mysql_async::prelude::*;
+use rocketmq_outbox::config::Config;
 use rocketmq_outbox::devenv::rocketmq::CLUSTER_NAME;
 use rocketmq_outbox::devenv::TopicReader;
 use rocketmq_outbox::outbox::Status;
@@ -206,28 +207,85 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
     let db = TestDb::migrated("isolation_ro").await;
     let stuck = new_topic("stuck");
     let healthy = new_topic("healthy");
-    let (mut config, _dir) = relay_fixture(&db)
-        .sweeper(
-            Duration::from_millis(500),
-            Duration::from_secs(1),
-            Duration::from_secs(30),
-        )
-        .broker_retries(
-            Duration::from_secs(3),
-            Duration::from_millis(200),
-            Duration::from_secs(1),
-            10_000,
-        )
-        .at_current_end()
-        .await;
+    let (config, _dir) = relay_fixture(&db).at_current_end().await;
+    let fault = Fault {
+        name: "read-only topic",
+        namesrv: rocketmq().namesrv_addr(),
+        reader: None,
+        set: Box::new(|on| set_permission(&stuck, if on { "4" } else { "6" })),
+    };
+    stuck_topic_run(&db, config, [&stuck, &healthy], fault).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_losing_pub_on_one_topic_holds_back_only_that_topic() {
+    use crate::acl;
+    crate::common::init_logging();
+    let db = TestDb::migrated("isolation_pub").await;
+    let cluster = acl::cluster();
+    let stuck = acl::new_topic("iso_stuck");
+    let healthy = acl::new_topic("iso_healthy");
+    let writer = acl::new_account("isolated");
+    acl::grant_pub(cluster, &writer, &stuck);
+    acl::grant_pub(cluster, &writer, &healthy);
+    let (config, _dir) = acl::config_as(&db, &writer);
+    crate::common::relay::seed_checkpoint(
+        &config,
+        &crate::common::relay::current_position(&db).await,
+    );
+    let fault = Fault {
+        name: "Pub revoked",
+        namesrv: cluster.namesrv_addr(),
+        reader: Some(acl::reader_account(&[&stuck, &healthy])),
+        set: Box::new(|on| {
+            let resource = format!("Topic:{stuck}");
+            if on {
+                cluster
+                    .revoke(&writer.access_key, &resource)
+                    .expect("mqadmin deleteAcl");
+            } else {
+                acl::grant_pub(cluster, &writer, &stuck);
+            }
+        }),
+    };
+    stuck_topic_run(&db, config, [&stuck, &healthy], fault).await;
+}
+
+/// A way to make a topic refuse the relay's events, on a cluster.
+struct Fault<'a> {
+    name: &'static str,
+    namesrv: String,
+    /// The account stored messages are read as, on a cluster with ACL.
+    reader: Option<rocketmq_outbox::devenv::AclAccount>,
+    /// Turns the fault on (`true`) or off.
+    set: Box<dyn Fn(bool) + 'a>,
+}
+
+/// Two topics written at 50 events/s each; `fault` turned on for `stuck` 8 s in and, from when
+/// the relay has stalled the topic, kept for 20 s; 4 s after. The healthy topic's p99 stays
+/// within the bound, the stuck topic's later events are parked, and what the broker stored is
+/// every event of both topics, each key on one queue in commit order, every SENT msg_id.
+async fn stuck_topic_run(
+    db: &TestDb,
+    mut config: Config,
+    [stuck, healthy]: [&String; 2],
+    fault: Fault<'_>,
+) {
+    config.sweeper.interval = Duration::from_millis(500);
+    config.sweeper.min_age = Duration::from_secs(1);
+    config.sweeper.lease = Duration::from_secs(30);
+    config.rocketmq.send_timeout = Duration::from_secs(3);
+    config.retry.initial_backoff = Duration::from_millis(200);
+    config.retry.max_backoff = Duration::from_secs(1);
+    config.retry.max_retry = 10_000;
     config.relay.park_after = Duration::from_secs(2);
     let relay = RunningRelay::start(&config).await;
 
-    let mut load = SteadyLoad::start(&db, [stuck.clone(), healthy.clone()], 100).await;
-    // 8 s before the fault; the fault from when the relay's route shows the topic read-only
-    // (the client refreshes routes every 30 s) for 20 s; 4 s after.
+    let mut load = SteadyLoad::start(db, [stuck.clone(), healthy.clone()], 100).await;
+    // 8 s before the fault; the fault from when the relay stalls the topic (a read-only topic
+    // shows once the client refreshes its route, every 30 s) for 20 s; 4 s after.
     tokio::time::sleep(Duration::from_secs(8)).await;
-    set_permission(&stuck, "4");
+    (fault.set)(true);
     let stalled_since = rocketmq_outbox::metrics::relay()
         .topic_stalled_since
         .get_or_create(&rocketmq_outbox::metrics::TopicLabel {
@@ -239,26 +297,26 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
         async move { since > 0.0 }
     })
     .await;
-    let fault = Instant::now();
+    let started = Instant::now();
     let fault_from = stalled_since.get() - load.t0;
     tokio::time::sleep(Duration::from_secs(20)).await;
-    let waiting = load.not_sent(&stuck).await;
-    set_permission(&stuck, "6");
-    let fault_lasted = fault.elapsed().as_secs_f64();
+    let waiting = load.not_sent(stuck).await;
+    (fault.set)(false);
+    let fault_lasted = started.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(4)).await;
     let total = load.stop().await;
 
     wait_for("every row SENT", Duration::from_secs(120), || async {
-        count_status(&db, Status::Sent).await == total
+        count_status(db, Status::Sent).await == total
     })
     .await;
     let summary = relay.stop().await;
     println!("{summary:?}");
 
     // Both measured in this run.
-    let before = load.latencies(&healthy, 1.0, 8.0).await;
-    let during = (load.latencies(&healthy, fault_from, fault_from + fault_lasted)).await;
-    assert_only_the_stuck_topic_waited(&before, &during, waiting, "read-only topic");
+    let before = load.latencies(healthy, 1.0, 8.0).await;
+    let during = (load.latencies(healthy, fault_from, fault_from + fault_lasted)).await;
+    assert_only_the_stuck_topic_waited(&before, &during, waiting, fault.name);
     assert!(
         rocketmq_outbox::metrics::relay()
             .events_parked
@@ -267,11 +325,10 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
             })
             .get()
             > 0,
-        "the stuck topic's later events were parked, not held in memory"
+        "{}: the stuck topic's later events were parked, not held in memory",
+        fault.name
     );
-    // What the broker stored: every event of both topics, each key on one queue in commit
-    // order, every SENT msg_id stored.
-    for topic in [&healthy, &stuck] {
+    for topic in [healthy, stuck] {
         let rows: Vec<(u64, String, String, Option<String>)> = db
             .conn()
             .await
@@ -281,7 +338,7 @@ async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in
             )
             .await
             .unwrap();
-        let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), topic)
+        let mut reader = TopicReader::with_credentials(&fault.namesrv, topic, fault.reader.clone())
             .await
             .unwrap();
         let messages = reader

@@ -81,6 +81,21 @@ impl RocketMq {
         ])
     }
 
+    /// Takes back what `user` was allowed on `resource` ([`RocketMq::grant`]), on every master,
+    /// with `mqadmin deleteAcl`.
+    pub fn revoke(&self, user: &str, resource: &str) -> io::Result<()> {
+        let subject = format!("User:{user}");
+        self.mqadmin_acl(&[
+            "deleteAcl",
+            "-c",
+            CLUSTER_NAME,
+            "-s",
+            &subject,
+            "-r",
+            resource,
+        ])
+    }
+
     /// An ACL command of `mqadmin`: it prints `... success.` per broker, and an exception (still
     /// exiting 0) when the broker refused.
     fn mqadmin_acl(&self, args: &[&str]) -> io::Result<()> {
