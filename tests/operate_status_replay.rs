@@ -144,7 +144,18 @@ async fn status_counts_rows_names_reasons_and_judges() {
         reasons.contains("3 row(s) FAILED in the last 1h"),
         "{reasons}"
     );
-    assert!(reasons.contains("oldest PENDING row is"), "{reasons}");
+    // The topic that waits is named, with its oldest keys.
+    assert!(
+        reasons.contains("topic orders has 2 PENDING row(s), the oldest")
+            && reasons.contains("its oldest keys: k1, k2"),
+        "{reasons}"
+    );
+    assert_eq!(table["waiting"][0]["topic"], "orders", "{table:#}");
+    assert_eq!(table["waiting"][0]["oldest_keys"], json!(["k1", "k2"]));
+    assert!(
+        report["prepared_xa"].is_array() && report.get("prepared_xa_error").is_some(),
+        "{report:#}"
+    );
     assert_eq!(report["relay"]["leader"], "host-a-1");
     assert_eq!(report["relay"]["leader_epoch"], 3);
     assert!(report["relay"]["checkpoint_age_seconds"].as_f64().unwrap() < 30.0);
@@ -205,6 +216,8 @@ async fn status_counts_rows_names_reasons_and_judges() {
         "PENDING",
         "rejected: no route for topic gone",
         "oldest PENDING id",
+        "topics with PENDING rows, longest waiting first:",
+        "XA          ",
         "leader      host-a-1 (epoch 3, elected by lock)",
         "verdict: stuck",
     ] {

@@ -173,6 +173,16 @@ fn print_report(r: &StatusReport) {
         (None, Some(error)) => println!("binlog      position unavailable: {error}"),
         (None, None) => {}
     }
+    match (&r.prepared_xa[..], &r.prepared_xa_error) {
+        (_, Some(error)) => println!("XA          prepared transactions unknown: {error}"),
+        ([], None) => println!("XA          no prepared transaction (XA RECOVER)"),
+        (xids, None) => println!(
+            "XA          {} prepared, not ended (each holds its events, and the relay's \
+             checkpoint until parked): {}",
+            xids.len(),
+            xids.join(" ")
+        ),
+    }
     println!();
     println!("{}", r.verdict_line());
 }
@@ -183,6 +193,24 @@ fn print_table_details(t: &TableStatus) {
             "{}: oldest PENDING id {} event {} topic {} created {}",
             t.table, o.id, o.event_id, o.topic, o.created_at
         );
+    }
+    if !t.waiting.is_empty() {
+        println!(
+            "{}: topics with PENDING rows, longest waiting first:",
+            t.table
+        );
+        for w in &t.waiting {
+            let keys = match w.oldest_keys.is_empty() {
+                true => String::new(),
+                false => format!("  oldest keys: {}", w.oldest_keys.join(", ")),
+            };
+            println!(
+                "  {:<32} {:>9} PENDING, oldest {:.1} s{keys}",
+                w.topic,
+                thousands(w.pending),
+                w.oldest_seconds
+            );
+        }
     }
     if !t.failed_reasons.is_empty() {
         println!(

@@ -45,12 +45,18 @@
 use crate::binlog::reader::server_position;
 use crate::binlog::{BinlogPosition, MariaDbGtid};
 use crate::config::{Config, RelayMode};
-use crate::outbox::Status;
-use crate::outbox::TableName;
 use mysql_async::prelude::*;
 use mysql_async::Conn;
 use serde::Serialize;
 use std::time::Duration;
+
+mod table;
+mod waiting;
+
+use table::table_status;
+#[cfg(test)]
+use table::truncate_reason;
+pub use waiting::WaitingTopic;
 
 /// Longest FAILED reason shown (characters).
 const MAX_REASON_DISPLAY: usize = 120;
@@ -145,6 +151,8 @@ pub struct TableStatus {
     pub failed_recently: u64,
     /// The most frequent `last_error` values of FAILED rows, most frequent first.
     pub failed_reasons: Vec<FailedReason>,
+    /// The topics whose rows wait (PENDING), the longest waiting first.
+    pub waiting: Vec<WaitingTopic>,
 }
 
 /// The relay's row of `outbox_relay_state`.
@@ -203,6 +211,11 @@ pub struct StatusReport {
     /// `None` when the server position could not be read (see `binlog_error`).
     pub binlog: Option<BinlogLag>,
     pub binlog_error: Option<String>,
+    /// The XA transactions the server has prepared and not ended (`XA RECOVER`): each holds its
+    /// events, and the relay's checkpoint until it is parked.
+    pub prepared_xa: Vec<String>,
+    /// Why they could not be listed (MySQL 8+ needs `XA_RECOVER_ADMIN`).
+    pub prepared_xa_error: Option<String>,
     pub thresholds: StatusOptions,
     pub verdict: Verdict,
     /// Why the verdict is not `healthy` (empty when it is).
@@ -249,9 +262,14 @@ impl StatusReport {
         let database_time: Option<String> = conn.query_first("SELECT CAST(NOW(3) AS CHAR)").await?;
         let mut tables = Vec::new();
         for table in config.outbox_tables() {
-            tables.push(table_status(conn, &table, options.failing_window).await?);
+            let lag = options.lag_threshold.as_secs_f64();
+            tables.push(table_status(conn, &table, options.failing_window, lag).await?);
         }
         let relay = relay_state(conn, &config.relay.name).await?;
+        let (prepared_xa, prepared_xa_error) = match waiting::prepared_xa(conn).await {
+            Ok(xids) => (xids, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
         let oldest_pending_seconds = tables
             .iter()
             .map(|t| t.oldest_pending_seconds)
@@ -265,6 +283,8 @@ impl StatusReport {
             relay,
             binlog: None,
             binlog_error: None,
+            prepared_xa,
+            prepared_xa_error,
             thresholds: options.clone(),
             verdict,
             reasons,
@@ -287,97 +307,6 @@ impl StatusReport {
             ),
         }
     }
-}
-
-async fn table_status(
-    conn: &mut Conn,
-    table: &TableName,
-    failing_window: Duration,
-) -> Result<TableStatus, mysql_async::Error> {
-    let sql = table.sql();
-    let counts: Vec<(i64, u64)> = conn
-        .query(format!(
-            "SELECT status, COUNT(*) FROM {sql} GROUP BY status"
-        ))
-        .await?;
-    let count = |s: Status| {
-        counts
-            .iter()
-            .find(|(code, _)| *code == i64::from(s.code()))
-            .map_or(0, |c| c.1)
-    };
-    let oldest: Option<(i64, String, String, String, i64)> = conn
-        .query_first(format!(
-            "SELECT id, event_id, topic, CAST(created_at AS CHAR), \
-             TIMESTAMPDIFF(MICROSECOND, created_at, NOW(3)) \
-             FROM {sql} WHERE {} ORDER BY created_at, id LIMIT 1",
-            Status::Pending.sql()
-        ))
-        .await?;
-    let oldest = oldest.map(|(id, event_id, topic, created_at, micros)| OldestPending {
-        id,
-        event_id,
-        topic,
-        created_at,
-        age_seconds: micros.max(0) as f64 / 1e6,
-    });
-    let expired_leases: Option<u64> = conn
-        .query_first(format!(
-            "SELECT COUNT(*) FROM {sql} WHERE {} AND lease_until < NOW(3)",
-            Status::Sending.sql()
-        ))
-        .await?;
-    let window = u64::try_from(failing_window.as_micros()).unwrap_or(u64::MAX);
-    let failed_recently: Option<u64> = conn
-        .exec_first(
-            format!(
-                "SELECT COUNT(*) FROM {sql} \
-                 WHERE {} AND updated_at >= NOW(3) - INTERVAL ? MICROSECOND",
-                Status::Failed.sql()
-            ),
-            (window,),
-        )
-        .await?;
-    let reasons: Vec<(String, u64)> = conn
-        .exec(
-            format!(
-                "SELECT LEFT(COALESCE(last_error, '(no reason recorded)'), 255) AS reason, \
-                 COUNT(*) AS n FROM {sql} WHERE {} \
-                 GROUP BY reason ORDER BY n DESC, reason LIMIT ?",
-                Status::Failed.sql()
-            ),
-            (TOP_REASONS,),
-        )
-        .await?;
-    Ok(TableStatus {
-        table: table.to_string(),
-        pending: count(Status::Pending),
-        sending: count(Status::Sending),
-        sent: count(Status::Sent),
-        failed: count(Status::Failed),
-        oldest_pending_seconds: oldest.as_ref().map_or(0.0, |o| o.age_seconds),
-        oldest_pending: oldest,
-        expired_leases: expired_leases.unwrap_or_default(),
-        failed_recently: failed_recently.unwrap_or_default(),
-        failed_reasons: reasons
-            .into_iter()
-            .map(|(reason, count)| FailedReason {
-                reason: truncate_reason(&reason),
-                count,
-            })
-            .collect(),
-    })
-}
-
-/// At most [`MAX_REASON_DISPLAY`] characters, one line, `…` when cut.
-fn truncate_reason(reason: &str) -> String {
-    let one_line: String = reason.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.chars().count() <= MAX_REASON_DISPLAY {
-        return one_line;
-    }
-    let mut cut: String = one_line.chars().take(MAX_REASON_DISPLAY - 1).collect();
-    cut.push('…');
-    cut
 }
 
 async fn relay_state(conn: &mut Conn, name: &str) -> Result<RelayState, mysql_async::Error> {
@@ -472,7 +401,13 @@ fn judge(
                 ),
             );
         }
-        if t.oldest_pending_seconds > lag {
+        let late: Vec<&WaitingTopic> = (t.waiting.iter())
+            .filter(|w| w.oldest_seconds > lag)
+            .collect();
+        for topic in &late {
+            flag(Verdict::Lagging, waiting::reason(&t.table, topic, lag));
+        }
+        if late.is_empty() && t.oldest_pending_seconds > lag {
             flag(
                 Verdict::Lagging,
                 format!(

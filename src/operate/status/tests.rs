@@ -12,6 +12,7 @@ fn table(oldest: f64, expired: u64, failed_recently: u64) -> TableStatus {
         expired_leases: expired,
         failed_recently,
         failed_reasons: vec![],
+        waiting: vec![],
     }
 }
 
@@ -272,4 +273,37 @@ fn reasons_are_one_line_and_cut() {
     let cut = truncate_reason(&long);
     assert_eq!(cut.chars().count(), MAX_REASON_DISPLAY);
     assert!(cut.ends_with('…'));
+}
+
+#[test]
+fn a_topic_that_waits_is_named_with_its_oldest_keys() {
+    let mut t = table(95.0, 0, 0);
+    t.waiting = vec![
+        WaitingTopic {
+            topic: "stuck".into(),
+            pending: 1_200,
+            oldest_seconds: 95.0,
+            oldest_keys: vec!["k3".into(), "k1".into()],
+        },
+        WaitingTopic {
+            topic: "healthy".into(),
+            pending: 3,
+            oldest_seconds: 0.2,
+            oldest_keys: vec![],
+        },
+    ];
+    let (verdict, reasons) = judge(
+        &[t],
+        &relay(Some(1.0)),
+        None,
+        RelayMode::Cdc,
+        &StatusOptions::default(),
+    );
+    assert_eq!(verdict, Verdict::Lagging);
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(
+        reasons[0].contains("topic stuck has 1,200 PENDING")
+            && reasons[0].contains("its oldest keys: k3, k1"),
+        "{reasons:?}"
+    );
 }
