@@ -63,6 +63,12 @@ pub trait Sink: Send + Sync + 'static {
         false
     }
 
+    /// The broker group serving queue `queue` of `topic`, if its route is known (cached): a
+    /// group that does not answer stalls all its queues, whatever their topic.
+    fn queue_group(&self, _topic: &str, _queue: usize) -> Option<String> {
+        None
+    }
+
     /// Publishes `messages` (all of `topic`) to the queue at `queue_index`, in order.
     fn send(
         &self,

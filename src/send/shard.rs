@@ -12,6 +12,7 @@
 //! behind them in the shard; each refusal logs at ERROR what to fix, and `/readyz` fails until a
 //! send to that topic is accepted.
 
+use super::stall::QueueIndex;
 use super::{OutboundMessage, SendError, Sink, Stalls};
 use crate::event::{now_us, Ack, Origin, OutboxRow, RowProblem, Stamps};
 use crate::leader::Fence;
@@ -260,8 +261,16 @@ async fn next_batch<S: Sink>(
 
 /// The queue of `event` if its topic's route is known.
 async fn queue_of<S: Sink>(sink: &S, event: &ShardEvent) -> Option<usize> {
-    let n = sink.queue_count(&event.row.message.topic).await.ok()?;
-    (n > 0).then(|| index_for(event.key_hash, n))
+    queue_index(sink, event).await.map(|q| q.index)
+}
+
+/// The queue of `event` among its topic's queues, if its topic's route is known.
+async fn queue_index<S: Sink>(sink: &S, event: &ShardEvent) -> Option<QueueIndex> {
+    let count = sink.queue_count(&event.row.message.topic).await.ok()?;
+    (count > 0).then(|| QueueIndex {
+        index: index_for(event.key_hash, count),
+        count,
+    })
 }
 
 /// The queue of each of `events` (all of one topic) under the topic's current route, retrying
@@ -439,6 +448,7 @@ async fn send_batch<S: Sink>(
             Err(error) => error,
         };
         count_error(&error);
+        let broker_wide = matches!(error, SendError::Retryable(_));
         match error {
             SendError::Rejected(reason) if batch.len() > 1 => {
                 tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
@@ -466,7 +476,8 @@ async fn send_batch<S: Sink>(
             },
         }
         if stop.on_failure == OnFailure::Stall {
-            return Err(Interrupt::Stalled(Stalled::at(batch, queue, backoff)));
+            let stalled = Stalled::at(batch, queue, backoff, broker_wide);
+            return Err(Interrupt::Stalled(stalled));
         }
         backoff.wait(&topic, own_queue, stop.cancel).await?;
         match requeue(sink, batch, &mut backoff, completions, stop).await? {
@@ -488,6 +499,7 @@ async fn resume<S: Sink>(
         batch,
         mut backoff,
         queue,
+        ..
     } = stalled;
     let queue = queue.filter(|_| sink.stable_queues());
     backoff

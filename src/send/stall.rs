@@ -19,6 +19,7 @@
 use crate::metrics::TopicLabel;
 use crate::route::{index_for, java_string_hash};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +30,12 @@ pub struct Stalls {
     /// lanes stop growing at [`LANE_LIMIT`] by making their shard wait.
     park_after: Option<Duration>,
     topics: Mutex<HashMap<String, Stall>>,
+    /// How many topics are stalled: a shard checks whether another shard has found an event's
+    /// queue stalled only while this is not zero.
+    stalled: AtomicUsize,
+    /// Broker groups that do not answer (a send to one of their queues timed out or could not
+    /// connect), with how many lanes found so.
+    groups: Mutex<HashMap<String, usize>>,
 }
 
 #[derive(Debug)]
@@ -144,6 +151,8 @@ impl Stalls {
         Stalls {
             park_after: Some(park_after),
             topics: Mutex::default(),
+            stalled: AtomicUsize::new(0),
+            groups: Mutex::default(),
         }
     }
 
@@ -152,6 +161,8 @@ impl Stalls {
         Stalls {
             park_after: None,
             topics: Mutex::default(),
+            stalled: AtomicUsize::new(0),
+            groups: Mutex::default(),
         }
     }
 
@@ -175,6 +186,7 @@ impl Stalls {
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default();
             gauge_since(topic).set(since.as_secs_f64());
+            self.stalled.fetch_add(1, Ordering::SeqCst);
             Stall {
                 since: Instant::now(),
                 lanes: HashMap::new(),
@@ -195,6 +207,7 @@ impl Stalls {
         held_gauge(topic).set(stall.lanes.values().sum::<usize>() as i64);
         if stall.lanes.is_empty() {
             let stall = topics.remove(topic).expect("present");
+            self.stalled.fetch_sub(1, Ordering::SeqCst);
             gauge_since(topic).set(0.0);
             tracing::info!(%topic, stalled_for = ?stall.since.elapsed(),
                 "topic {topic} accepts events again");
@@ -205,6 +218,43 @@ impl Stalls {
     #[cfg(test)]
     pub fn is_stalled(&self, topic: &str) -> bool {
         self.topics().contains_key(topic)
+    }
+
+    /// Whether any topic is stalled now (one atomic read).
+    pub fn any(&self) -> bool {
+        self.stalled.load(Ordering::SeqCst) > 0
+    }
+
+    /// Whether some shard holds `queue` of `topic` in a lane now: a send to it failed.
+    pub(crate) fn queue_stalled(&self, topic: &str, queue: QueueIndex) -> bool {
+        self.topics()
+            .get(topic)
+            .is_some_and(|stall| stall.lanes.keys().any(|lane| lane.queue == Some(queue)))
+    }
+
+    /// A lane opened because broker group `group` does not answer.
+    pub(crate) fn group_stalled(&self, group: &str) {
+        let mut groups = self.groups.lock().expect("not poisoned");
+        *groups.entry(group.to_string()).or_default() += 1;
+    }
+
+    /// Such a lane closed.
+    pub(crate) fn group_lane_closed(&self, group: &str) {
+        let mut groups = self.groups.lock().expect("not poisoned");
+        if let Some(lanes) = groups.get_mut(group) {
+            *lanes -= 1;
+            if *lanes == 0 {
+                groups.remove(group);
+            }
+        }
+    }
+
+    /// Whether some lane holds events because broker group `group` does not answer.
+    pub(crate) fn is_group_stalled(&self, group: &str) -> bool {
+        self.groups
+            .lock()
+            .expect("not poisoned")
+            .contains_key(group)
     }
 
     /// What is stalled now (the sweeper claims none of its rows meanwhile).

@@ -2,8 +2,8 @@
 //! the dedup table say, and the report.
 
 use super::consumer::{Delivery, GROUP};
-use super::faults::FaultKind;
-use super::servers::{Servers, TOPIC};
+use super::faults::{FaultKind, Isolation};
+use super::servers::{Servers, SIDE_TOPIC, TOPIC};
 use super::workload::WriteLog;
 use rocketmq_outbox::consumer::Disposition;
 use rocketmq_outbox::outbox::status::codes::{FAILED, SENT};
@@ -22,6 +22,8 @@ pub struct FaultRecord {
     pub recovery: Option<Duration>,
     /// The oldest unsent row's age at its worst during the fault and its recovery.
     pub peak_age: Duration,
+    /// For a fault that must hold back only some keys: when, and which keys it must not touch.
+    pub isolation: Option<Isolation>,
 }
 
 /// Invariants sampled while no fault was active or recovering.
@@ -104,6 +106,10 @@ pub async fn audit(
     let (mut events, mut poison) = (HashSet::new(), 0usize);
     for (_, event_id, _, topic, status, msg_id) in &rows {
         *status_counts.entry(*status).or_insert(0u64) += 1;
+        // Judged by `isolation::check_side_topic`.
+        if topic == SIDE_TOPIC {
+            continue;
+        }
         if !logged.contains(event_id.as_str()) {
             fail(format!("row {event_id} was written by nobody"));
         }
@@ -246,6 +252,13 @@ pub async fn audit(
     for f in faults.iter().filter(|f| f.recovery.is_none()) {
         fail(format!("no recovery after {} at {:?}", f.kind.name(), f.at));
     }
+    let (isolation_failures, isolation_report) =
+        super::isolation::check_latency(servers, faults).await;
+    isolation_failures.into_iter().for_each(&mut fail);
+    super::isolation::check_side_topic(servers)
+        .await
+        .into_iter()
+        .for_each(&mut fail);
 
     let relay_resends = copies.len().saturating_sub(processed.len());
     // Faults cost some resends: a timed-out send may have been stored, and each change of
@@ -295,6 +308,9 @@ pub async fn audit(
         "  calm-period invariants ({} samples): oldest PENDING ≤ {:?} (bound {:?}), rows SENDING past lease: {}",
         calm.samples, calm.max_pending_age, pending_bound, calm.max_stale_sending
     );
+    if !isolation_report.is_empty() {
+        let _ = write!(w, "  isolation:\n{isolation_report}");
+    }
     let _ = writeln!(
         w,
         "  faults: {} ({} relay process restarts)",

@@ -27,12 +27,15 @@ struct Instance {
 /// A CDC relay config for the soak: short sweeper bounds so gaps (purged binlogs, lost
 /// statements) are swept within seconds, and a broker retry policy that keeps trying (a broker
 /// outage is retryable and must FAIL nothing).
+/// The relays' `rocketmq.send_timeout`.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
 pub fn soak_config(url: String, namesrv: String) -> Config {
     let mut config = Config::default();
     config.mysql.url = Some(url);
     config.mysql.heartbeat = Duration::from_secs(1);
     config.rocketmq.namesrv_addr = Some(namesrv);
-    config.rocketmq.send_timeout = Duration::from_secs(2);
+    config.rocketmq.send_timeout = SEND_TIMEOUT;
     config.relay.shards = 4;
     config.relay.name = "soak".into();
     config.retry.initial_backoff = Duration::from_millis(200);

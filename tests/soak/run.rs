@@ -3,9 +3,9 @@
 
 use super::audit::{audit, Audit, CalmSamples, FaultRecord, RunFacts};
 use super::consumer::SoakConsumer;
-use super::faults::{inject, leader, schedule};
+use super::faults::{inject, leader, schedule, FaultKind};
 use super::relays::{soak_config, Relays};
-use super::servers::{Servers, TOPIC};
+use super::servers::{Servers, SIDE_TOPIC, TOPIC};
 use super::workload::{self, WorkloadSpec};
 use rocketmq_outbox::outbox::status::codes::{PENDING, SENDING, SENT};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +26,8 @@ pub struct SoakSpec {
     /// How long a fault with a duration (broker down or frozen, relays down) lasts.
     pub hold: Duration,
     pub seed: u64,
+    /// The fault kinds scheduled.
+    pub kinds: Vec<FaultKind>,
 }
 
 /// The oldest unsent row younger than this means "caught up".
@@ -40,20 +42,22 @@ impl SoakSpec {
     /// The CI form: every fault kind once, about a minute and a half.
     pub fn short() -> Self {
         SoakSpec {
-            events: 9_000,
+            events: 11_000,
             writers: 4,
             keys: 200,
             rate: 200.0,
             relays: 2,
-            faults: 7,
+            faults: 9,
             fault_every: Duration::from_secs(3),
             hold: Duration::from_secs(2),
             seed: 0x50A4,
+            kinds: FaultKind::ALL.to_vec(),
         }
     }
 
     /// `base` with `SOAK_EVENTS`, `SOAK_RATE`, `SOAK_WRITERS`, `SOAK_KEYS`, `SOAK_RELAYS`,
-    /// `SOAK_FAULTS`, `SOAK_FAULT_EVERY` (humantime, e.g. `5s`), `SOAK_HOLD`, `SOAK_SEED` applied.
+    /// `SOAK_FAULTS`, `SOAK_FAULT_EVERY` (humantime, e.g. `5s`), `SOAK_HOLD`, `SOAK_SEED`,
+    /// `SOAK_KINDS` (comma-separated short names, e.g. `kill-leader`) applied.
     pub fn from_env(base: SoakSpec) -> Self {
         fn var<T: std::str::FromStr>(name: &str) -> Option<T> {
             let value = std::env::var(name).ok()?;
@@ -76,6 +80,9 @@ impl SoakSpec {
         spec.fault_every = duration("SOAK_FAULT_EVERY").unwrap_or(spec.fault_every);
         spec.hold = duration("SOAK_HOLD").unwrap_or(spec.hold);
         spec.seed = var("SOAK_SEED").unwrap_or(spec.seed);
+        if let Ok(kinds) = std::env::var("SOAK_KINDS") {
+            spec.kinds = FaultKind::parse_list(&kinds);
+        }
         // Enough faults to cover the writing time unless given.
         let writing = Duration::from_secs_f64(spec.events as f64 / spec.rate);
         let fitting = (writing.as_secs_f64() / spec.fault_every.as_secs_f64()) as usize;
@@ -116,7 +123,7 @@ pub async fn run(spec: SoakSpec) -> Audit {
         tokio::time::sleep(SAMPLE).await;
     }
     let consumer = SoakConsumer::start(servers.pool.clone(), servers.namesrv_addr(), TOPIC).await;
-    let plan = schedule(spec.seed, spec.faults);
+    let plan = schedule(spec.seed, spec.faults, &spec.kinds);
     println!(
         "soak: {spec:?}\nsoak: fault schedule (seed {:#x}): {:?}",
         spec.seed, plan
@@ -137,6 +144,12 @@ pub async fn run(spec: SoakSpec) -> Audit {
         workload,
         Arc::new(AtomicBool::new(false)),
     ));
+    let side_done = Arc::new(AtomicBool::new(false));
+    let side = tokio::spawn(workload::side_topic(
+        servers.pool.clone(),
+        SIDE_TOPIC,
+        Arc::clone(&side_done),
+    ));
     let t0 = Instant::now();
     let mut records = Vec::new();
     let mut calm = CalmSamples::default();
@@ -154,11 +167,14 @@ pub async fn run(spec: SoakSpec) -> Audit {
             kind,
             at,
             detail: injected.detail,
+            isolation: injected.isolation,
             recovery,
             peak_age,
         });
     }
     let log = writers.await.unwrap();
+    side_done.store(true, Ordering::SeqCst);
+    side.await.unwrap();
     drain(&servers, &consumer).await;
     supervising.store(false, Ordering::Relaxed);
     supervisor.await.unwrap();

@@ -32,9 +32,12 @@ const EFFECT_DDL: &str = "CREATE TABLE soak_effect (
 
 pub const RELAY_USER: &str = "soak_relay";
 const RELAY_PASSWORD: &str = "soak-relay-pw";
-/// The topic the workload publishes to, and its queue count.
+/// The topic the workload publishes to, and its queue count on each of the two broker groups
+/// (`broker-a`'s queues come first in its queue list, then `broker-b`'s).
 pub const TOPIC: &str = "soak_events";
-pub const QUEUES: u32 = 8;
+pub const QUEUES: u32 = 4;
+/// A second topic, written beside the workload, that the stuck-topic fault makes read-only.
+pub const SIDE_TOPIC: &str = "soak_side";
 
 pub struct Servers {
     pub database_server: Mutex<Database>,
@@ -66,6 +69,7 @@ impl Servers {
         let rocketmq = tokio::task::spawn_blocking(|| {
             let dir = scratch_dir("soak-rocketmq").expect("scratch dir");
             let options = RocketMqOptions {
+                groups: 2,
                 auto_create_topics: false,
                 ..RocketMqOptions::default()
             };
@@ -74,6 +78,7 @@ impl Servers {
                  means the disk is too full: TMPDIR=/dev/shm/soak works around it)",
             );
             mq.create_topic(TOPIC, QUEUES).expect("create topic");
+            mq.create_topic(SIDE_TOPIC, QUEUES).expect("create topic");
             mq
         });
         let database_server = database_server.await.unwrap();
@@ -166,6 +171,27 @@ impl Servers {
         conn.query(query).await
     }
 
+    /// The database's clock, Unix seconds (as `created_at` and `sent_at` are written).
+    pub async fn db_now(&self) -> f64 {
+        let now: Vec<f64> = self.query("SELECT UNIX_TIMESTAMP(NOW(3))").await;
+        now[0]
+    }
+
+    /// Each of `topic`'s rows: its key, when it was created (Unix seconds, database clock) and
+    /// its commit → SENT latency in ms (infinite if not SENT).
+    pub async fn latencies(&self, topic: &str) -> Vec<(String, f64, f64)> {
+        let rows: Vec<(String, f64, Option<f64>)> = self
+            .query(&format!(
+                "SELECT biz_key, UNIX_TIMESTAMP(created_at), \
+                 TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) / 1000 \
+                 FROM outbox_event WHERE topic = '{topic}'"
+            ))
+            .await;
+        (rows.into_iter())
+            .map(|(key, created, ms)| (key, created, ms.unwrap_or(f64::INFINITY)))
+            .collect()
+    }
+
     /// Age of the oldest row not yet SENT or FAILED (PENDING or SENDING), workload keys only;
     /// `None` when there is none or the server cannot be reached.
     pub async fn oldest_unsent_age(&self) -> Result<Option<Duration>, ()> {
@@ -181,6 +207,19 @@ impl Servers {
             .next()
             .flatten()
             .map(|us| Duration::from_micros(us.max(0) as u64)))
+    }
+
+    /// Age of `topic`'s oldest unsent row (zero when none, or the server cannot be reached).
+    pub async fn oldest_unsent_age_of(&self, topic: &str) -> Duration {
+        let rows: Vec<Option<i64>> = self
+            .try_query(&format!(
+                "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) FROM outbox_event \
+                 WHERE status IN ({PENDING}, {SENDING}) AND topic = '{topic}'"
+            ))
+            .await
+            .unwrap_or_default();
+        let micros = rows.into_iter().next().flatten().unwrap_or(0);
+        Duration::from_micros(micros.max(0) as u64)
     }
 
     /// Rows SENDING whose lease ran out more than `slack` ago (lease recovery should have put

@@ -178,3 +178,23 @@ async fn transaction(
     }
     Ok(ids)
 }
+
+/// Writes 20 events/s to `topic` (keys `side-0` … `side-9`, one per transaction) until `done`;
+/// a write that fails (the database restarting) is skipped: the audit judges the rows there are.
+pub async fn side_topic(pool: Pool, topic: &'static str, done: Arc<AtomicBool>) {
+    let outbox = Outbox::default();
+    let mut n = 0u64;
+    while !done.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let Ok(mut conn) = pool.get_conn().await else {
+            continue;
+        };
+        let Ok(mut tx) = conn.start_transaction(TxOpts::default()).await else {
+            continue;
+        };
+        let event = NewEvent::new(topic, format!("side-{}", n % 10), json!({ "n": n }));
+        if outbox.enqueue(&mut tx, event).await.is_ok() && tx.commit().await.is_ok() {
+            n += 1;
+        }
+    }
+}

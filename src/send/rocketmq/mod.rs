@@ -202,8 +202,14 @@ impl RocketMqSink {
                         "the broker did not create {topic} on its first message yet: {error}"
                     )),
                 };
-                // A changed route may explain it; look again next time.
-                self.routes.lock().expect("not poisoned").remove(topic);
+                // A changed route may explain it; look again next time. Not after a timeout or a
+                // refused connection: the route still names the broker (a frozen or restarting
+                // one), and every sender of the topic would then look it up again while the
+                // broker's queues retry.
+                let class = error.descriptor().class().as_str();
+                if class != "timeout" && class != "unavailable" {
+                    self.routes.lock().expect("not poisoned").remove(topic);
+                }
                 Err(classified)
             }
         }
@@ -395,6 +401,12 @@ fn accept(result: SendResult, count: usize) -> Result<Vec<String>, SendError> {
 impl Sink for RocketMqSink {
     fn stable_queues(&self) -> bool {
         self.queue_book.stable()
+    }
+
+    fn queue_group(&self, topic: &str, queue: usize) -> Option<String> {
+        let routes = self.routes.lock().expect("not poisoned");
+        let (queues, _) = routes.get(topic)?;
+        Some(queues.list.get(queue)?.broker_name().to_string())
     }
 
     async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {

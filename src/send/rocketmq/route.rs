@@ -9,8 +9,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a topic's queue list is trusted before it is fetched again.
-const ROUTE_TTL: Duration = Duration::from_secs(30);
+/// How long a topic's queue list is trusted before it is fetched again: how soon a topic made
+/// read-only (which Apache RocketMQ 5.3 enforces through the route only: its broker goes on
+/// storing sends to it) or a changed queue count is followed. One name-server request per topic
+/// per period.
+const ROUTE_TTL: Duration = Duration::from_secs(10);
 /// The same while a broker group of the topic is unavailable.
 const LOST_GROUP_TTL: Duration = Duration::from_secs(1);
 

@@ -37,6 +37,9 @@ pub(super) struct Stalled {
     /// The queue they were all bound for, if one: a send to it failed. `None`: the topic's
     /// route could not be looked up, or they are bound for several queues.
     pub(super) queue: Option<usize>,
+    /// The send failed as a broker that does not answer fails (a timeout, a refused
+    /// connection): every queue of its broker group is likely stalled, whatever the topic.
+    pub(super) broker_wide: bool,
 }
 
 impl Stalled {
@@ -46,15 +49,23 @@ impl Stalled {
             batch,
             backoff,
             queue: None,
+            broker_wide: false,
         }
     }
 
-    /// Events whose send to `queue` failed.
-    pub(super) fn at(batch: Vec<ShardEvent>, queue: usize, backoff: Backoff) -> Self {
+    /// Events whose send to `queue` failed (as a broker that does not answer fails, if
+    /// `broker_wide`).
+    pub(super) fn at(
+        batch: Vec<ShardEvent>,
+        queue: usize,
+        backoff: Backoff,
+        broker_wide: bool,
+    ) -> Self {
         Stalled {
             batch,
             backoff,
             queue: Some(queue),
+            broker_wide,
         }
     }
 

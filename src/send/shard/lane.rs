@@ -16,7 +16,7 @@
 //! topic's new events (see [`Stalls`]); where nothing parks, at most [`LANE_LIMIT`], and the
 //! shard waits while it is full.
 
-use super::{next_batch, queue_of, resume, send_batch, Backoff, OnFailure, ShardOptions};
+use super::{next_batch, queue_index, resume, send_batch, Backoff, OnFailure, ShardOptions};
 use super::{Completion, ShardEvent, Sink, Stalled, Stop};
 use crate::send::stall::{LaneId, QueueIndex, LANE_LIMIT};
 use crate::send::Stalls;
@@ -54,6 +54,9 @@ struct Held {
     stalls: Arc<Stalls>,
     topic: String,
     lane: LaneId,
+    /// The broker group the lane found not answering, if that is why it opened; taken once the
+    /// lane has sent what it was opened with (the group answers again) or ends.
+    group: std::sync::Mutex<Option<String>>,
 }
 
 impl Held {
@@ -65,6 +68,13 @@ impl Held {
     fn done(&self, n: usize) {
         let held = self.count.fetch_sub(n, Ordering::SeqCst) - n;
         self.stalls.holding(&self.topic, self.lane, held);
+    }
+
+    /// The group the lane found not answering answers again (or the lane ends).
+    fn group_answers(&self) {
+        if let Some(group) = self.group.lock().expect("not poisoned").take() {
+            self.stalls.group_lane_closed(&group);
+        }
     }
 }
 
@@ -89,19 +99,35 @@ impl<'a, S: Sink> Lanes<'a, S> {
     /// events again) is waited for first. Waits while the lane is full. `Err` once the shard
     /// stops.
     pub(super) async fn queue(&mut self, event: ShardEvent) -> Result<Option<ShardEvent>, ()> {
-        // The common case, no stalled topic at all, costs no look-up.
-        if self.lanes.is_empty() {
+        let stalls = &self.options.stalls;
+        // The common case, nothing stalled anywhere, costs no look-up.
+        if self.lanes.is_empty() && !stalls.any() {
             return Ok(Some(event));
         }
-        let Some(of_topic) = self.lanes.get(&event.row.message.topic) else {
-            return Ok(Some(event));
-        };
-        let queue = if of_topic.contains_key(&None) {
+        let of_topic = self.lanes.get(&event.row.message.topic);
+        let queue = if of_topic.is_some_and(|lanes| lanes.contains_key(&None)) {
             None
         } else {
-            match queue_of(&**self.sink, &event).await {
-                Some(queue) if of_topic.contains_key(&Some(queue)) => Some(queue),
+            let elsewhere = stalls.any() && self.sink.stable_queues();
+            if of_topic.is_none() && !elsewhere {
+                return Ok(Some(event));
+            }
+            let known = queue_index(&**self.sink, &event).await;
+            match known {
+                Some(q) if of_topic.is_some_and(|lanes| lanes.contains_key(&Some(q.index))) => {
+                    Some(q.index)
+                }
+                // Another lane found this queue, or its broker group, stalled: its events go to a
+                // lane of this shard at once, so the lane, not the shard, waits out the failures
+                // (a frozen broker's timeouts) the other lane met.
+                Some(q) if elsewhere && self.stalled_elsewhere(&event.row.message.topic, q) => {
+                    let backoff = Backoff::new(&self.options.retry, &self.options.wake);
+                    self.open(Stalled::at(vec![event], q.index, backoff, false))
+                        .await;
+                    return Ok(None);
+                }
                 Some(_) => return Ok(Some(event)),
+                None if of_topic.is_none() => return Ok(Some(event)),
                 // Its queue is unknown now (no route), so it may be one with a lane: the whole
                 // topic waits, behind the lanes it has.
                 None => {
@@ -136,6 +162,7 @@ impl<'a, S: Sink> Lanes<'a, S> {
                 batch: vec![event],
                 backoff,
                 queue,
+                broker_wide: false,
             };
             self.spawn(lane.held.lane.queue, stalled, vec![lane.task]);
             return Ok(None);
@@ -171,10 +198,23 @@ impl<'a, S: Sink> Lanes<'a, S> {
         self.spawn(queue, stalled, before);
     }
 
+    /// Whether a lane (of any shard) holds `queue` of `topic`, or the queue's broker group does
+    /// not answer.
+    fn stalled_elsewhere(&self, topic: &str, queue: QueueIndex) -> bool {
+        let stalls = &self.options.stalls;
+        stalls.queue_stalled(topic, queue)
+            || (self.sink.queue_group(topic, queue.index))
+                .is_some_and(|g| stalls.is_group_stalled(&g))
+    }
+
     /// Starts the lane of `stalled`'s topic and `queue` (`None`: all of the topic's events),
     /// once the lanes `before` it have ended.
     fn spawn(&mut self, queue: Option<QueueIndex>, stalled: Stalled, before: Vec<JoinHandle<()>>) {
         let topic = stalled.topic().to_string();
+        let group = match (queue, stalled.broker_wide) {
+            (Some(q), true) => self.sink.queue_group(&topic, q.index),
+            _ => None,
+        };
         let lane = LaneId::new(self.options.index, queue);
         let stalls = &self.options.stalls;
         let capacity = if stalls.parks() {
@@ -183,11 +223,15 @@ impl<'a, S: Sink> Lanes<'a, S> {
             LANE_LIMIT
         };
         let (input, events) = mpsc::channel(capacity);
+        if let Some(group) = &group {
+            stalls.group_stalled(group);
+        }
         let held = Arc::new(Held {
             count: AtomicUsize::new(0),
             stalls: Arc::clone(stalls),
             topic: topic.clone(),
             lane,
+            group: std::sync::Mutex::new(group),
         });
         held.add(stalled.batch.len());
         let task = tokio::spawn(run_lane(
@@ -221,6 +265,7 @@ struct Closing<'a> {
 impl Drop for Closing<'_> {
     fn drop(&mut self) {
         self.held.stalls.closed(&self.held.topic, self.held.lane);
+        self.held.group_answers();
     }
 }
 
@@ -250,6 +295,7 @@ async fn run_lane<S: Sink>(
     if resume(&*sink, stalled, &completions, stop).await.is_err() {
         return;
     }
+    held.group_answers();
     held.done(size);
     let mut next_first: Option<ShardEvent> = None;
     loop {

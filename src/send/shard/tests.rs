@@ -36,6 +36,8 @@ struct ScriptedSink {
     down_queues: Mutex<std::collections::HashSet<(String, usize)>>,
     /// What [`Sink::stable_queues`] answers.
     stable: bool,
+    /// How long a send to a down queue takes to fail (a frozen broker's timeout).
+    down_queue_timeout: Duration,
 }
 
 impl ScriptedSink {
@@ -101,6 +103,7 @@ impl Sink for ScriptedSink {
             )));
         }
         if (self.down_queues.lock().unwrap()).contains(&(topic.to_string(), queue)) {
+            tokio::time::sleep(self.down_queue_timeout).await;
             return Err(SendError::Retryable(format!(
                 "queue {queue} of topic {topic} is on a broker group that is unavailable"
             )));

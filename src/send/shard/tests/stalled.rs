@@ -264,3 +264,47 @@ async fn a_lost_route_holds_the_whole_topic_behind_its_queue_lanes() {
     drop(shard.input);
     shard.task.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_another_shard_found_stalled_costs_this_shard_no_timeout() {
+    // Sends to queue 1 (key "a") time out after 2 s, as to a frozen broker.
+    let sink = Arc::new(ScriptedSink {
+        stable: true,
+        down_queue_timeout: Duration::from_secs(2),
+        ..ScriptedSink::new(vec![])
+    });
+    sink.down_queues.lock().unwrap().insert(("t".into(), 1));
+    let first = ShardOptions::default();
+    let second = ShardOptions {
+        index: 1,
+        stalls: Arc::clone(&first.stalls),
+        ..ShardOptions::default()
+    };
+    let stalls = Arc::clone(&first.stalls);
+    let mut one = running(&sink, first);
+    let mut two = running(&sink, second);
+    // Shard one meets the timeout and opens a lane for queue 1.
+    one.feed(vec![event(1, "a", "t"), event(2, "b", "t")]).await;
+    assert_eq!(
+        one.next(1).await,
+        [("e2".to_string(), 2)],
+        "behind the first timeout"
+    );
+    assert!(stalls.stalled().contains("t", "a"));
+    // Shard two's event for queue 1 goes to a lane of its own at once: "b" does not wait.
+    two.feed(vec![event(3, "a", "t"), event(4, "b", "t")]).await;
+    assert_eq!(
+        two.next(1).await,
+        [("e4".to_string(), 2)],
+        "no timeout in shard two"
+    );
+    sink.down_queues.lock().unwrap().clear();
+    let mut late = one.next(1).await;
+    late.extend(two.next(1).await);
+    let mut ids: Vec<String> = late.into_iter().map(|(id, _)| id).collect();
+    ids.sort();
+    assert_eq!(ids, ["e1", "e3"]);
+    drop((one.input, two.input));
+    one.task.await.unwrap();
+    two.task.await.unwrap();
+}
