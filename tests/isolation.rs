@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Sets `topic`'s permission on the binary's cluster: 4 read-only, 6 read-write.
-fn set_permission(topic: &str, perm: &str) {
+pub fn set_permission(topic: &str, perm: &str) {
     rocketmq()
         .mqadmin(&[
             "updateTopicPerm",

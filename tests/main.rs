@@ -35,6 +35,7 @@ mod image;
 mod isolation;
 mod leader;
 mod marker;
+mod memory;
 mod memory_broker;
 mod message_ids;
 mod metrics;

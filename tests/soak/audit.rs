@@ -261,15 +261,14 @@ pub async fn audit(
         .for_each(&mut fail);
 
     let relay_resends = copies.len().saturating_sub(processed.len());
-    // Faults cost some resends: a timed-out send may have been stored, and each change of
-    // leader replays what was acknowledged after the last mirrored checkpoint (mirrored every
-    // 2 s: up to ~400 events at 200/s; the short form's schedule changes leader up to 4 times,
-    // and two runs of it resent 9.9 % and 11.3 %). A sweeper racing the stream for the rows it holds costs
-    // most of the run (60-76 % before the sweep gate counted from the oldest unfinished
-    // transaction).
-    if relay_resends * 4 > events.len() {
+    // Faults cost some resends: a timed-out send to a frozen broker may have been stored, and a
+    // takeover resends what the old leader had sent and not yet marked. Measured (2026-12-04):
+    // the short form 0.4–2.4 % over 8 runs; three instances, the leader killed 12 times in 2
+    // minutes at 1,000 events/s, 0.10 %. A sweeper racing the stream for the rows it holds
+    // cost 60–76 % before the sweep gate.
+    if relay_resends * 20 > events.len() {
         fail(format!(
-            "{relay_resends} relay resends for {} events (over 25 %): the sweepers raced the stream",
+            "{relay_resends} relay resends for {} events (over 5 %)",
             events.len()
         ));
     }

@@ -175,7 +175,7 @@ pub async fn run(spec: SoakSpec) -> Audit {
     let log = writers.await.unwrap();
     side_done.store(true, Ordering::SeqCst);
     side.await.unwrap();
-    drain(&servers, &consumer).await;
+    drain(&servers, &consumer, spec.events).await;
     supervising.store(false, Ordering::Relaxed);
     supervisor.await.unwrap();
     let unclean = relays.lock().unwrap().stop_all();
@@ -250,10 +250,12 @@ async fn watch_recovery(servers: &Servers) -> (Option<Duration>, Duration) {
     (None, peak)
 }
 
-/// Waits (bounded) until no row is PENDING or SENDING and every SENT event has its business
+/// Waits (bounded: 2 minutes, and a second more per 1,000 events, for a consumer that fell
+/// behind a long run) until no row is PENDING or SENDING and every SENT event has its business
 /// effect committed and a delivery ACKed; the audit says what is missing if that never happens.
-async fn drain(servers: &Servers, consumer: &SoakConsumer) {
-    let deadline = Instant::now() + Duration::from_secs(120);
+async fn drain(servers: &Servers, consumer: &SoakConsumer, events: usize) {
+    let bound = Duration::from_secs(120 + events as u64 / 1_000);
+    let deadline = Instant::now() + bound;
     while Instant::now() < deadline {
         let counts: Vec<(u64, u64, u64)> = servers
             .query(&format!(

@@ -64,6 +64,11 @@ impl Sink for ScriptedSink {
         self.stable
     }
 
+    /// Queues 0 and 1 on `broker-a`, the others on `broker-b`.
+    fn queue_group(&self, _topic: &str, queue: usize) -> Option<String> {
+        Some(if queue < 2 { "broker-a" } else { "broker-b" }.to_string())
+    }
+
     async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {
         if let Some(reason) = &self.route_down {
             return Err(SendError::Retryable(reason.clone()));

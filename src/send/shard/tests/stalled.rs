@@ -308,3 +308,50 @@ async fn a_queue_another_shard_found_stalled_costs_this_shard_no_timeout() {
     one.task.await.unwrap();
     two.task.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_broker_group_that_timed_out_for_one_topic_costs_the_others_no_timeout() {
+    // Four queues per topic, 0 and 1 on broker-a, 2 and 3 on broker-b; broker-b is frozen:
+    // sends to its queues time out after 2 s. Key "b" → queue 2, "c" → 3, "d" → 0.
+    let sink = Arc::new(ScriptedSink {
+        stable: true,
+        down_queue_timeout: Duration::from_secs(2),
+        ..ScriptedSink::new(vec![])
+    });
+    for down in [("t", 2), ("u", 3)] {
+        sink.down_queues
+            .lock()
+            .unwrap()
+            .insert((down.0.into(), down.1));
+    }
+    let first = ShardOptions::default();
+    let second = ShardOptions {
+        index: 1,
+        stalls: Arc::clone(&first.stalls),
+        ..ShardOptions::default()
+    };
+    let mut one = running(&sink, first);
+    let mut two = running(&sink, second);
+    one.feed(vec![event(1, "b", "t"), event(2, "d", "t")]).await;
+    assert_eq!(
+        one.next(1).await,
+        [("e2".to_string(), 2)],
+        "behind the first timeout"
+    );
+    // Another topic's queue on the same group: to a lane at once, so "d" of u does not wait.
+    two.feed(vec![event(3, "c", "u"), event(4, "d", "u")]).await;
+    assert_eq!(
+        two.next(1).await,
+        [("e4".to_string(), 2)],
+        "no timeout in shard two"
+    );
+    sink.down_queues.lock().unwrap().clear();
+    let mut late = one.next(1).await;
+    late.extend(two.next(1).await);
+    let mut ids: Vec<String> = late.into_iter().map(|(id, _)| id).collect();
+    ids.sort();
+    assert_eq!(ids, ["e1", "e3"]);
+    drop((one.input, two.input));
+    one.task.await.unwrap();
+    two.task.await.unwrap();
+}

@@ -1,0 +1,236 @@
+//! Memory while something holds the relay back, measured on the relay process (`VmRSS`): a
+//! prepared XA transaction that nobody ends while a million more transactions commit, and a
+//! topic that stays read-only for ten minutes while it is written at 200 events/s beside a
+//! healthy one. Each ends with a `kill -9` and a restart that must resume delivery within 60 s.
+//! Long, so run by command (README, "Memory while held back"):
+//!
+//! ```sh
+//! cargo test --features failpoints --test suite -- --ignored memory:: --nocapture
+//! ```
+//!
+//! `OUTBOX_MEMORY_TRANSACTIONS` (default 1,000,000) and `OUTBOX_MEMORY_STUCK_FOR` (humantime,
+//! default `10m`) shorten them.
+
+use crate::common::http::free_addr;
+use crate::common::relay::{
+    count_status, relay_fixture, wait_for, write_config_file, RelayProcess,
+};
+use crate::common::rocketmq::new_topic;
+use crate::common::TestDb;
+use mysql_async::prelude::*;
+use rocketmq_outbox::outbox::Status;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The most a held-back relay may grow.
+const GROWTH_BOUND_MIB: f64 = 32.0;
+
+/// The resident memory of process `pid`, MiB.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+/// Samples a process's RSS every second: the value once `warm` is set, and the peak after.
+struct RssSampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(f64, f64)>,
+}
+
+impl RssSampler {
+    fn start(pid: u32, warm: Arc<AtomicBool>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let task = tokio::spawn(async move {
+            let (mut baseline, mut peak) = (None, 0.0f64);
+            while !stopping.load(Ordering::SeqCst) {
+                let rss = rss_mib(pid);
+                if warm.load(Ordering::SeqCst) {
+                    baseline.get_or_insert(rss);
+                    peak = peak.max(rss);
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            (baseline.unwrap_or(0.0), peak)
+        });
+        RssSampler { stop, task }
+    }
+
+    /// (baseline, peak) in MiB.
+    async fn finish(self) -> (f64, f64) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.unwrap()
+    }
+}
+
+/// Commits `total` transactions of one event each to `topic` over 4 connections, as fast as
+/// they go; sets `warm` after the first 5 % and prints progress every 10 %.
+async fn write_transactions(db: &TestDb, topic: &str, total: u64, warm: &AtomicBool) {
+    let written = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (db, topic, written) = (db.clone_handle(), topic.to_string(), written.clone());
+            tokio::spawn(async move {
+                let mut conn = db.conn().await;
+                let sql = "INSERT INTO outbox_event (event_id, biz_key, topic, payload) \
+                           VALUES (UUID(), ?, ?, '{}')";
+                while written.fetch_add(1, Ordering::SeqCst) < total {
+                    let key = format!("k{w}-{}", written.load(Ordering::Relaxed) % 100);
+                    conn.exec_drop(sql, (key, &topic)).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut reported = 0;
+    while writers.iter().any(|w| !w.is_finished()) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let done = written.load(Ordering::SeqCst).min(total);
+        if done * 20 >= total {
+            warm.store(true, Ordering::SeqCst);
+        }
+        if done * 10 / total > reported {
+            reported = done * 10 / total;
+            let rate = done as f64 / started.elapsed().as_secs_f64();
+            println!("memory: {done} of {total} transactions committed ({rate:.0}/s)");
+        }
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+}
+
+/// Kills the relay (`kill -9`), starts it again and waits until `topic`'s rows are all SENT,
+/// then a new event too: within 60 s of the restart.
+async fn restart_resumes(db: &TestDb, relay: RelayProcess, file: &std::path::Path, topic: &str) {
+    relay.kill();
+    let log = file.with_file_name("relay-restarted.log");
+    let relay = RelayProcess::spawn_serving(file, &free_addr(), &log, &[]);
+    let restarted = Instant::now();
+    let mut conn = db.conn().await;
+    conn.exec_drop(
+        "INSERT INTO outbox_event (event_id, biz_key, topic, payload) VALUES (UUID(), 'after', ?, '{}')",
+        (topic,),
+    )
+    .await
+    .unwrap();
+    let total = db.count("outbox_event").await;
+    wait_for(
+        "delivery resumed after the restart",
+        Duration::from_secs(60),
+        || async { count_status(db, Status::Sent).await == total },
+    )
+    .await;
+    println!(
+        "memory: after kill -9 and a restart every row was SENT {:.1?} later",
+        restarted.elapsed()
+    );
+    relay.stop();
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: run by command (README, Memory while held back)"]
+async fn a_prepared_xa_transaction_does_not_grow_the_relay_over_a_million_transactions() {
+    let db = TestDb::migrated("memory_xa").await;
+    let topic = new_topic("memory_xa");
+    let total: u64 = env_or("OUTBOX_MEMORY_TRANSACTIONS", 1_000_000);
+    let (config, dir) = relay_fixture(&db).at_current_end().await;
+    let file = write_config_file(&config, dir.path());
+    let relay =
+        RelayProcess::spawn_serving(&file, &free_addr(), &dir.path().join("relay.log"), &[]);
+    // One branch prepared and never ended meanwhile; its connection is kept (MariaDB ends a
+    // prepared branch with its session).
+    let mut xa = db.conn().await;
+    xa.query_drop("XA START 'memory-xa'").await.unwrap();
+    xa.exec_drop(
+        "INSERT INTO outbox_event (event_id, biz_key, topic, payload) VALUES (UUID(), 'xa', ?, '{}')",
+        (&topic,),
+    )
+    .await
+    .unwrap();
+    xa.query_drop("XA END 'memory-xa'").await.unwrap();
+    xa.query_drop("XA PREPARE 'memory-xa'").await.unwrap();
+
+    let warm = Arc::new(AtomicBool::new(false));
+    let sampler = RssSampler::start(relay.pid(), Arc::clone(&warm));
+    write_transactions(&db, &topic, total, &warm).await;
+    wait_for(
+        "every committed row SENT",
+        Duration::from_secs(900),
+        || async { count_status(&db, Status::Sent).await == total },
+    )
+    .await;
+    let (baseline, peak) = sampler.finish().await;
+    println!(
+        "memory: relay RSS {baseline:.1} MiB after 5 % of {total} transactions, peak {peak:.1} MiB \
+         (+{:.1} MiB) with one XA branch prepared throughout",
+        peak - baseline
+    );
+    assert!(
+        peak - baseline < GROWTH_BOUND_MIB,
+        "the relay grew {:.1} MiB while the XA branch was prepared",
+        peak - baseline
+    );
+    xa.query_drop("XA COMMIT 'memory-xa'").await.unwrap();
+    restart_resumes(&db, relay, &file, &topic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long: run by command (README, Memory while held back)"]
+async fn a_topic_stuck_for_ten_minutes_does_not_grow_the_relay() {
+    let db = TestDb::migrated("memory_stuck").await;
+    let (stuck, healthy) = (new_topic("memory_stuck"), new_topic("memory_healthy"));
+    let stuck_for = std::env::var("OUTBOX_MEMORY_STUCK_FOR")
+        .ok()
+        .and_then(|v| humantime::parse_duration(&v).ok())
+        .unwrap_or(Duration::from_secs(600));
+    let (config, dir) = relay_fixture(&db).at_current_end().await;
+    let file = write_config_file(&config, dir.path());
+    let relay =
+        RelayProcess::spawn_serving(&file, &free_addr(), &dir.path().join("relay.log"), &[]);
+    let mut load =
+        crate::isolation::SteadyLoad::start(&db, [stuck.clone(), healthy.clone()], 400).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    crate::isolation::set_permission(&stuck, "4");
+    // Held back once the relay looks the route up again (every 10 s); then measured.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let warm = Arc::new(AtomicBool::new(true));
+    let sampler = RssSampler::start(relay.pid(), warm);
+    let started = Instant::now();
+    while started.elapsed() < stuck_for {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        println!(
+            "memory: {:.0?} stuck, {} rows of it waiting, relay RSS {:.1} MiB",
+            started.elapsed(),
+            load.not_sent(&stuck).await,
+            rss_mib(relay.pid())
+        );
+    }
+    let (baseline, peak) = sampler.finish().await;
+    crate::isolation::set_permission(&stuck, "6");
+    load.stop().await;
+    println!(
+        "memory: relay RSS {baseline:.1} MiB when {stuck} stalled, peak {peak:.1} MiB (+{:.1} MiB) \
+         over {stuck_for:?} of it written at 200 events/s",
+        peak - baseline
+    );
+    assert!(
+        peak - baseline < GROWTH_BOUND_MIB,
+        "the relay grew {:.1} MiB while {stuck} was stuck",
+        peak - baseline
+    );
+    restart_resumes(&db, relay, &file, &stuck).await;
+}
