@@ -255,20 +255,9 @@ async fn a_killed_broker_group_keeps_every_key_on_its_queue_and_the_other_keys_f
     // Four queues on each group: keys spread over eight.
     let topic = "cluster_kill";
     mq.create_topic(topic, 4).unwrap();
-    let (mut config, _dir) = relay_fixture(&db)
-        .on(&mq.namesrv_addr())
-        .broker_retries(
-            Duration::from_secs(1),
-            Duration::from_secs(1),
-            Duration::from_secs(4),
-            30,
-        )
-        .sweeper(
-            Duration::from_millis(500),
-            Duration::from_secs(1),
-            Duration::from_secs(30),
-        )
-        .build();
+    let (mut config, _dir) = config_on(&db, &mq);
+    config.sweeper.interval = Duration::from_millis(500);
+    config.sweeper.min_age = Duration::from_secs(1);
     config.relay.park_after = Duration::from_secs(2);
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;

@@ -65,35 +65,21 @@ impl RocketMq {
     /// `Group:*`, ...) on every master, with `mqadmin createAcl`. It takes effect at once on
     /// running clients (the broker checks each request).
     pub fn grant(&self, user: &str, resource: &str, actions: &str) -> io::Result<()> {
-        let subject = format!("User:{user}");
-        self.mqadmin_acl(&[
-            "createAcl",
-            "-c",
-            CLUSTER_NAME,
-            "-s",
-            &subject,
-            "-r",
-            resource,
-            "-a",
-            actions,
-            "-d",
-            "Allow",
-        ])
+        self.acl_on("createAcl", user, resource, &["-a", actions, "-d", "Allow"])
     }
 
     /// Takes back what `user` was allowed on `resource` ([`RocketMq::grant`]), on every master,
     /// with `mqadmin deleteAcl`.
     pub fn revoke(&self, user: &str, resource: &str) -> io::Result<()> {
+        self.acl_on("deleteAcl", user, resource, &[])
+    }
+
+    /// `mqadmin COMMAND -c CLUSTER -s User:USER -r RESOURCE EXTRA…`.
+    fn acl_on(&self, command: &str, user: &str, resource: &str, extra: &[&str]) -> io::Result<()> {
         let subject = format!("User:{user}");
-        self.mqadmin_acl(&[
-            "deleteAcl",
-            "-c",
-            CLUSTER_NAME,
-            "-s",
-            &subject,
-            "-r",
-            resource,
-        ])
+        let mut args = vec![command, "-c", CLUSTER_NAME, "-s", &subject, "-r", resource];
+        args.extend_from_slice(extra);
+        self.mqadmin_acl(&args)
     }
 
     /// An ACL command of `mqadmin`: it prints `... success.` per broker, and an exception (still

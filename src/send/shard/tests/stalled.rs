@@ -49,6 +49,13 @@ impl Running {
     }
 }
 
+/// The next completions are `expected`, all SENT at the start (virtual time 0).
+async fn sent_at_once(shard: &mut Running, expected: &[&str]) {
+    let done = shard.next(expected.len()).await;
+    assert_eq!(ids(&done), expected);
+    assert!(done.iter().all(|(_, at)| *at == 0), "{done:?}");
+}
+
 fn ids(done: &[(String, u64)]) -> Vec<&str> {
     done.iter().map(|(id, _)| id.as_str()).collect()
 }
@@ -71,12 +78,8 @@ async fn a_topic_that_does_not_accept_events_holds_back_only_its_own_events() {
             event(6, "b", "u"),
         ])
         .await;
-    let healthy = shard.next(3).await;
-    assert_eq!(ids(&healthy), ["e2", "e4", "e6"]);
-    assert!(
-        healthy.iter().all(|(_, at)| *at == 0),
-        "u's events never wait for t's retries: {healthy:?}"
-    );
+    // u's events never wait for t's retries.
+    sent_at_once(&mut shard, &["e2", "e4", "e6"]).await;
     assert!(stalls.is_stalled("t") && !stalls.is_stalled("u"));
     assert_eq!(stalls.held("t"), 3, "t's three events wait in its lane");
 
@@ -194,12 +197,8 @@ async fn where_keys_keep_their_queue_a_lost_queue_holds_back_only_its_keys() {
             event(6, "d", "t"),
         ])
         .await;
-    let healthy = shard.next(4).await;
-    assert_eq!(ids(&healthy), ["e2", "e4", "e5", "e6"]);
-    assert!(
-        healthy.iter().all(|(_, at)| *at == 0),
-        "the topic's other queues never wait for queue 1: {healthy:?}"
-    );
+    // The topic's other queues never wait for queue 1.
+    sent_at_once(&mut shard, &["e2", "e4", "e5", "e6"]).await;
     let stalled = stalls.stalled();
     assert!(stalled.contains("t", "a") && !stalled.contains("t", "b"));
     assert!(stalled.whole_topics().is_empty());
@@ -265,93 +264,76 @@ async fn a_lost_route_holds_the_whole_topic_behind_its_queue_lanes() {
     shard.task.await.unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_queue_another_shard_found_stalled_costs_this_shard_no_timeout() {
-    // Sends to queue 1 (key "a") time out after 2 s, as to a frozen broker.
+/// Two shards sharing their stalls over a sink whose `down` queues time out after 2 s (a
+/// frozen broker; queues 0 and 1 are on `broker-a`, 2 and 3 on `broker-b`). Shard one gets
+/// `first` (a down queue's event, then a healthy one) and meets the timeout; shard two then gets
+/// `second` (the same) and must not: its healthy event is SENT at once, its other one in a
+/// lane once the queues answer again.
+async fn second_shard_pays_no_timeout(
+    down: &[(&str, usize)],
+    first: [ShardEvent; 2],
+    second: [ShardEvent; 2],
+) {
     let sink = Arc::new(ScriptedSink {
         stable: true,
         down_queue_timeout: Duration::from_secs(2),
         ..ScriptedSink::new(vec![])
     });
-    sink.down_queues.lock().unwrap().insert(("t".into(), 1));
-    let first = ShardOptions::default();
-    let second = ShardOptions {
+    for (topic, queue) in down {
+        (sink.down_queues.lock().unwrap()).insert((topic.to_string(), *queue));
+    }
+    let options = ShardOptions::default();
+    let other = ShardOptions {
         index: 1,
-        stalls: Arc::clone(&first.stalls),
+        stalls: Arc::clone(&options.stalls),
         ..ShardOptions::default()
     };
-    let stalls = Arc::clone(&first.stalls);
-    let mut one = running(&sink, first);
-    let mut two = running(&sink, second);
-    // Shard one meets the timeout and opens a lane for queue 1.
-    one.feed(vec![event(1, "a", "t"), event(2, "b", "t")]).await;
+    let (mut one, mut two) = (running(&sink, options), running(&sink, other));
+    let id = |e: &ShardEvent| e.row.message.event_id.clone();
+    let late = [id(&first[0]), id(&second[0])];
+    let (healthy_one, healthy_two) = (id(&first[1]), id(&second[1]));
+    one.feed(first.into()).await;
     assert_eq!(
         one.next(1).await,
-        [("e2".to_string(), 2)],
+        [(healthy_one, 2)],
         "behind the first timeout"
     );
-    assert!(stalls.stalled().contains("t", "a"));
-    // Shard two's event for queue 1 goes to a lane of its own at once: "b" does not wait.
-    two.feed(vec![event(3, "a", "t"), event(4, "b", "t")]).await;
+    two.feed(second.into()).await;
     assert_eq!(
         two.next(1).await,
-        [("e4".to_string(), 2)],
+        [(healthy_two, 2)],
         "no timeout in shard two"
     );
     sink.down_queues.lock().unwrap().clear();
-    let mut late = one.next(1).await;
-    late.extend(two.next(1).await);
-    let mut ids: Vec<String> = late.into_iter().map(|(id, _)| id).collect();
+    let mut sent = one.next(1).await;
+    sent.extend(two.next(1).await);
+    let mut ids: Vec<String> = sent.into_iter().map(|(id, _)| id).collect();
     ids.sort();
-    assert_eq!(ids, ["e1", "e3"]);
+    assert_eq!(ids, late);
     drop((one.input, two.input));
     one.task.await.unwrap();
     two.task.await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_queue_another_shard_found_stalled_costs_this_shard_no_timeout() {
+    // Key "a" → queue 1 (down), "b" → queue 2.
+    second_shard_pays_no_timeout(
+        &[("t", 1)],
+        [event(1, "a", "t"), event(2, "b", "t")],
+        [event(3, "a", "t"), event(4, "b", "t")],
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_broker_group_that_timed_out_for_one_topic_costs_the_others_no_timeout() {
-    // Four queues per topic, 0 and 1 on broker-a, 2 and 3 on broker-b; broker-b is frozen:
-    // sends to its queues time out after 2 s. Key "b" → queue 2, "c" → 3, "d" → 0.
-    let sink = Arc::new(ScriptedSink {
-        stable: true,
-        down_queue_timeout: Duration::from_secs(2),
-        ..ScriptedSink::new(vec![])
-    });
-    for down in [("t", 2), ("u", 3)] {
-        sink.down_queues
-            .lock()
-            .unwrap()
-            .insert((down.0.into(), down.1));
-    }
-    let first = ShardOptions::default();
-    let second = ShardOptions {
-        index: 1,
-        stalls: Arc::clone(&first.stalls),
-        ..ShardOptions::default()
-    };
-    let mut one = running(&sink, first);
-    let mut two = running(&sink, second);
-    one.feed(vec![event(1, "b", "t"), event(2, "d", "t")]).await;
-    assert_eq!(
-        one.next(1).await,
-        [("e2".to_string(), 2)],
-        "behind the first timeout"
-    );
-    // Another topic's queue on the same group: to a lane at once, so "d" of u does not wait.
-    two.feed(vec![event(3, "c", "u"), event(4, "d", "u")]).await;
-    assert_eq!(
-        two.next(1).await,
-        [("e4".to_string(), 2)],
-        "no timeout in shard two"
-    );
-    sink.down_queues.lock().unwrap().clear();
-    let mut late = one.next(1).await;
-    late.extend(two.next(1).await);
-    let mut ids: Vec<String> = late.into_iter().map(|(id, _)| id).collect();
-    ids.sort();
-    assert_eq!(ids, ["e1", "e3"]);
-    drop((one.input, two.input));
-    one.task.await.unwrap();
-    two.task.await.unwrap();
+    // Key "b" → queue 2 of t, "c" → queue 3 of u (both broker-b), "d" → queue 0 (broker-a):
+    // shard two's u event is of another topic, on the group shard one found frozen.
+    second_shard_pays_no_timeout(
+        &[("t", 2), ("u", 3)],
+        [event(1, "b", "t"), event(2, "d", "t")],
+        [event(3, "c", "u"), event(4, "d", "u")],
+    )
+    .await;
 }
