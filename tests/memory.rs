@@ -134,6 +134,16 @@ async fn restart_resumes(db: &TestDb, relay: RelayProcess, file: &std::path::Pat
     relay.stop();
 }
 
+/// What the relay's `/metrics` says it holds of `topic` in memory and has parked.
+fn held_and_parked(metrics: &str, topic: &str) -> String {
+    let body = crate::common::http::get(metrics, "/metrics").map_or(String::new(), |(_, b)| b);
+    (body.lines())
+        .filter(|line| line.contains(topic) && !line.starts_with('#'))
+        .filter(|line| line.contains("held_events") || line.contains("parked_total"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -199,8 +209,8 @@ async fn a_topic_stuck_for_ten_minutes_does_not_grow_the_relay() {
         .unwrap_or(Duration::from_secs(600));
     let (config, dir) = relay_fixture(&db).at_current_end().await;
     let file = write_config_file(&config, dir.path());
-    let relay =
-        RelayProcess::spawn_serving(&file, &free_addr(), &dir.path().join("relay.log"), &[]);
+    let metrics = free_addr();
+    let relay = RelayProcess::spawn_serving(&file, &metrics, &dir.path().join("relay.log"), &[]);
     let mut load =
         crate::isolation::SteadyLoad::start(&db, [stuck.clone(), healthy.clone()], 400).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -211,12 +221,13 @@ async fn a_topic_stuck_for_ten_minutes_does_not_grow_the_relay() {
     let sampler = RssSampler::start(relay.pid(), warm);
     let started = Instant::now();
     while started.elapsed() < stuck_for {
-        tokio::time::sleep(Duration::from_secs(60)).await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
         println!(
-            "memory: {:.0?} stuck, {} rows of it waiting, relay RSS {:.1} MiB",
+            "memory: {:.0?} stuck, {} rows of it waiting, relay RSS {:.1} MiB; {}",
             started.elapsed(),
             load.not_sent(&stuck).await,
-            rss_mib(relay.pid())
+            rss_mib(relay.pid()),
+            held_and_parked(&metrics, &stuck)
         );
     }
     let (baseline, peak) = sampler.finish().await;

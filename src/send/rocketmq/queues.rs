@@ -9,10 +9,12 @@
 //! in the list: sends to its queues fail as retryable, so its keys wait for it (bounded: the
 //! topic's lanes and parking) while the other queues' keys go on.
 //!
-//! A group that is registered with its master but no longer offers the topic writable queues
-//! (the topic deleted there, the group made read-only to drain it before it is retired) leaves
-//! the list, and so does a changed queue count: those are an operator's deliberate changes,
-//! which move keys for RocketMQ's own producers too; each is logged at WARN.
+//! A group that is registered with its master but has offered the topic no writable queue for
+//! [`LEAVE_AFTER`] (the topic deleted there, the group made read-only to drain it before it is
+//! retired) leaves the list, and so does a changed queue count: those are an operator's
+//! deliberate changes, which move keys for RocketMQ's own producers too; each is logged at WARN.
+//! Until then its keys wait as for an unavailable group: a broker that is starting again
+//! registers before its route shows the topic's queues, and must not move keys meanwhile.
 //!
 //! With `reroute_on_broker_loss = true` the list is the live route: a lost group's keys move
 //! to the other groups' queues at once, and a consumer may then read a key's newer events (on
@@ -21,6 +23,11 @@
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a registered group must offer a topic no writable queue before it leaves the
+/// topic's list (and its keys move).
+pub(super) const LEAVE_AFTER: Duration = Duration::from_secs(30);
 
 /// A topic's queues as keys are hashed over them, and the groups among them that cannot take a
 /// send now.
@@ -65,6 +72,8 @@ pub(super) struct QueueBook {
 struct Group {
     queues: i32,
     lost: bool,
+    /// Since when it has been registered with its master without writable queues of the topic.
+    leaving_since: Option<Instant>,
 }
 
 impl QueueBook {
@@ -98,14 +107,16 @@ impl QueueBook {
         })
     }
 
-    /// Records `live`, `topic`'s writable queues now, and returns the list keys are hashed
+    /// Records `live`, `topic`'s writable queues `now`, and returns the list keys are hashed
     /// over. `left`: groups missing from `live` that are registered with their master (they
-    /// left the topic on purpose); any other missing group is unavailable and keeps its queues.
+    /// leave the topic once that has lasted [`LEAVE_AFTER`]); any other missing group is
+    /// unavailable and keeps its queues.
     pub(super) fn update(
         &self,
         topic: &str,
         live: &[MessageQueue],
         left: &HashSet<String>,
+        now: Instant,
     ) -> TopicQueues {
         if self.reroute {
             return TopicQueues {
@@ -117,11 +128,12 @@ impl QueueBook {
         let mut topics = self.topics.lock().expect("not poisoned");
         let groups = topics.entry(topic.to_string()).or_default();
         for (name, &queues) in &live {
-            let now = Group {
+            let seen = Group {
                 queues,
                 lost: false,
+                leaving_since: None,
             };
-            match groups.insert(name.to_string(), now) {
+            match groups.insert(name.to_string(), seen) {
                 Some(was) if was.queues != queues => tracing::warn!(%topic, group = %name,
                     from = was.queues, to = queues,
                     "broker group {name} now has {queues} write queues of {topic}: keys move \
@@ -135,11 +147,13 @@ impl QueueBook {
             if live.contains_key(name.as_str()) {
                 return true;
             }
-            if left.contains(name) {
+            if !left.contains(name) {
+                group.leaving_since = None;
+            } else if now >= *group.leaving_since.get_or_insert(now) + LEAVE_AFTER {
                 tracing::warn!(%topic, group = %name,
-                    "broker group {name} is up but offers no writable queue of {topic} now (the \
-                     topic deleted there, or the group made read-only): its keys move to the \
-                     other groups' queues");
+                    "broker group {name} is up but has offered no writable queue of {topic} for \
+                     {LEAVE_AFTER:?} (the topic deleted there, or the group made read-only): its \
+                     keys move to the other groups' queues");
                 return false;
             }
             if !group.lost {
@@ -196,7 +210,8 @@ mod tests {
     fn a_lost_group_keeps_its_queues_and_only_they_wait() {
         let book = QueueBook::new(false);
         let both = route(&[("broker-a", 2), ("broker-b", 2)]);
-        let all = book.update("t", &both, &HashSet::new());
+        let now = Instant::now();
+        let all = book.update("t", &both, &HashSet::new(), now);
         assert_eq!(
             names(&all),
             ["broker-a:0", "broker-a:1", "broker-b:0", "broker-b:1"]
@@ -206,29 +221,40 @@ mod tests {
         // broker-b is killed: the name server routes broker-a's queues only.
         let a_only = route(&[("broker-a", 2)]);
         assert_eq!(book.missing("t", &a_only), ["broker-b"]);
-        let kept = book.update("t", &a_only, &HashSet::new());
+        let kept = book.update("t", &a_only, &HashSet::new(), now);
         assert_eq!(names(&kept), names(&all), "no key changes queue");
         assert!(kept.writable("t", 1).is_ok(), "broker-a's keys go on");
         let waiting = kept.writable("t", 2).unwrap_err();
         assert!(waiting.contains("broker-b") && waiting.contains("reroute_on_broker_loss"));
 
         // Back: every queue takes sends again.
-        let back = book.update("t", &both, &HashSet::new());
+        let back = book.update("t", &both, &HashSet::new(), now);
         assert!(back.lost.is_empty() && back.writable("t", 2).is_ok());
         assert_eq!(names(&back), names(&all));
     }
 
     #[test]
-    fn a_group_that_left_the_topic_on_purpose_leaves_the_list() {
+    fn a_group_that_left_the_topic_on_purpose_leaves_the_list_once_that_lasts() {
         let book = QueueBook::new(false);
-        book.update(
-            "t",
-            &route(&[("broker-a", 2), ("broker-b", 2)]),
-            &HashSet::new(),
-        );
+        let start = Instant::now();
+        let both = route(&[("broker-a", 2), ("broker-b", 2)]);
+        book.update("t", &both, &HashSet::new(), start);
         let a_only = route(&[("broker-a", 2)]);
         let left = HashSet::from(["broker-b".to_string()]);
-        let moved = book.update("t", &a_only, &left);
+        // Registered without the topic's queues (a restarting broker looks so for a moment):
+        // its keys wait, they do not move.
+        let waiting = book.update("t", &a_only, &left, start);
+        assert_eq!(waiting.list.len(), 4);
+        assert!(waiting.writable("t", 2).is_err());
+        let waiting = book.update("t", &a_only, &left, start + LEAVE_AFTER / 2);
+        assert_eq!(waiting.list.len(), 4);
+        // Back within the time: nothing moved.
+        let back = book.update("t", &both, &HashSet::new(), start + LEAVE_AFTER);
+        assert_eq!(back.list.len(), 4);
+        // Gone for good: it leaves once that has lasted LEAVE_AFTER.
+        let later = start + 2 * LEAVE_AFTER;
+        book.update("t", &a_only, &left, later);
+        let moved = book.update("t", &a_only, &left, later + LEAVE_AFTER);
         assert_eq!(names(&moved), ["broker-a:0", "broker-a:1"]);
         assert!(moved.lost.is_empty());
         assert!(book.missing("t", &a_only).is_empty());
@@ -237,15 +263,13 @@ mod tests {
     #[test]
     fn rerouting_follows_the_live_route() {
         let book = QueueBook::new(true);
-        book.update(
-            "t",
-            &route(&[("broker-a", 2), ("broker-b", 2)]),
-            &HashSet::new(),
-        );
+        let now = Instant::now();
+        let both = route(&[("broker-a", 2), ("broker-b", 2)]);
+        book.update("t", &both, &HashSet::new(), now);
         let a_only = route(&[("broker-a", 2)]);
         assert!(book.missing("t", &a_only).is_empty());
         assert_eq!(
-            names(&book.update("t", &a_only, &HashSet::new())),
+            names(&book.update("t", &a_only, &HashSet::new(), now)),
             ["broker-a:0", "broker-a:1"]
         );
         assert!(!book.stable());

@@ -64,7 +64,7 @@ impl RocketMqSink {
         }
         let missing = self.queue_book.missing(topic, &live);
         let left = self.groups_that_left(topic, missing).await;
-        let queues = Arc::new(self.queue_book.update(topic, &live, &left));
+        let queues = Arc::new(self.queue_book.update(topic, &live, &left, Instant::now()));
         self.routes
             .lock()
             .expect("not poisoned")
@@ -107,6 +107,11 @@ impl RocketMqSink {
                 SendError::Rejected(_) => Missing::Rejected(classified),
                 SendError::Retryable(_) | SendError::Unauthorized(_) => Missing::Retry(classified),
             };
+        }
+        // A topic routed before needs no name-server view (an admin client each time: a
+        // stuck topic's lanes would start one per retry).
+        if let Some(known) = self.memory.known(topic, classified.reason()) {
+            return known;
         }
         let view = self.name_server_view(topic).await;
         self.memory.verdict(topic, classified.reason(), view)

@@ -61,6 +61,19 @@ impl ClusterMemory {
             .extend(groups);
     }
 
+    /// The verdict on "no such topic" for a topic that had a route in this process: retried
+    /// (its broker restarting, the topic made read-only), whatever the name server says, so
+    /// the name server need not be asked. `None` for a topic never routed here.
+    pub(super) fn known(&self, topic: &str, reason: &str) -> Option<Missing> {
+        let known = (self.known_topics.lock().expect("not poisoned")).contains(topic);
+        known.then(|| {
+            Missing::Retry(SendError::Retryable(format!(
+                "topic {topic} had a route in this process (its broker restarting, or the \
+                 topic not writable?); {reason}"
+            )))
+        })
+    }
+
     /// The verdict on "no such topic" for `topic` (`reason` is the client's words), given
     /// what the name server says now (`view`; an error if it could not be asked).
     pub(super) fn verdict(
@@ -69,15 +82,8 @@ impl ClusterMemory {
         reason: &str,
         view: Result<NameServerView, String>,
     ) -> Missing {
-        if self
-            .known_topics
-            .lock()
-            .expect("not poisoned")
-            .contains(topic)
-        {
-            return Missing::Retry(SendError::Retryable(format!(
-                "topic {topic} had a route in this process (its broker restarting?); {reason}"
-            )));
+        if let Some(known) = self.known(topic, reason) {
+            return known;
         }
         let view = match view {
             Ok(view) => view,
