@@ -249,6 +249,12 @@ impl Stalls {
         }
     }
 
+    /// Whether some lane holds `topic`'s events, or some broker group does not answer: only then
+    /// can an event of `topic` be bound for a queue another lane found stalled.
+    pub(crate) fn may_hold(&self, topic: &str) -> bool {
+        self.topics().contains_key(topic) || !self.groups.lock().expect("not poisoned").is_empty()
+    }
+
     /// Whether some lane holds events because broker group `group` does not answer.
     pub(crate) fn is_group_stalled(&self, group: &str) -> bool {
         self.groups

@@ -45,14 +45,14 @@ pub async fn check_latency(servers: &Servers, faults: &[FaultRecord]) -> (Vec<St
         let noticed = window.from + window.noticed_within;
         let during = healthy(&|created| (noticed..window.to).contains(&created));
         let (Some(b), Some(d)) = (p99(&before), p99(&during)) else {
-            let _ = writeln!(
-                report,
-                "    {:>8.1?} {}: too few healthy events to judge ({} calm, {} during)",
-                f.at,
+            failures.push(format!(
+                "{} at {:?}: too few healthy events to judge ({} before, {} during): the fault \
+                 came while no writes flowed",
                 f.kind.name(),
+                f.at,
                 before.len(),
                 during.len()
-            );
+            ));
             continue;
         };
         let _ = writeln!(

@@ -108,7 +108,11 @@ impl<'a, S: Sink> Lanes<'a, S> {
         let queue = if of_topic.is_some_and(|lanes| lanes.contains_key(&None)) {
             None
         } else {
-            let elsewhere = stalls.any() && self.sink.stable_queues();
+            // Whether another lane may hold this event's queue: its topic stalled somewhere, or a
+            // broker group not answering. Else (another topic refused, say) no queue look-up.
+            let elsewhere = stalls.any()
+                && self.sink.stable_queues()
+                && stalls.may_hold(&event.row.message.topic);
             if of_topic.is_none() && !elsewhere {
                 return Ok(Some(event));
             }
