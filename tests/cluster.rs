@@ -208,40 +208,76 @@ fn create_topic_on(cluster: &RocketMq, group: &str, topic: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_broker_group_holds_back_only_the_topic_it_serves() {
+    only_group_down_run(GroupFault::Frozen).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_broker_group_holds_back_only_the_topic_it_serves() {
+    only_group_down_run(GroupFault::Killed).await;
+}
+
+/// How a broker group stops answering.
+#[derive(Clone, Copy, Debug)]
+enum GroupFault {
+    /// SIGSTOP: its connections stay open and its route stays registered; sends time out.
+    Frozen,
+    /// kill -9, restarted at the end: the name server drops its route, so a topic it alone
+    /// serves has none.
+    Killed,
+}
+
+/// Two topics at 50 events/s each, each on its own broker group; `broker-b`, the stuck topic's
+/// only group, down (`fault`) 6 s in for 20 s (or `OUTBOX_FAULT_HOLD_SECS`), 3 s after. The
+/// healthy topic's p99 stays within the bound, nothing FAILED (the retry policy outlasts the
+/// hold), and both topics' events are all stored, each key on its queue in commit order.
+async fn only_group_down_run(fault: GroupFault) {
     use crate::isolation::{assert_only_the_stuck_topic_waited, SteadyLoad};
-    let db = TestDb::migrated("cluster_isolation").await;
-    let mut mq = two_groups("cluster-isolation");
+    let label = match fault {
+        GroupFault::Frozen => "frozen",
+        GroupFault::Killed => "killed",
+    };
+    let db = TestDb::migrated(&format!("cluster_only_{label}")).await;
+    let mut mq = two_groups(&format!("cluster-only-{label}"));
     let (healthy, stuck) = ("isolation_on_a", "isolation_on_b");
     create_topic_on(&mq, "broker-a", healthy);
     create_topic_on(&mq, "broker-b", stuck);
     let (mut config, _dir) = config_on(&db, &mq);
     config.relay.park_after = Duration::from_secs(2);
+    config.sweeper.min_age = Duration::from_secs(1);
+    let hold = common::fault_hold(Duration::from_secs(20));
+    // 1 s, 2 s, then 4 s per retry: the policy outlasts the hold by a minute.
+    config.retry.max_retry = config.retry.max_retry.max(hold.as_secs() as u32 / 4 + 15);
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
     let mut load = SteadyLoad::start(&db, [stuck.to_string(), healthy.to_string()], 100).await;
-    // 6 s before, 20 s of broker-b frozen (SIGSTOP: its connections stay open, sends time
-    // out), 3 s after.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let b = mq.broker_index("broker-b", 0).unwrap();
-    mq.freeze_broker_at(b);
-    let frozen_from = load.elapsed().await;
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    match fault {
+        GroupFault::Frozen => mq.freeze_broker_at(b),
+        GroupFault::Killed => mq.kill_broker_at(b),
+    }
+    let down_from = load.elapsed().await;
+    tokio::time::sleep(hold).await;
     let waiting = load.not_sent(stuck).await;
-    let frozen_to = load.elapsed().await;
-    mq.thaw_broker_at(b);
+    let down_to = load.elapsed().await;
+    match fault {
+        GroupFault::Frozen => mq.thaw_broker_at(b),
+        GroupFault::Killed => mq.start_broker_at(b).expect("broker-b restarts"),
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let total = load.stop().await;
-    wait_until_sent(&db, total, Duration::from_secs(120)).await;
+    wait_until_sent(&db, total, Duration::from_secs(120) + hold).await;
     let summary = relay.stop().await;
     assert_eq!(
         summary.marked.failed, 0,
-        "the freeze is shorter than the retry policy"
+        "the outage is shorter than the retry policy"
     );
 
     let before = load.latencies(healthy, 1.0, 6.0).await;
-    // From 2 s into the freeze: the first send to broker-b has timed out (1 s) by then.
-    let during = load.latencies(healthy, frozen_from + 2.0, frozen_to).await;
-    assert_only_the_stuck_topic_waited(&before, &during, waiting, "broker group frozen");
+    // From 2 s in: the first send to a frozen broker-b has timed out (1 s) by then.
+    let during = load.latencies(healthy, down_from + 2.0, down_to).await;
+    let name = format!("broker group {label}");
+    assert_only_the_stuck_topic_waited(&before, &during, waiting, &name);
     for topic in [healthy, stuck] {
         assert_delivered(&db, &mq, topic).await;
     }
@@ -259,16 +295,19 @@ async fn a_killed_broker_group_keeps_every_key_on_its_queue_and_the_other_keys_f
     config.sweeper.interval = Duration::from_millis(500);
     config.sweeper.min_age = Duration::from_secs(1);
     config.relay.park_after = Duration::from_secs(2);
+    let hold = common::fault_hold(Duration::from_secs(15));
+    config.retry.max_retry = config.retry.max_retry.max(hold.as_secs() as u32 / 4 + 15);
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
     let mut load = SteadyLoad::start(&db, [topic.to_string(), topic.to_string()], 100).await;
-    // 6 s before, broker-b killed (the name server drops its route at once) for 15 s. By
-    // default its keys keep their queues and wait for it; broker-a's keys go on.
+    // 6 s before, broker-b killed (the name server drops its route at once) for 15 s (or
+    // `OUTBOX_FAULT_HOLD_SECS`). By default its keys keep their queues and wait for it;
+    // broker-a's keys go on.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let b = mq.broker_index("broker-b", 0).unwrap();
     mq.kill_broker_at(b);
     let killed_at = load.elapsed().await;
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    tokio::time::sleep(hold).await;
     assert_eq!(
         count_status(&db, rocketmq_outbox::outbox::Status::Failed).await,
         0,
@@ -278,7 +317,7 @@ async fn a_killed_broker_group_keeps_every_key_on_its_queue_and_the_other_keys_f
     mq.start_broker_at(b).unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let total = load.stop().await;
-    wait_until_sent(&db, total, Duration::from_secs(120)).await;
+    wait_until_sent(&db, total, Duration::from_secs(120) + hold).await;
     let summary = relay.stop().await;
     assert_eq!(summary.marked.failed, 0);
     let stored = assert_delivered(&db, &mq, topic).await;

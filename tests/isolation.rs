@@ -262,7 +262,7 @@ struct Fault<'a> {
 }
 
 /// Two topics written at 50 events/s each; `fault` turned on for `stuck` 8 s in and, from when
-/// the relay has stalled the topic, kept for 20 s; 4 s after. The healthy topic's p99 stays
+/// the relay has stalled the topic, kept for 20 s (or `OUTBOX_FAULT_HOLD_SECS`); 4 s after. The healthy topic's p99 stays
 /// within the bound, the stuck topic's later events are parked, and what the broker stored is
 /// every event of both topics, each key on one queue in commit order, every SENT msg_id.
 async fn stuck_topic_run(
@@ -283,7 +283,8 @@ async fn stuck_topic_run(
 
     let mut load = SteadyLoad::start(db, [stuck.clone(), healthy.clone()], 100).await;
     // 8 s before the fault; the fault from when the relay stalls the topic (a read-only topic
-    // shows once the client refreshes its route, every 30 s) for 20 s; 4 s after.
+    // shows once the relay refreshes its route, every 10 s) for 20 s or the hold asked for; 4 s
+    // after.
     tokio::time::sleep(Duration::from_secs(8)).await;
     (fault.set)(true);
     let stalled_since = rocketmq_outbox::metrics::relay()
@@ -299,16 +300,19 @@ async fn stuck_topic_run(
     .await;
     let started = Instant::now();
     let fault_from = stalled_since.get() - load.t0;
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    let hold = crate::common::fault_hold(Duration::from_secs(20));
+    tokio::time::sleep(hold).await;
     let waiting = load.not_sent(stuck).await;
     (fault.set)(false);
     let fault_lasted = started.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(4)).await;
     let total = load.stop().await;
 
-    wait_for("every row SENT", Duration::from_secs(120), || async {
-        count_status(db, Status::Sent).await == total
-    })
+    wait_for(
+        "every row SENT",
+        Duration::from_secs(120) + hold,
+        || async { count_status(db, Status::Sent).await == total },
+    )
     .await;
     let summary = relay.stop().await;
     println!("{summary:?}");

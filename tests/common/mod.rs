@@ -159,6 +159,20 @@ pub async fn wait_until_every<F, Fut>(
     }
 }
 
+/// How long the isolation and cluster tests hold a fault once the relay has met it: `short`
+/// (what CI runs), or `OUTBOX_FAULT_HOLD_SECS` seconds when set. The 5-minute runs are
+/// `OUTBOX_FAULT_HOLD_SECS=300 cargo test --features failpoints --test suite -- isolation::
+/// cluster::`; waits that scale with the backlog a fault leaves scale with it.
+pub fn fault_hold(short: std::time::Duration) -> std::time::Duration {
+    match std::env::var("OUTBOX_FAULT_HOLD_SECS") {
+        Ok(secs) => std::time::Duration::from_secs(
+            secs.parse()
+                .expect("OUTBOX_FAULT_HOLD_SECS is a number of seconds"),
+        ),
+        Err(_) => short,
+    }
+}
+
 /// What a timed-out wait should also report (a relay that ended on its own, with how).
 static TIMEOUT_NOTES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
