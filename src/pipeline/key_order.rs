@@ -1,4 +1,6 @@
-//! The stream's key-order guard: per-`biz_key` order across the stream and the sweeper.
+//! The stream's key-order guard: per-key order across the stream and the sweeper. A key is a
+//! `biz_key` within one topic ([`OrderKey`]): the same `biz_key` in a topic that cannot take
+//! its events never holds back another topic's.
 //!
 //! The stream publishes what it reads in the binlog. Some rows of a key it never reads, or not
 //! in their place: rows committed before its start position (a purged binlog, a first start
@@ -25,7 +27,7 @@ use crate::binlog::DecodedRow;
 use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::outbox::TableName;
 use crate::send::{SendInputs, ShardEvent};
-use crate::sweep::waiting::waiting_rows_of_keys;
+use crate::sweep::waiting::{waiting_rows_of_keys, OrderKey};
 use crate::sweep::Nudge;
 use mysql_async::Pool;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -37,10 +39,11 @@ use tokio::sync::mpsc;
 pub const RECHECK: Duration = Duration::from_millis(100);
 
 /// A key is per table: ids, and so order, are.
-type Key = (Arc<TableName>, String);
+type Key = (Arc<TableName>, OrderKey);
 
-/// The rows of one table in a checked batch: the newest id, every id, the keys.
-type BatchOfTable<'a> = (u64, HashSet<u64>, Vec<&'a str>);
+/// The rows of one table in a checked batch: the newest id, every id, the keys (topic,
+/// `biz_key`).
+type BatchOfTable<'a> = (u64, HashSet<u64>, Vec<(&'a str, &'a str)>);
 
 /// Events of one held key, in the order the stream read them.
 struct HeldKey {
@@ -111,7 +114,9 @@ impl KeyOrder {
                     let entry = by_table.entry(Arc::clone(&row.table)).or_default();
                     entry.0 = entry.0.max(row.id);
                     entry.1.insert(row.id);
-                    entry.2.push(row.message.biz_key.as_str());
+                    entry
+                        .2
+                        .push((row.message.topic.as_str(), row.message.biz_key.as_str()));
                 }
                 DecodedRow::Problem(problem) => {
                     let entry = by_table.entry(Arc::clone(&problem.table)).or_default();
@@ -126,6 +131,10 @@ impl KeyOrder {
             }
             keys.sort_unstable();
             keys.dedup();
+            let keys: Vec<OrderKey> = keys
+                .into_iter()
+                .map(|(topic, biz_key)| OrderKey::new(topic, biz_key))
+                .collect();
             let exclude = |id: u64| batch.contains(&id);
             match self.oldest_waiting(&table, newest, &keys, exclude).await {
                 Ok(oldest) => {
@@ -138,8 +147,7 @@ impl KeyOrder {
                     tracing::warn!(%table, error = %e,
                         "cannot check for older rows of the streamed keys; holding them until the check succeeds");
                     for key in keys {
-                        self.blockers
-                            .insert((Arc::clone(&table), key.to_string()), 0);
+                        self.blockers.insert((Arc::clone(&table), key), 0);
                     }
                 }
             }
@@ -160,7 +168,10 @@ impl KeyOrder {
         self.carry(seq, &event.row.table, event.row.id);
         let key = (
             Arc::clone(&event.row.table),
-            event.row.message.biz_key.clone(),
+            OrderKey::new(
+                event.row.message.topic.as_str(),
+                event.row.message.biz_key.as_str(),
+            ),
         );
         let blocked = self.blockers.get(&key).is_some_and(|&id| id < event.row.id);
         if blocked || self.held.contains_key(&key) {
@@ -183,7 +194,7 @@ impl KeyOrder {
             return true;
         }
         self.forget_done(acks);
-        let mut by_table: BTreeMap<Arc<TableName>, (u64, Vec<String>)> = BTreeMap::new();
+        let mut by_table: BTreeMap<Arc<TableName>, (u64, Vec<OrderKey>)> = BTreeMap::new();
         for ((table, key), held) in &self.held {
             let newest = held.events.iter().map(|e| e.row.id).max().unwrap_or(0);
             let entry = by_table.entry(Arc::clone(table)).or_default();
@@ -192,11 +203,7 @@ impl KeyOrder {
         }
         let mut bounds: Vec<(Key, u64)> = Vec::new();
         for (table, (newest, keys)) in by_table {
-            let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let Ok(oldest) = self
-                .oldest_waiting(&table, newest, &key_refs, |_| false)
-                .await
-            else {
+            let Ok(oldest) = self.oldest_waiting(&table, newest, &keys, |_| false).await else {
                 continue; // warned when they were held; asked again next time
             };
             bounds.extend(keys.into_iter().map(|key| {
@@ -239,12 +246,13 @@ impl KeyOrder {
         &self,
         table: &Arc<TableName>,
         newest: u64,
-        keys: &[&str],
+        keys: &[OrderKey],
         exclude: impl Fn(u64) -> bool,
-    ) -> Result<HashMap<String, u64>, mysql_async::Error> {
+    ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
+        let keys: Vec<&OrderKey> = keys.iter().collect();
         let waiting = crate::db::bounded(async {
             let mut conn = self.pool.get_conn().await?;
-            waiting_rows_of_keys(&mut conn, table, newest, keys).await
+            waiting_rows_of_keys(&mut conn, table, newest, &keys).await
         })
         .await?;
         let foreign: Vec<_> = waiting
@@ -264,7 +272,7 @@ impl KeyOrder {
                 ids: pending,
             });
         }
-        let mut oldest: HashMap<String, u64> = HashMap::new();
+        let mut oldest: HashMap<OrderKey, u64> = HashMap::new();
         for row in foreign {
             let id = oldest.entry(row.key).or_insert(row.id);
             *id = (*id).min(row.id);
@@ -292,7 +300,7 @@ impl KeyOrder {
         for ((table, key), held) in self.held.iter_mut() {
             if !held.warned && held.since.elapsed() >= self.warn_after {
                 held.warned = true;
-                tracing::warn!(%table, %key, held_for = ?held.since.elapsed(), events = held.events.len(),
+                tracing::warn!(%table, key = %key.biz_key, topic = %key.topic, held_for = ?held.since.elapsed(), events = held.events.len(),
                     "a key's streamed events still wait for an older row of the key (SENDING under \
                      another instance's lease, or not claimable yet): per-key order holds them; \
                      other keys flow");

@@ -5,16 +5,44 @@
 //! A row is *waiting* while it is PENDING or SENDING: it may still be published. A key's row may
 //! go only when no older row of the key waits, except the rows the asker itself is carrying
 //! ahead of it in the same ordered sender.
+//!
+//! A *key* is an [`OrderKey`]: a `biz_key` within one topic. Order is what a consumer reads from
+//! one queue, and a queue belongs to one topic, so the same `biz_key` in two topics is two keys:
+//! a topic that cannot take its events never holds back another topic's events of that
+//! `biz_key`.
 
 use crate::outbox::{Status, TableName};
 use mysql_async::prelude::*;
 use mysql_async::Value;
 
+/// What per-key order is kept for, within one outbox table (ids, and so order, are per table):
+/// a `biz_key` of one topic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OrderKey {
+    pub topic: String,
+    pub biz_key: String,
+}
+
+impl OrderKey {
+    pub fn new(topic: impl Into<String>, biz_key: impl Into<String>) -> Self {
+        OrderKey {
+            topic: topic.into(),
+            biz_key: biz_key.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for OrderKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} of topic {}", self.biz_key, self.topic)
+    }
+}
+
 /// An older row of a key that may still be published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WaitingRow {
     pub id: u64,
-    pub key: String,
+    pub key: OrderKey,
     /// SENDING (claimed by someone) rather than PENDING.
     pub sending: bool,
 }
@@ -66,26 +94,30 @@ pub async fn waiting_rows_of_keys<Q: Queryable>(
     q: &mut Q,
     table: &TableName,
     below: u64,
-    keys: &[&str],
+    keys: &[&OrderKey],
 ) -> Result<Vec<WaitingRow>, mysql_async::Error> {
     if keys.is_empty() {
         return Ok(Vec::new());
     }
     let mut params = vec![Value::from(below)];
-    params.extend(keys.iter().map(|k| Value::from(*k)));
+    for key in keys {
+        params.push(Value::from(key.topic.as_str()));
+        params.push(Value::from(key.biz_key.as_str()));
+    }
     let sql = |hinted| waiting_rows_sql(table, hinted, keys.len());
-    let rows: Vec<(u64, String, i8)> = on_pending_index(q, table, sql, params).await?;
+    let rows: Vec<(u64, String, String, i8)> = on_pending_index(q, table, sql, params).await?;
     Ok(rows
         .into_iter()
-        .map(|(id, key, status)| WaitingRow {
+        .map(|(id, topic, biz_key, status)| WaitingRow {
             id,
-            key,
+            key: OrderKey { topic, biz_key },
             sending: status == Status::Sending.code(),
         })
         .collect())
 }
 
-/// The SELECT of [`waiting_rows_of_keys`] for `keys` keys (binds: the id bound, the keys).
+/// The SELECT of [`waiting_rows_of_keys`] for `keys` keys (binds: the id bound, then each key's
+/// topic and `biz_key`).
 pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize) -> String {
     let hint = if hinted {
         " FORCE INDEX (idx_pending)"
@@ -93,11 +125,11 @@ pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize) -> String 
         ""
     };
     format!(
-        "SELECT id, biz_key, status FROM {}{hint} WHERE {} AND id < ? \
-         AND biz_key IN ({}) ORDER BY id",
+        "SELECT id, topic, biz_key, status FROM {}{hint} WHERE {} AND id < ? \
+         AND (topic, biz_key) IN ({}) ORDER BY id",
         table.sql(),
         Status::sql_in(&Status::UNDELIVERED),
-        vec!["?"; keys].join(", ")
+        vec!["(?, ?)"; keys].join(", ")
     )
 }
 
@@ -111,8 +143,9 @@ mod tests {
         assert_eq!(
             waiting_rows_sql(&table, true, 2),
             format!(
-                "SELECT id, biz_key, status FROM `app`.`outbox_event` FORCE INDEX (idx_pending) \
-                 WHERE {} AND id < ? AND biz_key IN (?, ?) ORDER BY id",
+                "SELECT id, topic, biz_key, status FROM `app`.`outbox_event` \
+                 FORCE INDEX (idx_pending) WHERE {} AND id < ? \
+                 AND (topic, biz_key) IN ((?, ?), (?, ?)) ORDER BY id",
                 Status::sql_in(&Status::UNDELIVERED)
             )
         );
