@@ -17,7 +17,7 @@
 
 use super::cursor::ClaimCursor;
 use super::lease::HeldRows;
-use super::waiting::{on_pending_index, waiting_rows_of_keys};
+use super::waiting::{on_pending_index, waiting_rows_of_keys, OrderKey};
 use crate::event::{OutboxRow, RowProblem};
 use crate::outbox::message::{message_from_text, RowLimits, RowText};
 use crate::outbox::{Status, TableName};
@@ -117,26 +117,29 @@ impl Claimer {
         q: &mut Q,
         scope: Scope<'_>,
     ) -> Result<Vec<(u64, RowText)>, mysql_async::Error> {
-        let rows: Vec<Row> = match scope {
+        let stalled = self.stalls.stalled();
+        let mut rows: Vec<(u64, RowText)> = match scope {
             Scope::Next => {
                 let after = self.cursor.start();
-                let stalled = self.stalls.stalled();
                 let whole = stalled.whole_topics();
                 let params = self.select_params(after, &whole);
                 let sql = |hinted| self.select_sql(hinted, whole.len());
                 let rows = on_pending_index(q, &self.table, sql, params).await?;
-                let mut rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
+                let rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
                 self.moved_past(after, &rows);
-                // The rows of stalled queues wait where they are too (all of a key's rows
-                // are bound for one queue, so a key's order is kept).
-                if !stalled.is_empty() {
-                    rows.retain(|(_, text)| !is_held_back(&stalled, text));
-                }
-                return Ok(rows);
+                rows
             }
-            Scope::These(ids) => q.query(self.select_these_sql(ids)).await?,
+            Scope::These(ids) => {
+                let rows: Vec<Row> = q.query(self.select_these_sql(ids)).await?;
+                rows.into_iter().map(read_row).collect()
+            }
         };
-        Ok(rows.into_iter().map(read_row).collect())
+        // The rows of stalled topics and queues wait where they are (all of a key's rows are
+        // bound for one queue, so a key's order is kept), whichever way they were asked for.
+        if !stalled.is_empty() {
+            rows.retain(|(_, text)| !is_held_back(&stalled, text));
+        }
+        Ok(rows)
     }
 
     /// Notes what a claim that read past `after` found, for where the next one starts.
@@ -204,24 +207,22 @@ impl Claimer {
         params
     }
 
-    /// `(id, biz_key)` of the rows of the keys of `rows` with a smaller id than the newest of
-    /// `rows` that are waiting ([`waiting_rows_of_keys`]): PENDING, or SENDING but not held by
-    /// this process (another instance's, an earlier life's, or a claim whose reply was lost).
+    /// `(id, key)` of the rows of the keys of `rows` with a smaller id than the newest of `rows`
+    /// that are waiting ([`waiting_rows_of_keys`]): PENDING, or SENDING but not held by this
+    /// process (another instance's, an earlier life's, or a claim whose reply was lost).
     async fn older_rows_of_keys(
         &self,
         tx: &mut mysql_async::Transaction<'_>,
         rows: &[(u64, RowText)],
-    ) -> Result<Vec<(u64, String)>, mysql_async::Error> {
-        let mut keys: Vec<&str> = rows
-            .iter()
-            .filter_map(|(_, t)| t.biz_key.as_deref())
-            .collect();
+    ) -> Result<Vec<(u64, OrderKey)>, mysql_async::Error> {
+        let mut keys: Vec<OrderKey> = rows.iter().filter_map(|(_, t)| order_key(t)).collect();
         keys.sort_unstable();
         keys.dedup();
         if keys.is_empty() {
             return Ok(Vec::new());
         }
         let newest = rows.iter().map(|(id, _)| *id).max().unwrap_or(0);
+        let keys: Vec<&OrderKey> = keys.iter().collect();
         let waiting = waiting_rows_of_keys(tx, &self.table, newest, &keys).await?;
         Ok(waiting
             .into_iter()
@@ -299,10 +300,8 @@ impl Claimer {
         // another instance): a later row of the same key must not overtake them. Ask which
         // older rows of these keys are still waiting and keep only rows with none before them.
         let waiting = self.older_rows_of_keys(&mut tx, &rows).await?;
-        let locked: Vec<(u64, Option<&str>)> = rows
-            .iter()
-            .map(|(id, t)| (*id, t.biz_key.as_deref()))
-            .collect();
+        let locked: Vec<(u64, Option<OrderKey>)> =
+            rows.iter().map(|(id, t)| (*id, order_key(t))).collect();
         let keep = keep_key_order(&waiting, &locked);
         let rows: Vec<(u64, RowText)> = rows
             .into_iter()
@@ -332,7 +331,7 @@ impl Claimer {
         // A key whose row someone else took: its later rows wait, so they cannot overtake it.
         let mut lost_keys = std::collections::HashSet::new();
         for (id, text) in rows {
-            let key = text.biz_key.clone().unwrap_or_default();
+            let key = order_key(&text);
             if lost_keys.contains(&key) {
                 continue;
             }
@@ -377,24 +376,39 @@ fn is_held_back(stalled: &StalledSet, text: &RowText) -> bool {
     stalled.contains(topic, text.biz_key.as_deref().unwrap_or_default())
 }
 
+/// The key a selected row keeps order within; none when it has no `biz_key` (such a row is
+/// FAILED as malformed, never sent).
+fn order_key(text: &RowText) -> Option<OrderKey> {
+    let biz_key = text.biz_key.as_deref()?;
+    Some(OrderKey::new(
+        text.topic.as_deref().unwrap_or_default(),
+        biz_key,
+    ))
+}
+
 /// Which of the `locked` rows may be claimed: a row is dropped when an older row of its key is
 /// waiting (in `waiting`) and is not one of the rows we locked, so a key's rows are claimed in id
 /// order.
-fn keep_key_order(waiting: &[(u64, String)], locked: &[(u64, Option<&str>)]) -> Vec<bool> {
+fn keep_key_order<K: Eq + std::hash::Hash>(
+    waiting: &[(u64, K)],
+    locked: &[(u64, Option<K>)],
+) -> Vec<bool> {
     let ours: std::collections::HashSet<u64> = locked.iter().map(|(id, _)| *id).collect();
     // For each key, the smallest waiting id we did not get.
-    let mut first_missed: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+    let mut first_missed: std::collections::HashMap<&K, u64> = std::collections::HashMap::new();
     for (id, key) in waiting {
         if !ours.contains(id) {
-            first_missed.entry(key.as_str()).or_insert(*id);
+            first_missed.entry(key).or_insert(*id);
         }
     }
     locked
         .iter()
-        .map(|(id, key)| match key.and_then(|k| first_missed.get(k)) {
-            Some(missed) => id < missed,
-            None => true,
-        })
+        .map(
+            |(id, key)| match key.as_ref().and_then(|k| first_missed.get(k)) {
+                Some(missed) => id < missed,
+                None => true,
+            },
+        )
         .collect()
 }
 
@@ -452,10 +466,7 @@ mod tests {
 
     #[test]
     fn a_skipped_row_holds_back_the_later_rows_of_its_key() {
-        let candidates: Vec<(u64, String)> = [(1, "a"), (2, "b"), (3, "a"), (4, "c"), (5, "b")]
-            .into_iter()
-            .map(|(id, k)| (id, k.to_string()))
-            .collect();
+        let candidates = [(1, "a"), (2, "b"), (3, "a"), (4, "c"), (5, "b")];
         // Row 2 (key b) was locked elsewhere and skipped; 6 (key a) became visible later.
         let locked = [
             (1, Some("a")),
@@ -469,11 +480,19 @@ mod tests {
             vec![true, true, true, false, true]
         );
         // Nothing skipped: everything is kept.
-        let all: Vec<(u64, Option<&str>)> = candidates
-            .iter()
-            .map(|(id, k)| (*id, Some(k.as_str())))
-            .collect();
+        let all: Vec<(u64, Option<&str>)> =
+            candidates.iter().map(|(id, k)| (*id, Some(*k))).collect();
         assert!(keep_key_order(&candidates, &all).iter().all(|k| *k));
+    }
+
+    #[test]
+    fn a_biz_key_waiting_in_one_topic_holds_back_no_other_topic() {
+        let stuck = OrderKey::new("stuck", "order-7");
+        let healthy = OrderKey::new("healthy", "order-7");
+        // Row 2 (the stuck topic's) waits, claimed by no one; row 3 has the same biz_key.
+        let waiting = [(2, stuck.clone())];
+        let locked = [(3, Some(healthy)), (4, Some(stuck))];
+        assert_eq!(keep_key_order(&waiting, &locked), vec![true, false]);
     }
 
     fn claimer(strategy: ClaimStrategy) -> Claimer {
