@@ -152,10 +152,9 @@ async fn status_counts_rows_names_reasons_and_judges() {
     );
     assert_eq!(table["waiting"][0]["topic"], "orders", "{table:#}");
     assert_eq!(table["waiting"][0]["oldest_keys"], json!(["k1", "k2"]));
-    assert!(
-        report["prepared_xa"].is_array() && report.get("prepared_xa_error").is_some(),
-        "{report:#}"
-    );
+    // (`prepared_xa`, the server's prepared XA transactions, is tested in tests/xa.rs, on a
+    // server of its own: one prepared there holds every relay's checkpoint on that server.)
+    assert!(report["prepared_xa"].is_array(), "{report:#}");
     assert_eq!(report["relay"]["leader"], "host-a-1");
     assert_eq!(report["relay"]["leader_epoch"], 3);
     assert!(report["relay"]["checkpoint_age_seconds"].as_f64().unwrap() < 30.0);

@@ -196,6 +196,24 @@ async fn a_prepared_transaction_holds_the_checkpoint_while_5000_other_events_flo
         !stored(&topic).await.contains_key("xa-held"),
         "the prepared transaction's event is not published before XA COMMIT"
     );
+    // `status` lists it (XA RECOVER) ...
+    let report = rocketmq_outbox::operate::StatusReport::gather(
+        &config,
+        &rocketmq_outbox::operate::StatusOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (report.prepared_xa, report.prepared_xa_error),
+        (vec!["xa-held".to_string()], None),
+        "status lists the prepared transaction"
+    );
+    // ... and `/metrics` names it, in the server's form (`XA ROLLBACK X'…',X'',1` takes it as is).
+    let series = "outbox_xa_prepared_since_seconds{xid=\"X'78612d68656c64',X'',1\"}";
+    assert!(
+        rocketmq_outbox::metrics::relay().render().contains(series),
+        "/metrics shows {series}"
+    );
 
     // Still prepared past the limit: parked, the checkpoint passes it and what followed.
     wait_for(
@@ -222,6 +240,10 @@ async fn a_prepared_transaction_holds_the_checkpoint_while_5000_other_events_flo
     let per_event = stored(&topic).await;
     assert_eq!(per_event.len(), 5_002, "every event, the held one included");
     assert!(per_event.contains_key("xa-held"));
+    assert!(
+        !rocketmq_outbox::metrics::relay().render().contains(series),
+        "its series went at XA COMMIT"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

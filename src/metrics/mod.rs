@@ -81,6 +81,13 @@ pub struct TopicLabel {
     pub topic: String,
 }
 
+/// One prepared XA transaction, by its xid as `XA RECOVER` shows it (few at a time: a label
+/// lives from the prepare to its outcome).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct XidLabel {
+    pub xid: String,
+}
+
 /// Every relay metric.
 pub struct RelayMetrics {
     registry: Registry,
@@ -117,6 +124,9 @@ pub struct RelayMetrics {
     pub xa_prepared_transactions: Gauge,
     /// Prepared XA transactions held for `relay.park_prepared_after` and parked.
     pub xa_parked: Counter,
+    /// When (Unix seconds) the stream read each XA transaction's prepare that still has no
+    /// outcome, held or parked; the series goes at its XA COMMIT or XA ROLLBACK.
+    pub xa_prepared_since: Family<XidLabel, Gauge<f64, AtomicU64>>,
     /// Failed relay rounds whose error the relay does not classify (retried; alert).
     pub unclassified_errors: Counter,
     /// Keys whose stream events wait for an older row of the key the stream did not read.
@@ -168,6 +178,7 @@ impl RelayMetrics {
             checkpoint_age_seconds: Gauge::default(),
             xa_prepared_transactions: Gauge::default(),
             xa_parked: Counter::default(),
+            xa_prepared_since: Family::default(),
             unclassified_errors: Counter::default(),
             keys_held_for_order: Gauge::default(),
             binlog_behind_transactions: Gauge::default(),
@@ -281,6 +292,11 @@ impl RelayMetrics {
             "xa_prepared_transactions",
             "Prepared XA transactions the stream holds until XA COMMIT or XA ROLLBACK (the checkpoint stays below the oldest)",
             metrics.xa_prepared_transactions.clone(),
+        );
+        registry.register(
+            "xa_prepared_since_seconds",
+            "When (Unix seconds) the stream read the prepare of an XA transaction (label xid, as XA RECOVER shows it) that has no outcome yet; gone at its XA COMMIT or XA ROLLBACK",
+            metrics.xa_prepared_since.clone(),
         );
         registry.register(
             "xa_parked",
