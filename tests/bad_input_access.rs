@@ -80,6 +80,11 @@ async fn start_up_names_each_missing_privilege_and_the_documented_grants_suffice
         &format!("GRANT SELECT, INSERT, UPDATE ON `{d}`.outbox_relay_state TO {user}"),
     )
     .await;
+    sql(
+        &db,
+        &format!("GRANT SELECT, INSERT, DELETE ON `{d}`.outbox_topic_queues TO {user}"),
+    )
+    .await;
 
     // Each step adds one grant of deploy/mysql-init/01-users.sql (or holds one back) and the
     // start-up names the next missing one.

@@ -322,19 +322,7 @@ async fn a_killed_broker_group_keeps_every_key_on_its_queue_and_the_other_keys_f
     assert_eq!(summary.marked.failed, 0);
     let stored = assert_delivered(&db, &mq, topic).await;
 
-    // No key's events on two queues.
-    let mut queues_of: BTreeMap<String, Vec<(String, i32)>> = BTreeMap::new();
-    for m in &stored {
-        let queues = queues_of
-            .entry(m.properties["biz_key"].clone())
-            .or_default();
-        let queue = (m.broker_name.clone(), m.queue_id);
-        if !queues.contains(&queue) {
-            queues.push(queue);
-        }
-    }
-    let moved: Vec<_> = queues_of.iter().filter(|(_, q)| q.len() > 1).collect();
-    assert!(moved.is_empty(), "keys stored on two queues: {moved:?}");
+    let queues_of = assert_each_key_on_one_queue(&stored);
     let on_a: Vec<String> = queues_of
         .iter()
         .filter(|(_, q)| q[0].0 == "broker-a")
@@ -360,6 +348,77 @@ async fn a_killed_broker_group_keeps_every_key_on_its_queue_and_the_other_keys_f
     assert!(
         !b_during.is_empty() && b_during.iter().all(|&ms| ms > 1_000.0),
         "broker-b's keys waited for it: {b_during:?}"
+    );
+}
+
+/// The queues (group, queue id) each key's messages were stored on, after checking that no
+/// key's are on two.
+fn assert_each_key_on_one_queue(
+    stored: &[ReceivedMessage],
+) -> BTreeMap<String, Vec<(String, i32)>> {
+    let mut queues_of: BTreeMap<String, Vec<(String, i32)>> = BTreeMap::new();
+    for m in stored {
+        let queues = queues_of
+            .entry(m.properties["biz_key"].clone())
+            .or_default();
+        let queue = (m.broker_name.clone(), m.queue_id);
+        if !queues.contains(&queue) {
+            queues.push(queue);
+        }
+    }
+    let moved: Vec<_> = queues_of.iter().filter(|(_, q)| q.len() > 1).collect();
+    assert!(moved.is_empty(), "keys stored on two queues: {moved:?}");
+    queues_of
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_while_a_group_is_down_keeps_that_groups_keys_on_their_queues() {
+    let db = TestDb::migrated("cluster_recall").await;
+    let mut mq = two_groups("cluster-recall");
+    let topic = "cluster_recall";
+    mq.create_topic(topic, 4).unwrap();
+    let (mut config, _dir) = config_on(&db, &mq);
+    config.sweeper.min_age = Duration::from_secs(1);
+    config.relay.park_after = Duration::from_secs(2);
+    seed_checkpoint(&config, &current_position(&db).await);
+    // A first instance sends over all eight queues, and keeps the list in the database.
+    let relay = RunningRelay::start(&config).await;
+    write(&db, topic, 0, 40, 10).await;
+    wait_until_sent(&db, 40, Duration::from_secs(60)).await;
+    relay.stop().await;
+    let groups: Vec<(String, i32)> = db
+        .conn()
+        .await
+        .exec(
+            "SELECT broker_group, write_queues FROM outbox_topic_queues WHERE topic = ? \
+             ORDER BY broker_group",
+            (topic,),
+        )
+        .await
+        .unwrap();
+    assert_eq!(groups, [("broker-a".into(), 4), ("broker-b".into(), 4)]);
+
+    // broker-b is down when the next instance starts (a restart, a takeover): it has never
+    // seen broker-b, yet broker-b's keys keep their queues and wait; broker-a's go on.
+    let b = mq.broker_index("broker-b", 0).unwrap();
+    mq.kill_broker_at(b);
+    let relay = RunningRelay::start(&config).await;
+    write(&db, topic, 40, 40, 10).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let sent = count_status(&db, rocketmq_outbox::outbox::Status::Sent).await;
+    assert!(
+        (41..80).contains(&sent),
+        "broker-a's keys went on, broker-b's waited: {sent} of 80 SENT"
+    );
+    mq.start_broker_at(b).unwrap();
+    wait_until_sent(&db, 80, Duration::from_secs(120)).await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.marked.failed, 0);
+    let stored = assert_delivered(&db, &mq, topic).await;
+    let queues_of = assert_each_key_on_one_queue(&stored);
+    assert!(
+        queues_of.values().any(|q| q[0].0 == "broker-b"),
+        "some keys are on broker-b: {queues_of:?}"
     );
 }
 

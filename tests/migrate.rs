@@ -33,6 +33,7 @@ async fn migrate_creates_every_table_once_and_is_idempotent() {
         "outbox_event",
         "outbox_relay_state",
         "outbox_schema_history",
+        "outbox_topic_queues",
     ] {
         assert!(
             tables.iter().any(|t| t == expected),

@@ -6,6 +6,7 @@ CREATE USER IF NOT EXISTS 'outbox_relay'@'%' IDENTIFIED BY 'relay-password';
 GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'outbox_relay'@'%';
 GRANT SELECT, UPDATE ON app.outbox_event TO 'outbox_relay'@'%';
 GRANT SELECT, INSERT, UPDATE ON app.outbox_relay_state TO 'outbox_relay'@'%';
+GRANT SELECT, INSERT, DELETE ON app.outbox_topic_queues TO 'outbox_relay'@'%';
 GRANT SELECT, INSERT, UPDATE, DELETE ON app.outbox_audit TO 'outbox_relay'@'%';
 -- Optional: lets the relay log its own UPDATEs with binlog_row_image=MINIMAL per session
 -- (relay.minimal_row_image); without it the relay warns and keeps FULL images for them.

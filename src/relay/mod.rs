@@ -126,7 +126,15 @@ impl RelayHandle {
         };
         let deployment = Deployment::resolve(config)?;
         check_tables(&deployment).await?;
-        let sink = Arc::new(crate::send::RocketMqSink::start(&config.rocketmq).await?);
+        // The queue lists live in the relay's database too: an instance that starts while a
+        // broker group is down keeps that group's keys on their queues.
+        let queue_table =
+            crate::send::QueueTable::new(crate::db::pool(config)?, &config.relay.name);
+        let sink = Arc::new(
+            crate::send::RocketMqSink::start(&config.rocketmq)
+                .await?
+                .with_queue_store(Arc::new(queue_table)),
+        );
         let (config, token) = (config.clone(), cancel.clone());
         let streamed = match config.relay.mode {
             RelayMode::Cdc => Some((deployment.opts.clone(), config.relay.name.clone())),

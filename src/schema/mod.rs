@@ -57,6 +57,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(9, "0009_outbox_drop_claim_index"),
     migration!(10, "0010_outbox_drop_lease_index"),
     migration!(11, "0011_relay_state_stream_at"),
+    migration!(12, "0012_topic_queues"),
 ];
 
 const HISTORY_TABLE: &str = "outbox_schema_history";

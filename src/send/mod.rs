@@ -13,7 +13,7 @@ pub mod shard;
 mod shards;
 pub mod stall;
 
-pub use rocketmq::RocketMqSink;
+pub use rocketmq::{QueueStore, QueueTable, RocketMqSink};
 pub use shard::{run_shard, Completion, SendOutcome, ShardEvent, ShardOptions};
 pub use shards::{SendInputs, Shards, Stopped};
 pub use stall::{StalledSet, Stalls};

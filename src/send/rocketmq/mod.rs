@@ -5,9 +5,13 @@
 //! Every message carries KEYS = `event_id biz_key`, the user properties `event_id` and `biz_key`,
 //! its tags and its headers.
 
+mod queue_table;
 mod queues;
 mod route;
 mod topics;
+
+pub use queue_table::QueueTable;
+pub use queues::QueueStore;
 
 use super::{OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
@@ -51,6 +55,8 @@ pub struct RocketMqSink {
     routes: Mutex<HashMap<String, CachedRoute>>,
     /// Every queue each topic was seen with, so a lost broker group moves no key.
     queue_book: QueueBook,
+    /// Where the book is kept beyond this process (none: in memory only).
+    queue_store: Option<Arc<dyn QueueStore>>,
     /// Topics and broker groups seen, for the verdict on "no such topic" (see [`topics`]).
     memory: ClusterMemory,
     unavailable_in_a_row: AtomicU32,
@@ -99,10 +105,18 @@ impl RocketMqSink {
             producer: RwLock::new(producer),
             routes: Mutex::new(HashMap::new()),
             queue_book: QueueBook::new(config.reroute_on_broker_loss),
+            queue_store: None,
             memory: ClusterMemory::default(),
             unavailable_in_a_row: AtomicU32::new(0),
             rebuilding: AtomicBool::new(false),
         })
+    }
+
+    /// Keeps the topics' queue lists in `store` too (see [`queues`]), so an instance that
+    /// starts while a broker group is down still keeps that group's keys on their queues.
+    pub fn with_queue_store(mut self, store: Arc<dyn QueueStore>) -> Self {
+        self.queue_store = Some(store);
+        self
     }
 
     fn producer(&self) -> DefaultMQProducer {

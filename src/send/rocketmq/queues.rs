@@ -16,6 +16,11 @@
 //! Until then its keys wait as for an unavailable group: a broker that is starting again
 //! registers before its route shows the topic's queues, and must not move keys meanwhile.
 //!
+//! The book is kept beyond the process by a [`QueueStore`] (the relay's: `outbox_topic_queues`,
+//! [`super::queue_table`]): a topic's remembered groups are read before its first route is
+//! used, so an instance that starts, or takes over, while a group is down keeps that group's
+//! keys waiting on their queues too; each change of a topic's groups is saved.
+//!
 //! With `reroute_on_broker_loss = true` the list is the live route: a lost group's keys move
 //! to the other groups' queues at once, and a consumer may then read a key's newer events (on
 //! the new queue) before its older ones (on the lost group's queue, once it returns).
@@ -24,6 +29,21 @@ use rocketmq_model::common::message::message_queue::MessageQueue;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// A topic's broker groups and their write queue counts, as a [`QueueStore`] keeps them.
+pub type Groups = BTreeMap<String, i32>;
+
+/// What a [`QueueStore`] call returns.
+pub type StoreFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Keeps each topic's groups beyond this process. Errors are the store's to report: a store
+/// that cannot answer returns nothing remembered, and the book goes on in memory.
+pub trait QueueStore: Send + Sync {
+    /// The groups remembered for `topic` (empty when none or on an error).
+    fn load<'a>(&'a self, topic: &'a str) -> StoreFuture<'a, Groups>;
+    /// Remembers `groups` as `topic`'s, in place of what was.
+    fn save<'a>(&'a self, topic: &'a str, groups: &'a Groups) -> StoreFuture<'a, ()>;
+}
 
 /// How long a registered group must offer a topic no writable queue before it leaves the
 /// topic's list (and its keys move).
@@ -87,6 +107,42 @@ impl QueueBook {
     /// Whether a key keeps its queue while a broker group is lost.
     pub(super) fn stable(&self) -> bool {
         !self.reroute
+    }
+
+    /// Whether `topic` has a list in this process yet (else its remembered groups are
+    /// [`QueueBook::recall`]ed first).
+    pub(super) fn knows(&self, topic: &str) -> bool {
+        self.reroute
+            || self
+                .topics
+                .lock()
+                .expect("not poisoned")
+                .contains_key(topic)
+    }
+
+    /// Takes `remembered` (from a [`QueueStore`]) as `topic`'s groups seen so far; the next
+    /// [`QueueBook::update`] sorts them into up, unavailable and gone.
+    pub(super) fn recall(&self, topic: &str, remembered: Groups) {
+        if self.reroute || remembered.is_empty() {
+            return;
+        }
+        let mut topics = self.topics.lock().expect("not poisoned");
+        let groups = topics.entry(topic.to_string()).or_default();
+        for (name, queues) in remembered {
+            groups.entry(name).or_insert(Group {
+                queues,
+                lost: false,
+                leaving_since: None,
+            });
+        }
+    }
+
+    /// `topic`'s groups with their queue counts, as a [`QueueStore`] keeps them.
+    pub(super) fn groups(&self, topic: &str) -> Groups {
+        let topics = self.topics.lock().expect("not poisoned");
+        topics.get(topic).map_or_else(Groups::new, |groups| {
+            groups.iter().map(|(n, g)| (n.clone(), g.queues)).collect()
+        })
     }
 
     /// The groups remembered for `topic` that `live` (its writable queues now) lacks: the caller
@@ -258,6 +314,28 @@ mod tests {
         assert_eq!(names(&moved), ["broker-a:0", "broker-a:1"]);
         assert!(moved.lost.is_empty());
         assert!(book.missing("t", &a_only).is_empty());
+    }
+
+    #[test]
+    fn a_group_remembered_from_an_earlier_process_keeps_its_queues_while_down() {
+        // An instance starts while broker-b is down: the name server routes broker-a only,
+        // and the store remembers both.
+        let book = QueueBook::new(false);
+        assert!(!book.knows("t"));
+        book.recall(
+            "t",
+            Groups::from([("broker-a".into(), 2), ("broker-b".into(), 2)]),
+        );
+        let a_only = route(&[("broker-a", 2)]);
+        assert_eq!(book.missing("t", &a_only), ["broker-b"]);
+        let queues = book.update("t", &a_only, &HashSet::new(), Instant::now());
+        assert_eq!(
+            names(&queues),
+            ["broker-a:0", "broker-a:1", "broker-b:0", "broker-b:1"],
+            "broker-b's keys keep their queues"
+        );
+        assert!(queues.writable("t", 2).is_err() && queues.writable("t", 0).is_ok());
+        assert_eq!(book.groups("t")["broker-b"], 2);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Looking a topic's route up: its queue list, and what a client error of a send or look-up
 //! means.
 
-use super::queues::TopicQueues;
+use super::queues::{Groups, TopicQueues};
 use super::topics::{Missing, NameServerView, AUTO_CREATE_TOPIC};
 use super::{is_missing_topic, RocketMqSink, SendError};
 use rocketmq_client_rust::{ClientError, RouteAdmin, TopicAdmin};
@@ -62,9 +62,11 @@ impl RocketMqSink {
                 "topic {topic} has no writable queue"
             )));
         }
+        let remembered = self.recall_queues(topic).await;
         let missing = self.queue_book.missing(topic, &live);
         let left = self.groups_that_left(topic, missing).await;
         let queues = Arc::new(self.queue_book.update(topic, &live, &left, Instant::now()));
+        self.save_queues(topic, remembered).await;
         self.routes
             .lock()
             .expect("not poisoned")
@@ -72,6 +74,35 @@ impl RocketMqSink {
         let groups: HashSet<String> = live.iter().map(|q| q.broker_name().to_string()).collect();
         self.memory.routed(topic, groups);
         Ok(Route::Queues(queues))
+    }
+
+    /// The groups of `topic` as known before this route look-up: read from the queue store the
+    /// first time the topic is routed in this process.
+    async fn recall_queues(&self, topic: &str) -> Groups {
+        if let Some(store) = self
+            .queue_store
+            .as_ref()
+            .filter(|_| !self.queue_book.knows(topic))
+        {
+            self.queue_book.recall(topic, store.load(topic).await);
+        }
+        self.queue_book.groups(topic)
+    }
+
+    /// Saves `topic`'s groups when they differ from `before` (a group seen for the first
+    /// time, gone on purpose, or with a changed queue count).
+    async fn save_queues(&self, topic: &str, before: Groups) {
+        let Some(store) = self
+            .queue_store
+            .as_ref()
+            .filter(|_| self.queue_book.stable())
+        else {
+            return;
+        };
+        let now = self.queue_book.groups(topic);
+        if now != before {
+            store.save(topic, &now).await;
+        }
     }
 
     /// Those of `missing` (groups that served `topic` and are not in its route now) that are
