@@ -49,14 +49,14 @@ async fn migrate_creates_every_table_once_and_is_idempotent() {
         "uk_event_id",
         "idx_pending",
         "idx_status_created",
-        "idx_key_order",
+        "idx_waiting_key",
     ] {
         assert!(
             indexes.iter().any(|i| i == expected),
             "{expected} missing from {indexes:?}"
         );
     }
-    for dropped in ["idx_claim", "idx_lease"] {
+    for dropped in ["idx_claim", "idx_lease", "idx_key_order"] {
         assert!(
             !indexes.iter().any(|i| i == dropped),
             "0009 and 0010 drop {dropped}: {indexes:?}"
@@ -256,7 +256,7 @@ async fn an_index_build_over_the_row_rule_is_left_to_the_operator() {
         .unwrap_err();
     let text = err.to_string();
     assert!(text.contains("over the limit of 10"), "{text}");
-    assert!(text.contains("ADD INDEX `idx_key_order`"), "{text}");
+    assert!(text.contains("ADD INDEX `idx_waiting_key`"), "{text}");
     assert_eq!(
         db.count("outbox_schema_history").await,
         0,

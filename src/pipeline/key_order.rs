@@ -20,8 +20,8 @@
 //! it.
 //!
 //! The one question costs a query per table per dispatcher batch (at most 1,000 binlog items),
-//! through `idx_pending`: it reads the rows still PENDING or SENDING below the batch's newest
-//! id, normally just the events in flight.
+//! through `idx_waiting_key`: it reads the rows of the batch's keys still PENDING or SENDING
+//! below the batch's newest id, normally just those keys' events in flight.
 
 use crate::binlog::DecodedRow;
 use crate::checkpoint::{Acknowledgements, TxSeq};

@@ -175,7 +175,8 @@ impl TablePlan {
             }),
         };
         match same_name {
-            // (ByName is `idx_pending` alone: the note speaks of its claims.)
+            // (The note speaks of `idx_pending`'s claims: `idx_waiting_key` is the relay's own
+            // name, never found with other columns on a table it did not index.)
             Some(existing)
                 if serves
                     && required.lookup == Lookup::ByName

@@ -58,6 +58,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(10, "0010_outbox_drop_lease_index"),
     migration!(11, "0011_relay_state_stream_at"),
     migration!(12, "0012_topic_queues"),
+    migration!(13, "0013_outbox_waiting_key"),
 ];
 
 const HISTORY_TABLE: &str = "outbox_schema_history";

@@ -220,11 +220,11 @@ pub const INDEXES: &[RequiredIndex] = &[
         serves: "the oldest-PENDING metric, cleanup, status counts, reconcile",
     },
     RequiredIndex {
-        name: "idx_key_order",
-        columns: &["biz_key", "id"],
+        name: "idx_waiting_key",
+        columns: &["topic", "biz_key", "status"],
         unique: false,
-        lookup: Lookup::ByColumns,
-        serves: "a key's older rows (compensate, replays)",
+        lookup: Lookup::ByName,
+        serves: "the key-order guard and claims: the older rows of a key that still wait",
     },
 ];
 

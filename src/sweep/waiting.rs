@@ -47,9 +47,9 @@ pub struct WaitingRow {
     pub sending: bool,
 }
 
-/// Outbox tables found without the `idx_pending` index (migration 0008 not applied): their
-/// queries run unhinted.
-static WITHOUT_PENDING_INDEX: std::sync::Mutex<std::collections::BTreeSet<String>> =
+/// (table, index) pairs found without the index a query names (its migration not applied):
+/// those queries run unhinted.
+static MISSING_INDEXES: std::sync::Mutex<std::collections::BTreeSet<(String, &'static str)>> =
     std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 /// MySQL's ER_KEY_DOES_NOT_EXITS: an index hint names a missing index.
@@ -67,29 +67,48 @@ pub async fn on_pending_index<Q: Queryable, T: FromRow + Send + 'static>(
     sql: impl Fn(bool) -> String,
     params: Vec<Value>,
 ) -> Result<Vec<T>, mysql_async::Error> {
-    let key = table.to_string();
-    let hinted = !WITHOUT_PENDING_INDEX
-        .lock()
-        .expect("not poisoned")
-        .contains(&key);
+    on_index(q, table, PENDING_INDEX, sql, params).await
+}
+
+/// The index claims walk (migration 0008).
+const PENDING_INDEX: (&str, &str) = (
+    "idx_pending",
+    "claims may read every SENT row before the PENDING ones",
+);
+/// The index the waiting-rows question reads (migration 0013).
+const WAITING_INDEX: (&str, &str) = (
+    "idx_waiting_key",
+    "each check of a key's older rows reads every waiting row of the table",
+);
+
+/// Runs `sql(hinted)` on `table`, hinted at `index` (its name and what its absence costs)
+/// unless the table is known to lack it; when the hint names a missing index, warns once,
+/// remembers that and runs it unhinted.
+async fn on_index<Q: Queryable, T: FromRow + Send + 'static>(
+    q: &mut Q,
+    table: &TableName,
+    (index, cost): (&'static str, &str),
+    sql: impl Fn(bool) -> String,
+    params: Vec<Value>,
+) -> Result<Vec<T>, mysql_async::Error> {
+    let key = (table.to_string(), index);
+    let hinted = !MISSING_INDEXES.lock().expect("not poisoned").contains(&key);
     match q.exec(sql(hinted), params.clone()).await {
         Err(mysql_async::Error::Server(e)) if hinted && e.code == NO_SUCH_INDEX => {
-            tracing::warn!(%table, "the outbox table has no `idx_pending` index \
-                (run `outbox-relay migrate`): claims may read every SENT row before the PENDING ones");
-            WITHOUT_PENDING_INDEX
-                .lock()
-                .expect("not poisoned")
-                .insert(key);
+            tracing::warn!(%table, "the outbox table has no `{index}` index \
+                (run `outbox-relay migrate`): {cost}");
+            MISSING_INDEXES.lock().expect("not poisoned").insert(key);
             q.exec(sql(false), params).await
         }
         other => other,
     }
 }
 
-/// The waiting rows of `table` with one of `keys` and an id below `below`, in id order.
-/// Non-locking (READ COMMITTED sees committed rows only). It walks the waiting rows below that
-/// id in `idx_pending`, never a key's SENT history: through `idx_key_order` a claim read every
-/// older row of each of its keys (a hot key's whole history, on every claim).
+/// The waiting rows of `table` with one of `keys` and an id below `below`, in id order, read
+/// through `idx_waiting_key (topic, biz_key, status)`: only those keys' waiting rows, never a
+/// key's SENT history (through `(biz_key, id)` a claim read a hot key's whole history) nor the
+/// other keys' waiting rows (through `idx_pending` a check read a stuck topic's whole parked
+/// backlog). Non-locking (READ COMMITTED sees committed rows only).
 pub async fn waiting_rows_of_keys<Q: Queryable>(
     q: &mut Q,
     table: &TableName,
@@ -105,7 +124,8 @@ pub async fn waiting_rows_of_keys<Q: Queryable>(
         params.push(Value::from(key.biz_key.as_str()));
     }
     let sql = |hinted| waiting_rows_sql(table, hinted, keys.len());
-    let rows: Vec<(u64, String, String, i8)> = on_pending_index(q, table, sql, params).await?;
+    let rows: Vec<(u64, String, String, i8)> =
+        on_index(q, table, WAITING_INDEX, sql, params).await?;
     Ok(rows
         .into_iter()
         .map(|(id, topic, biz_key, status)| WaitingRow {
@@ -120,16 +140,18 @@ pub async fn waiting_rows_of_keys<Q: Queryable>(
 /// topic and `biz_key`).
 pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize) -> String {
     let hint = if hinted {
-        " FORCE INDEX (idx_pending)"
+        format!(" FORCE INDEX ({})", WAITING_INDEX.0)
     } else {
-        ""
+        String::new()
     };
+    // An OR of (topic, biz_key) equalities: a range per key and status on both servers (a row
+    // constructor IN is not a range on every MariaDB).
     format!(
         "SELECT id, topic, biz_key, status FROM {}{hint} WHERE {} AND id < ? \
-         AND (topic, biz_key) IN ({}) ORDER BY id",
+         AND ({}) ORDER BY id",
         table.sql(),
         Status::sql_in(&Status::UNDELIVERED),
-        vec!["(?, ?)"; keys].join(", ")
+        vec!["(topic = ? AND biz_key = ?)"; keys].join(" OR ")
     )
 }
 
@@ -138,14 +160,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn waiting_rows_are_read_through_the_pending_index() {
+    fn waiting_rows_are_read_through_the_waiting_key_index() {
         let table = TableName::parse("app.outbox_event").unwrap();
         assert_eq!(
             waiting_rows_sql(&table, true, 2),
             format!(
                 "SELECT id, topic, biz_key, status FROM `app`.`outbox_event` \
-                 FORCE INDEX (idx_pending) WHERE {} AND id < ? \
-                 AND (topic, biz_key) IN ((?, ?), (?, ?)) ORDER BY id",
+                 FORCE INDEX (idx_waiting_key) WHERE {} AND id < ? \
+                 AND ((topic = ? AND biz_key = ?) OR (topic = ? AND biz_key = ?)) ORDER BY id",
                 Status::sql_in(&Status::UNDELIVERED)
             )
         );
