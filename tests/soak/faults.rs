@@ -87,6 +87,11 @@ impl FaultKind {
             .collect()
     }
 
+    /// Whether the fault holds back only some keys, and the others' latency is judged during it.
+    pub fn isolation_judged(self) -> bool {
+        matches!(self, FaultKind::GroupStall | FaultKind::StuckTopic)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             FaultKind::KillLeader => "relay SIGKILL (leader)",
@@ -113,9 +118,8 @@ pub fn schedule(seed: u64, count: usize, kinds: &[FaultKind]) -> Vec<FaultKind> 
     for i in (1..all.len()).rev() {
         all.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    let first = [FaultKind::GroupStall, FaultKind::StuckTopic];
-    let mut all: Vec<FaultKind> = (first.iter().filter(|k| all.contains(k)).copied())
-        .chain(all.iter().filter(|k| !first.contains(k)).copied())
+    let mut all: Vec<FaultKind> = (all.iter().filter(|k| k.isolation_judged()).copied())
+        .chain(all.iter().filter(|k| !k.isolation_judged()).copied())
         .collect();
     if all.contains(&FaultKind::BrokerStop) {
         all.retain(|kind| *kind != FaultKind::BrokerStop);

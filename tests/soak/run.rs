@@ -139,10 +139,15 @@ pub async fn run(spec: SoakSpec) -> Audit {
         topic: TOPIC.to_string(),
         seed: spec.seed,
     };
+    // The writers go on past `spec.events` until the last fault whose isolation is judged is
+    // over: on a loaded machine the faults before it have taken 40 s to recover from, which
+    // once left it no writes to judge by.
+    let last_judged = plan.iter().rposition(|kind| kind.isolation_judged());
+    let keep_writing = Arc::new(AtomicBool::new(last_judged.is_some()));
     let writers = tokio::spawn(workload::run(
         servers.pool.clone(),
         workload,
-        Arc::new(AtomicBool::new(false)),
+        Arc::clone(&keep_writing),
     ));
     let side_done = Arc::new(AtomicBool::new(false));
     let side = tokio::spawn(workload::side_topic(
@@ -171,6 +176,9 @@ pub async fn run(spec: SoakSpec) -> Audit {
             recovery,
             peak_age,
         });
+        if Some(i) == last_judged {
+            keep_writing.store(false, Ordering::SeqCst);
+        }
     }
     let log = writers.await.unwrap();
     side_done.store(true, Ordering::SeqCst);

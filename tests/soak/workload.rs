@@ -45,14 +45,17 @@ pub struct WorkloadSpec {
     pub seed: u64,
 }
 
-/// Runs the writers until `spec.events` events are committed (or `stop` is set).
-pub async fn run(pool: Pool, spec: WorkloadSpec, stop: Arc<AtomicBool>) -> WriteLog {
+/// Runs the writers until `spec.events` events are committed, and past that, at the same pace,
+/// while `keep_writing` is set: a fault whose isolation is judged needs writes in flight before
+/// and during it, however long the faults before it took to recover from.
+pub async fn run(pool: Pool, spec: WorkloadSpec, keep_writing: Arc<AtomicBool>) -> WriteLog {
     let log = Arc::new(Mutex::new(WriteLog::default()));
     let per_writer = spec.events / spec.writers;
     let tasks: Vec<_> = (0..spec.writers)
         .map(|w| {
-            let (pool, spec, log, stop) = (pool.clone(), spec.clone(), log.clone(), stop.clone());
-            tokio::spawn(async move { writer(w, pool, spec, per_writer, log, stop).await })
+            let (pool, spec, log) = (pool.clone(), spec.clone(), log.clone());
+            let keep_writing = keep_writing.clone();
+            tokio::spawn(async move { writer(w, pool, spec, per_writer, log, keep_writing).await })
         })
         .collect();
     for task in tasks {
@@ -67,7 +70,7 @@ async fn writer(
     spec: WorkloadSpec,
     target: usize,
     log: Arc<Mutex<WriteLog>>,
-    stop: Arc<AtomicBool>,
+    keep_writing: Arc<AtomicBool>,
 ) {
     let mut rng = Rng::new(spec.seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9));
     let outbox = Outbox::default();
@@ -78,7 +81,7 @@ async fn writer(
     // A few poison events per writer, spread over the run.
     let poison_at = spec.poison / spec.writers + usize::from(w < spec.poison % spec.writers);
     let mut poisoned = 0usize;
-    while written < target && !stop.load(Ordering::Relaxed) {
+    while written < target || keep_writing.load(Ordering::Relaxed) {
         n += 1;
         // Pace: event `written` is due at written / per_second.
         let due = Duration::from_secs_f64(written as f64 / per_second);
@@ -91,7 +94,7 @@ async fn writer(
             vec![event("soak_no_such_topic", key, json!({"poison": true}))]
         } else {
             let size = 1 + rng.below(4) as usize;
-            (0..size.min(target - written))
+            (0..size.min(target.saturating_sub(written).max(1)))
                 .map(|i| {
                     let key = own_keys[rng.below(own_keys.len() as u64) as usize];
                     let payload = json!({"w": w, "n": n, "i": i, "pad": "x".repeat(64)});
