@@ -114,4 +114,7 @@ pub fn write(report: &Report<'_>, s: &mut String) {
             );
         }
     }
+    for (goal, measured, met) in crate::cost::goals(report.costs) {
+        let _ = writeln!(s, "| {goal} | {measured} | {} |", verdict(met));
+    }
 }

@@ -24,13 +24,16 @@
 //! Flags: `--backlog N` (200000) `--rates A,B` (1000,5000) `--steps C,D,..`
 //! (7500,10000,12500,15000,20000,25000,30000; "" for none) `--seconds S` (10) `--shards N` (8)
 //! `--poll-batch N` (100) `--poll-interval-ms N` (500) `--singles N` (3000) `--out DIR`
-//! (bench/results) `--no-poll` (CDC only) `--peers` (Debezium and the sweeper too). `BENCH_PERF="-F 999 -g"` runs `perf record` on the
+//! (bench/results) `--no-poll` (CDC only) `--peers` (Debezium and the sweeper too)
+//! `--cost-seconds S` (10; 0 skips the writer-cost runs) `--cost-writers N` (4). `BENCH_PERF="-F 999 -g"` runs `perf record` on the
 //! relay during each drain and latency run (`perf.data` in its run directory; `BENCH_PERF_ALL=1`:
 //! the whole machine). Writes `results.md` and `latency.svg` there and prints the report.
 
 #![recursion_limit = "256"] // the RocketMQ client futures are deeply nested
 
 mod ceiling;
+mod cost;
+mod counters;
 mod debezium;
 mod goals;
 mod peers;
@@ -62,6 +65,8 @@ struct Args {
     singles: usize,
     poll: bool,
     peers: bool,
+    cost_seconds: u64,
+    cost_writers: usize,
     out: PathBuf,
 }
 
@@ -84,6 +89,8 @@ fn parse_args() -> Args {
         singles: 3000,
         poll: true,
         peers: false,
+        cost_seconds: 10,
+        cost_writers: 4,
         out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results")),
     };
     let mut it = std::env::args().skip(1);
@@ -101,6 +108,8 @@ fn parse_args() -> Args {
             "--out" => args.out = PathBuf::from(value()),
             "--no-poll" => args.poll = false,
             "--peers" => args.peers = true,
+            "--cost-seconds" => args.cost_seconds = value().parse().expect("--cost-seconds N"),
+            "--cost-writers" => args.cost_writers = value().parse().expect("--cost-writers N"),
             "--bench" => {}
             other => panic!("unknown flag {other}; see bench/relay.rs"),
         }
@@ -290,6 +299,30 @@ async fn main() {
         }
     }
 
+    // 5. What the relay costs the writers beside it (see `cost`).
+    let mut costs = Vec::new();
+    if args.cost_seconds > 0 {
+        let runs = [
+            (None, false),
+            (Some(System::Cdc), false),
+            (Some(System::CdcSweeper), false),
+            (Some(System::CdcSweeper), true),
+        ];
+        for (system, full_row_image) in runs {
+            let result = bench
+                .writer_cost(system, full_row_image, args.cost_writers, args.cost_seconds)
+                .await;
+            eprintln!(
+                "writer cost, {}: {:.0} commits/s, database {:.1} µs/event, binlog {:.0} B/event",
+                result.label(),
+                result.commit_rate,
+                result.database_cpu_us,
+                result.binlog_bytes
+            );
+            costs.push(result);
+        }
+    }
+
     let report = Report {
         machine: procs::machine_description(),
         versions,
@@ -305,6 +338,8 @@ async fn main() {
         marking: &marking,
         drains: &drains,
         latencies: &latencies,
+        costs: &costs,
+        cost_writers: args.cost_writers,
     };
     let markdown = report.markdown();
     std::fs::create_dir_all(&args.out).unwrap();

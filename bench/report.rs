@@ -28,6 +28,8 @@ pub struct DrainResult {
     pub failed: u64,
     /// Messages the broker stored beyond one per event (resends).
     pub duplicates: u64,
+    /// The database server's counters per event (see [`crate::counters`]).
+    pub counters: Vec<(&'static str, f64)>,
 }
 
 impl DrainResult {
@@ -94,6 +96,8 @@ pub struct Report<'a> {
     pub marking: &'a MarkCeiling,
     pub drains: &'a [DrainResult],
     pub latencies: &'a [LatencyResult],
+    pub costs: &'a [crate::cost::CostResult],
+    pub cost_writers: usize,
 }
 
 /// How a goal's row ends: met or not met.
@@ -203,6 +207,15 @@ impl Report<'_> {
             );
         }
 
+        let runs: Vec<_> = (self.drains.iter())
+            .map(|d| (d.mode.to_string(), d.counters.clone()))
+            .collect();
+        let _ = writeln!(
+            s,
+            "\nThe database's work per event in each drain (its `SHOW GLOBAL STATUS` counters):\n\n{}",
+            crate::counters::table(&runs)
+        );
+
         let _ = writeln!(s, "\n### Commit → SEND_OK latency at fixed commit rates\n");
         let _ = writeln!(s, "| system | target rate | committed rate | p50 | p95 | p99 | max | last commit → done | sustained | CPU µs/event | RSS |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for l in self.latencies {
@@ -216,6 +229,7 @@ impl Report<'_> {
         }
 
         self.stages(&mut s);
+        crate::cost::write_section(self.costs, self.cost_writers, self.database_role, &mut s);
         crate::goals::write(self, &mut s);
         self.peers(&mut s);
         s

@@ -3,6 +3,7 @@
 //! broker: a drain ends when the topic holds every event, a latency is the broker's store
 //! timestamp minus the writer's commit time.
 
+use crate::counters::Counters;
 use crate::debezium::{self, DebeziumChild};
 use crate::procs::{self, Watched};
 use crate::report::{DrainResult, LatencyResult};
@@ -40,7 +41,7 @@ impl System {
     }
 
     /// A name usable in database and topic names.
-    fn slug(self) -> &'static str {
+    pub fn slug(self) -> &'static str {
         match self {
             System::CdcSweeper => "cdc_sweeper",
             other => other.label(),
@@ -189,7 +190,7 @@ impl Bench {
         (pool, url)
     }
 
-    fn config_for(&self, url: &str, system: System) -> Config {
+    pub fn config_for(&self, url: &str, system: System) -> Config {
         let mut config = self.config.clone();
         config.mysql.url = Some(url.to_string());
         config.relay.mode = system.relay_mode().unwrap_or(RelayMode::Cdc);
@@ -316,6 +317,7 @@ impl Bench {
             Some(resumed) if system == System::Debezium => resumed.clone(),
             _ => format!("drain-{}", system.slug()),
         };
+        let counted = Counters::read(&backlog.pool).await;
         let before = self.watched.sample();
         let began = Instant::now();
         let mut running = self.spawn(system, &backlog.url, &run_label, &backlog.start);
@@ -357,6 +359,7 @@ impl Bench {
         }
         let secs = began.elapsed().as_secs_f64();
         let split = before.until(&watched.sample(), secs);
+        let counters = counted.per_event(&Counters::read(&backlog.pool).await, backlog.events);
         let rss_mib = procs::peak_rss_mib(running.pid());
         let stopping = Instant::now();
         let trace = running.stage_trace();
@@ -381,6 +384,7 @@ impl Bench {
                 .then(|| checkpoint.is_some_and(|c| c.covers(&backlog.end))),
             failed: workload::failed(&backlog.pool).await,
             duplicates: stored_after.saturating_sub(events),
+            counters,
         }
     }
 

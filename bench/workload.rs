@@ -158,6 +158,15 @@ pub async fn write_backlog(pool: &mysql_async::Pool, topic: &str, count: usize) 
     }
 }
 
+/// Commits event `n` to `topic` in a transaction of its own on `conn`.
+pub async fn commit_one(conn: &mut mysql_async::Conn, topic: &str, n: usize) {
+    let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
+    (Outbox::default().enqueue_batch(&mut tx, vec![event(topic, n)]))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
 /// Puts every row back to PENDING (for the next drain of the same rows).
 pub async fn reset_to_pending(pool: &mysql_async::Pool) {
     pool.get_conn()
