@@ -20,8 +20,9 @@
 //! it.
 //!
 //! The one question costs a query per table per dispatcher batch (at most 1,000 binlog items),
-//! through `idx_waiting_key`: it reads the rows of the batch's keys still PENDING or SENDING
-//! below the batch's newest id, normally just those keys' events in flight.
+//! through `idx_waiting_key`: it reads the rows of each key of the batch still PENDING or SENDING
+//! below the key's newest id in the batch, normally none (a key's events in the batch are its
+//! only ones in flight) or those of its events in flight.
 
 use crate::binlog::DecodedRow;
 use crate::checkpoint::{Acknowledgements, TxSeq};
@@ -41,9 +42,9 @@ pub const RECHECK: Duration = Duration::from_millis(100);
 /// A key is per table: ids, and so order, are.
 type Key = (Arc<TableName>, OrderKey);
 
-/// The rows of one table in a checked batch: the newest id, every id, the keys (topic,
+/// The rows of one table in a checked batch: every id, and each event's (id, topic,
 /// `biz_key`).
-type BatchOfTable<'a> = (u64, HashSet<u64>, Vec<(&'a str, &'a str)>);
+type BatchOfTable<'a> = (HashSet<u64>, Vec<(u64, &'a str, &'a str)>);
 
 /// Events of one held key, in the order the stream read them.
 struct HeldKey {
@@ -112,31 +113,32 @@ impl KeyOrder {
             match row {
                 DecodedRow::Event(row) => {
                     let entry = by_table.entry(Arc::clone(&row.table)).or_default();
-                    entry.0 = entry.0.max(row.id);
-                    entry.1.insert(row.id);
-                    entry
-                        .2
-                        .push((row.message.topic.as_str(), row.message.biz_key.as_str()));
+                    entry.0.insert(row.id);
+                    let message = &row.message;
+                    (entry.1).push((row.id, message.topic.as_str(), message.biz_key.as_str()));
                 }
                 DecodedRow::Problem(problem) => {
                     let entry = by_table.entry(Arc::clone(&problem.table)).or_default();
-                    entry.1.insert(problem.id);
+                    entry.0.insert(problem.id);
                 }
                 _ => {}
             }
         }
-        for (table, (newest, batch, mut keys)) in by_table {
-            if keys.is_empty() {
+        for (table, (batch, events)) in by_table {
+            if events.is_empty() {
                 continue;
             }
-            keys.sort_unstable();
-            keys.dedup();
-            let keys: Vec<OrderKey> = keys
-                .into_iter()
-                .map(|(topic, biz_key)| OrderKey::new(topic, biz_key))
+            // Each key with the newest id of its events in the batch.
+            let mut newest: HashMap<(&str, &str), u64> = HashMap::new();
+            for (id, topic, biz_key) in events {
+                let bound = newest.entry((topic, biz_key)).or_insert(id);
+                *bound = (*bound).max(id);
+            }
+            let keys: Vec<(OrderKey, u64)> = (newest.into_iter())
+                .map(|((topic, biz_key), id)| (OrderKey::new(topic, biz_key), id))
                 .collect();
             let exclude = |id: u64| batch.contains(&id);
-            match self.oldest_waiting(&table, newest, &keys, exclude).await {
+            match self.oldest_waiting(&table, &keys, exclude).await {
                 Ok(oldest) => {
                     for (key, id) in oldest {
                         let bound = self.blockers.entry((Arc::clone(&table), key)).or_insert(id);
@@ -146,7 +148,7 @@ impl KeyOrder {
                 Err(e) => {
                     tracing::warn!(%table, error = %e,
                         "cannot check for older rows of the streamed keys; holding them until the check succeeds");
-                    for key in keys {
+                    for (key, _) in keys {
                         self.blockers.insert((Arc::clone(&table), key), 0);
                     }
                 }
@@ -198,19 +200,18 @@ impl KeyOrder {
             return true;
         }
         self.forget_done(acks);
-        let mut by_table: BTreeMap<Arc<TableName>, (u64, Vec<OrderKey>)> = BTreeMap::new();
+        let mut by_table: BTreeMap<Arc<TableName>, Vec<(OrderKey, u64)>> = BTreeMap::new();
         for ((table, key), held) in &self.held {
             let newest = held.events.iter().map(|e| e.row.id).max().unwrap_or(0);
             let entry = by_table.entry(Arc::clone(table)).or_default();
-            entry.0 = entry.0.max(newest);
-            entry.1.push(key.clone());
+            entry.push((key.clone(), newest));
         }
         let mut bounds: Vec<(Key, u64)> = Vec::new();
-        for (table, (newest, keys)) in by_table {
-            let Ok(oldest) = self.oldest_waiting(&table, newest, &keys, |_| false).await else {
+        for (table, keys) in by_table {
+            let Ok(oldest) = self.oldest_waiting(&table, &keys, |_| false).await else {
                 continue; // warned when they were held; asked again next time
             };
-            bounds.extend(keys.into_iter().map(|key| {
+            bounds.extend(keys.into_iter().map(|(key, _)| {
                 let bound = oldest.get(&key).copied().unwrap_or(u64::MAX);
                 ((Arc::clone(&table), key), bound)
             }));
@@ -243,20 +244,19 @@ impl KeyOrder {
         true
     }
 
-    /// For each of `keys` (of `table`) that an older row below `newest` waits for, other than
-    /// the rows this stream carries and those `exclude` names: the oldest such row's id. Asks
-    /// the sweeper for the PENDING ones.
+    /// For each of `keys` (of `table`, each with the newest id of its events asked about) that
+    /// an older row waits for, other than the rows this stream carries and those `exclude`
+    /// names: the oldest such row's id. Asks the sweeper for the PENDING ones.
     async fn oldest_waiting(
         &self,
         table: &Arc<TableName>,
-        newest: u64,
-        keys: &[OrderKey],
+        keys: &[(OrderKey, u64)],
         exclude: impl Fn(u64) -> bool,
     ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
-        let keys: Vec<&OrderKey> = keys.iter().collect();
+        let keys: Vec<(&OrderKey, u64)> = keys.iter().map(|(key, id)| (key, *id)).collect();
         let waiting = crate::db::bounded(async {
             let mut conn = self.pool.get_conn().await?;
-            waiting_rows_of_keys(&mut conn, table, newest, &keys).await
+            waiting_rows_of_keys(&mut conn, table, &keys).await
         })
         .await?;
         let foreign: Vec<_> = waiting

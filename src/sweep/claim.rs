@@ -17,7 +17,7 @@
 
 use super::cursor::ClaimCursor;
 use super::lease::HeldRows;
-use super::waiting::{on_pending_index, waiting_rows_of_keys, OrderKey};
+use super::waiting::{newest_per_key, on_pending_index, waiting_rows_of_keys, OrderKey};
 use crate::event::{OutboxRow, RowProblem};
 use crate::outbox::message::{message_from_text, RowLimits, RowText};
 use crate::outbox::{Status, TableName};
@@ -207,23 +207,19 @@ impl Claimer {
         params
     }
 
-    /// `(id, key)` of the rows of the keys of `rows` with a smaller id than the newest of `rows`
-    /// that are waiting ([`waiting_rows_of_keys`]): PENDING, or SENDING but not held by this
+    /// `(id, key)` of the rows of the keys of `rows` with a smaller id than the key's newest in
+    /// `rows` that are waiting ([`waiting_rows_of_keys`]): PENDING, or SENDING but not held by this
     /// process (another instance's, an earlier life's, or a claim whose reply was lost).
     async fn older_rows_of_keys(
         &self,
         tx: &mut mysql_async::Transaction<'_>,
         rows: &[(u64, RowText)],
     ) -> Result<Vec<(u64, OrderKey)>, mysql_async::Error> {
-        let mut keys: Vec<OrderKey> = rows.iter().filter_map(|(_, t)| order_key(t)).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let newest = rows.iter().map(|(id, _)| *id).max().unwrap_or(0);
-        let keys: Vec<&OrderKey> = keys.iter().collect();
-        let waiting = waiting_rows_of_keys(tx, &self.table, newest, &keys).await?;
+        let keyed: Vec<(u64, OrderKey)> = (rows.iter())
+            .filter_map(|(id, t)| Some((*id, order_key(t)?)))
+            .collect();
+        let keys = newest_per_key(keyed.iter().map(|(id, key)| (*id, key)));
+        let waiting = waiting_rows_of_keys(tx, &self.table, &keys).await?;
         Ok(waiting
             .into_iter()
             .filter(|row| !row.sending || !self.held.contains(&self.table, row.id))

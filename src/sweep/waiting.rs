@@ -104,37 +104,64 @@ async fn on_index<Q: Queryable, T: FromRow + Send + 'static>(
     }
 }
 
-/// The waiting rows of `table` with one of `keys` and an id below `below`, in id order, read
-/// through `idx_waiting_key (topic, biz_key, status)`: only those keys' waiting rows, never a
-/// key's SENT history (through `(biz_key, id)` a claim read a hot key's whole history) nor the
-/// other keys' waiting rows (through `idx_pending` a check read a stuck topic's whole parked
-/// backlog). Non-locking (READ COMMITTED sees committed rows only).
+/// The waiting rows of `table` of each of `keys` with an id below that key's bound, in id
+/// order, read through `idx_waiting_key (topic, biz_key, status)`: only those keys' waiting
+/// rows, never a key's SENT history (through `(biz_key, id)` a claim read a hot key's whole
+/// history) nor the other keys' waiting rows (through `idx_pending` a check read a stuck topic's
+/// whole parked backlog). A key's bound is the newest id of its own rows being asked about: a
+/// row at or above it holds none of them back, and a key asked about for one row (most, in a
+/// batch over many keys) reads none of its own rows back. Non-locking (READ COMMITTED sees
+/// committed rows only).
 pub async fn waiting_rows_of_keys<Q: Queryable>(
     q: &mut Q,
     table: &TableName,
-    below: u64,
-    keys: &[&OrderKey],
+    keys: &[(&OrderKey, u64)],
 ) -> Result<Vec<WaitingRow>, mysql_async::Error> {
     if keys.is_empty() {
         return Ok(Vec::new());
     }
     let mut params = Vec::with_capacity(keys.len() * 3);
-    for key in keys {
+    for (key, below) in keys {
         params.push(Value::from(key.topic.as_str()));
         params.push(Value::from(key.biz_key.as_str()));
-        params.push(Value::from(below));
+        params.push(Value::from(*below));
     }
     let sql = |hinted| waiting_rows_sql(table, hinted, keys.len());
     let rows: Vec<(u64, String, String, i8)> =
         on_index(q, table, WAITING_INDEX, sql, params).await?;
-    Ok(rows
+    let mut rows: Vec<WaitingRow> = rows
         .into_iter()
         .map(|(id, topic, biz_key, status)| WaitingRow {
             id,
             key: OrderKey { topic, biz_key },
             sending: status == Status::Sending.code(),
         })
-        .collect())
+        .collect();
+    rows.sort_unstable_by_key(|row| row.id);
+    Ok(rows)
+}
+
+/// The newest id of each key of `rows` (`(id, key)`): the bounds of [`waiting_rows_of_keys`].
+pub fn newest_per_key<'a>(
+    rows: impl IntoIterator<Item = (u64, &'a OrderKey)>,
+) -> Vec<(&'a OrderKey, u64)> {
+    let mut newest: std::collections::BTreeMap<&OrderKey, u64> = std::collections::BTreeMap::new();
+    for (id, key) in rows {
+        let bound = newest.entry(key).or_insert(id);
+        *bound = (*bound).max(id);
+    }
+    newest.into_iter().collect()
+}
+
+/// PENDING or SENDING as one range of `status` (their codes are adjacent): one index dive per
+/// key in `idx_waiting_key`, where `status IN (0, 1)` made two.
+fn undelivered_range() -> String {
+    const _: () = assert!(Status::Sending.code() == Status::Pending.code() + 1);
+    format!(
+        "status BETWEEN {} AND {}",
+        Status::Pending.code(),
+        Status::Sending.code()
+    )
 }
 
 /// The SELECT of [`waiting_rows_of_keys`] for `keys` keys (binds, per key: its topic, its
@@ -146,14 +173,15 @@ pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize) -> String 
         String::new()
     };
     // One SELECT per key, a range each on both servers. (As one OR of the keys, MySQL 9.7
-    // scanned the whole index instead, each key's SENT history included.)
+    // scanned the whole index instead, each key's SENT history included.) No ORDER BY: the
+    // server streams the UNION ALL instead of sorting it in a temporary table; the caller sorts.
     let one = format!(
         "(SELECT id, topic, biz_key, status FROM {}{hint} \
          WHERE topic = ? AND biz_key = ? AND {} AND id < ?)",
         table.sql(),
-        Status::sql_in(&Status::UNDELIVERED)
+        undelivered_range()
     );
-    format!("{} ORDER BY id", vec![one; keys].join(" UNION ALL "))
+    vec![one; keys].join(" UNION ALL ")
 }
 
 #[cfg(test)]
@@ -163,14 +191,12 @@ mod tests {
     #[test]
     fn waiting_rows_are_read_through_the_waiting_key_index() {
         let table = TableName::parse("app.outbox_event").unwrap();
-        let one = format!(
-            "(SELECT id, topic, biz_key, status FROM `app`.`outbox_event` \
-             FORCE INDEX (idx_waiting_key) WHERE topic = ? AND biz_key = ? AND {} AND id < ?)",
-            Status::sql_in(&Status::UNDELIVERED)
-        );
+        let one = "(SELECT id, topic, biz_key, status FROM `app`.`outbox_event` \
+             FORCE INDEX (idx_waiting_key) WHERE topic = ? AND biz_key = ? \
+             AND status BETWEEN 0 AND 1 AND id < ?)";
         assert_eq!(
             waiting_rows_sql(&table, true, 2),
-            format!("{one} UNION ALL {one} ORDER BY id")
+            format!("{one} UNION ALL {one}")
         );
         assert!(!waiting_rows_sql(&table, false, 1).contains("FORCE INDEX"));
     }
