@@ -25,7 +25,9 @@
 //! (7500,10000,12500,15000,20000,25000,30000; "" for none) `--seconds S` (10) `--shards N` (8)
 //! `--poll-batch N` (100) `--poll-interval-ms N` (500) `--singles N` (3000) `--out DIR`
 //! (bench/results) `--no-poll` (CDC only) `--peers` (Debezium and the sweeper too)
-//! `--cost-seconds S` (10; 0 skips the writer-cost runs) `--cost-writers N` (4). `BENCH_PERF="-F 999 -g"` runs `perf record` on the
+//! `--cost-seconds S` (10; 0 skips the writer-cost runs) `--cost-writers N` (4);
+//! `BENCH_SENT_COLUMNS=nullable` makes `msg_id` and `sent_at` NULL until SENT (the form before
+//! the in-place SENT mark) in every database of the run. `BENCH_PERF="-F 999 -g"` runs `perf record` on the
 //! relay during each drain and latency run (`perf.data` in its run directory; `BENCH_PERF_ALL=1`:
 //! the whole machine). Writes `results.md` and `latency.svg` there and prints the report.
 

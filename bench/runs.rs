@@ -9,6 +9,7 @@ use crate::procs::{self, Watched};
 use crate::report::{DrainResult, LatencyResult};
 use crate::stages::StageSplit;
 use crate::workload::{self, RelayChild};
+use mysql_async::prelude::*;
 use rocketmq_outbox::binlog::BinlogPosition;
 use rocketmq_outbox::config::{Config, RelayMode};
 use rocketmq_outbox::devenv::{Database, RocketMq, SqlServer, TopicReader};
@@ -186,6 +187,20 @@ impl Bench {
         )
         .await
         .unwrap();
+        // `BENCH_SENT_COLUMNS=nullable`: `msg_id` and `sent_at` as migration 0001 made them
+        // (NULL until SENT, so every SENT mark rewrites its row), for a before/after of the
+        // in-place form on the same build.
+        if std::env::var("BENCH_SENT_COLUMNS").is_ok_and(|v| v == "nullable") {
+            pool.get_conn()
+                .await
+                .unwrap()
+                .query_drop(
+                    "ALTER TABLE outbox_event MODIFY COLUMN msg_id VARCHAR(128) NULL, \
+                     MODIFY COLUMN sent_at DATETIME(3) NULL",
+                )
+                .await
+                .unwrap();
+        }
         self.rocketmq.create_topic(name, 8).unwrap();
         (pool, url)
     }

@@ -173,7 +173,7 @@ pub async fn reset_to_pending(pool: &mysql_async::Pool) {
         .await
         .unwrap()
         .query_drop(
-            format!("UPDATE outbox_event SET status = {PENDING}, msg_id = NULL, sent_at = NULL, owner = NULL, \
+            format!("UPDATE outbox_event SET status = {PENDING}, msg_id = DEFAULT, sent_at = DEFAULT, owner = NULL, \
              lease_until = NULL, retry_count = 0, next_retry_at = NOW(3) - INTERVAL 1 SECOND"),
         )
         .await

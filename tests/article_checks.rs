@@ -172,7 +172,7 @@ async fn a_sent_row_put_back_to_pending_is_sent_again_and_deduplicated_by_the_co
     db.conn()
         .await
         .exec_drop(
-            format!("UPDATE outbox_event SET status = {PENDING}, msg_id = NULL, sent_at = NULL WHERE event_id = ?"),
+            format!("UPDATE outbox_event SET status = {PENDING}, msg_id = DEFAULT, sent_at = DEFAULT WHERE event_id = ?"),
             (&event_id,),
         )
         .await

@@ -104,9 +104,9 @@ impl SteadyLoad {
             .await
             .exec(
                 "SELECT biz_key, TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) / 1000 \
-                 FROM outbox_event WHERE topic = ? AND sent_at IS NOT NULL \
+                 FROM outbox_event WHERE topic = ? AND status = ? \
                  AND UNIX_TIMESTAMP(created_at) >= ? AND UNIX_TIMESTAMP(created_at) < ?",
-                (topic, self.t0 + from, self.t0 + to),
+                (topic, Status::Sent.code(), self.t0 + from, self.t0 + to),
             )
             .await
             .unwrap();

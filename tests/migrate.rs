@@ -203,11 +203,14 @@ async fn a_configured_table_of_the_articles_shape_is_adopted_and_recorded() {
     assert_eq!(report.adopted.len(), 1, "{report:?}");
     assert_eq!(report.adopted[0].0, "orders_outbox");
     assert_eq!(report.adopted[0].1.len(), 2, "{:?}", report.adopted[0].1);
+    // The new outbox_event, made by migration 0001, gets msg_id and sent_at at full size.
+    assert_eq!(report.finished.len(), 1, "{report:?}");
+    assert_eq!(report.finished[0].0, "outbox_event");
     let recorded: Vec<(String, String)> = conn
-        .query("SELECT outbox_table, statements FROM outbox_schema_changes")
+        .query("SELECT outbox_table, statements FROM outbox_schema_changes ORDER BY id")
         .await
         .unwrap();
-    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded.len(), 2);
     assert!(
         recorded[0].1.contains("ADD COLUMN `owner`"),
         "{}",
@@ -219,8 +222,123 @@ async fn a_configured_table_of_the_articles_shape_is_adopted_and_recorded() {
     );
     let again = schema::migrate(&mut conn, &tables).await.unwrap();
     assert!(
-        again.adopted.is_empty() && again.applied.is_empty(),
+        again.adopted.is_empty() && again.applied.is_empty() && again.finished.is_empty(),
         "{again:?}"
+    );
+}
+
+/// `msg_id` and `sent_at` as migration 0001 made them (NULL until SENT) on `db`'s migrated
+/// `outbox_event`, with a SENT row and `pending` PENDING rows.
+async fn nullable_sent_columns(db: &TestDb, pending: usize) {
+    let mut conn = db.conn().await;
+    conn.query_drop(
+        "ALTER TABLE outbox_event MODIFY COLUMN msg_id VARCHAR(128) NULL, \
+         MODIFY COLUMN sent_at DATETIME(3) NULL",
+    )
+    .await
+    .unwrap();
+    conn.query_drop(
+        "INSERT INTO outbox_event (event_id, biz_key, topic, payload, status, msg_id, sent_at) \
+         VALUES ('sent', 'k', 't', '{}', 2, 'AC11000100002A9F0000000000000001', NOW(3))",
+    )
+    .await
+    .unwrap();
+    for n in 0..pending {
+        conn.exec_drop(
+            "INSERT INTO outbox_event (event_id, biz_key, topic, payload, msg_id, sent_at) \
+             VALUES (?, 'k', 't', '{}', NULL, NULL)",
+            (format!("p{n}"),),
+        )
+        .await
+        .unwrap();
+    }
+    conn.query_drop("ANALYZE TABLE outbox_event").await.unwrap();
+}
+
+/// An outbox table whose `msg_id` and `sent_at` are NULL until SENT (every table migration
+/// 0001 made) gets them stored at full size, so the SENT mark updates its rows in place: the
+/// SENT row keeps its id and time, a PENDING row reads `''` and the epoch.
+#[tokio::test]
+async fn msg_id_and_sent_at_of_an_older_table_are_stored_at_full_size() {
+    let db = TestDb::migrated("migrate_sent_cols").await;
+    nullable_sent_columns(&db, 3).await;
+    let mut conn = db.conn().await;
+    let tables = db.config.outbox_tables();
+    let warnings = schema::check_for_run(&mut conn, &tables)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("msg_id and sent_at"),
+        "{warnings:?}"
+    );
+    let report = schema::migrate(&mut conn, &tables).await.unwrap();
+    assert_eq!(report.adopted.len(), 1, "{report:?}");
+    assert_eq!(report.adopted[0].1.len(), 3, "{:?}", report.adopted[0].1);
+    let rows: Vec<(String, String, String)> = conn
+        .query("SELECT event_id, msg_id, CAST(sent_at AS CHAR) FROM outbox_event ORDER BY id")
+        .await
+        .unwrap();
+    assert_eq!(rows[0].1, "AC11000100002A9F0000000000000001");
+    assert!(!rows[0].2.starts_with("1970"), "{rows:?}");
+    for row in &rows[1..] {
+        assert_eq!(
+            (row.1.as_str(), row.2.as_str()),
+            ("", "1970-01-01 00:00:00.000")
+        );
+    }
+    let form: Vec<(String, String, String)> = conn
+        .query(
+            "SELECT column_name, LOWER(column_type), is_nullable FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = 'outbox_event' \
+             AND column_name IN ('msg_id', 'sent_at') ORDER BY column_name",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        form,
+        [
+            ("msg_id".into(), "char(64)".into(), "NO".into()),
+            ("sent_at".into(), "datetime(3)".into(), "NO".into())
+        ]
+    );
+    assert_eq!(
+        schema::check_for_run(&mut conn, &tables).await.unwrap(),
+        Ok(Vec::new())
+    );
+}
+
+/// Storing them at full size copies the table, which blocks its writes: over a tenth of the
+/// operator's row rule, migrate leaves them (the relay runs) and `--plan` says how.
+#[tokio::test]
+async fn a_table_over_the_copy_limit_keeps_its_sent_columns_and_says_how() {
+    let db = TestDb::migrated("migrate_sent_big").await;
+    nullable_sent_columns(&db, 30).await;
+    let mut conn = db.conn().await;
+    let tables = db.config.outbox_tables();
+    let rule = OnlineRule {
+        max_rows: Some(100),
+    };
+    let report = schema::migrate_with(&mut conn, &tables, rule)
+        .await
+        .unwrap();
+    assert!(
+        report.adopted.is_empty() && report.finished.is_empty(),
+        "{report:?}"
+    );
+    let nullable: i64 = conn
+        .query_first(
+            "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() \
+             AND table_name = 'outbox_event' AND column_name = 'msg_id' AND is_nullable = 'YES'",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(nullable, 1, "left as it was");
+    let plan = schema::plan(&mut conn, &tables, rule).await.unwrap();
+    assert!(
+        plan.contains("blocks writes") && plan.contains("MODIFY COLUMN `msg_id` CHAR(64)"),
+        "{plan}"
     );
 }
 

@@ -222,12 +222,13 @@ async fn compensation_audits_each_effective_change_once_and_repeats_change_nothi
     let audit = audit_rows(&db).await;
     assert_eq!(audit.len(), 3);
     assert_eq!(audit[2].4["msg_id"], "msg-sent-0");
-    assert_eq!(audit[2].5["msg_id"], Json::Null);
+    assert_eq!(audit[2].5["msg_id"], "", "resend clears msg_id");
     assert_eq!(
         count_where(
             &db,
             &format!(
-                "event_id = 'sent-0' AND status = {PENDING} AND msg_id IS NULL AND sent_at IS NULL"
+                "event_id = 'sent-0' AND status = {PENDING} AND msg_id = '' \
+                 AND sent_at = DEFAULT(sent_at)"
             )
         )
         .await,

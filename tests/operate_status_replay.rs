@@ -93,14 +93,14 @@ async fn status_counts_rows_names_reasons_and_judges() {
     let mut conn = db.conn().await;
     conn.query_drop(
         "INSERT INTO outbox_event (event_id, biz_key, topic, payload, status, created_at, lease_until, msg_id, last_error) VALUES \
-         ('old-pending', 'k1', 'orders', '{}', 0, NOW(3) - INTERVAL 120 SECOND, NULL, NULL, NULL), \
-         ('new-pending', 'k2', 'orders', '{}', 0, NOW(3), NULL, NULL, NULL), \
-         ('sending', 'k3', 'orders', '{}', 1, NOW(3), NOW(3) + INTERVAL 60 SECOND, NULL, NULL), \
+         ('old-pending', 'k1', 'orders', '{}', 0, NOW(3) - INTERVAL 120 SECOND, NULL, DEFAULT, NULL), \
+         ('new-pending', 'k2', 'orders', '{}', 0, NOW(3), NULL, DEFAULT, NULL), \
+         ('sending', 'k3', 'orders', '{}', 1, NOW(3), NOW(3) + INTERVAL 60 SECOND, DEFAULT, NULL), \
          ('sent-1', 'k4', 'orders', '{}', 2, NOW(3), NULL, 'M1', NULL), \
          ('sent-2', 'k5', 'orders', '{}', 2, NOW(3), NULL, 'M2', NULL), \
-         ('failed-1', 'k6', 'gone', '{}', 3, NOW(3), NULL, NULL, 'rejected: no route for topic gone'), \
-         ('failed-2', 'k7', 'gone', '{}', 3, NOW(3), NULL, NULL, 'rejected: no route for topic gone'), \
-         ('failed-3', 'k8', 'orders', '{}', 3, NOW(3), NULL, NULL, 'rejected: message too large')",
+         ('failed-1', 'k6', 'gone', '{}', 3, NOW(3), NULL, DEFAULT, 'rejected: no route for topic gone'), \
+         ('failed-2', 'k7', 'gone', '{}', 3, NOW(3), NULL, DEFAULT, 'rejected: no route for topic gone'), \
+         ('failed-3', 'k8', 'orders', '{}', 3, NOW(3), NULL, DEFAULT, 'rejected: message too large')",
     )
     .await
     .unwrap();

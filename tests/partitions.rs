@@ -133,7 +133,7 @@ async fn a_past_day_with_an_unfinished_row_is_kept_and_each_clean_day_dropped_is
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The operator's change commits while maintenance waits (here: the held row is resent).
     tx.exec_drop(
-        format!("UPDATE outbox_event SET status = {PENDING}, msg_id = NULL, sent_at = NULL WHERE event_id = ?"),
+        format!("UPDATE outbox_event SET status = {PENDING}, msg_id = DEFAULT, sent_at = DEFAULT WHERE event_id = ?"),
         (&racing[0],),
     )
     .await

@@ -59,7 +59,7 @@ async fn rows_the_stream_never_saw_and_rows_put_back_by_hand_are_swept() {
         .unwrap()
         .unwrap();
     conn.exec_drop(
-        format!("UPDATE outbox_event SET status = {PENDING}, msg_id = NULL, sent_at = NULL WHERE id = ?"),
+        format!("UPDATE outbox_event SET status = {PENDING}, msg_id = DEFAULT, sent_at = DEFAULT WHERE id = ?"),
         (id,),
     )
     .await

@@ -51,15 +51,11 @@ pub async fn run(global: &GlobalArgs, args: MigrateArgs) -> anyhow::Result<()> {
         }
     } else {
         let report = schema::migrate_with(&mut conn, &config.outbox_tables(), rule).await?;
-        for (table, statements) in &report.adopted {
-            println!("adopted outbox table {table} (recorded in outbox_schema_changes):");
-            for statement in statements {
-                println!("  {statement}");
-            }
-        }
+        print_changes("adopted", &report.adopted);
         for (version, name) in &report.applied {
             println!("applied {version:04} {name}");
         }
+        print_changes("finished", &report.finished);
         for table in &report.created_tables {
             println!("created outbox table {table} (like outbox_event)");
         }
@@ -71,4 +67,14 @@ pub async fn run(global: &GlobalArgs, args: MigrateArgs) -> anyhow::Result<()> {
     }
     conn.disconnect().await?;
     Ok(())
+}
+
+/// Prints each changed outbox table with the statements run on it.
+fn print_changes(what: &str, changes: &[(String, Vec<String>)]) {
+    for (table, statements) in changes {
+        println!("{what} outbox table {table} (recorded in outbox_schema_changes):");
+        for statement in statements {
+            println!("  {statement}");
+        }
+    }
 }

@@ -85,7 +85,7 @@ impl Action {
             }
             Action::Resend => {
                 "retry_count = 0, next_retry_at = NOW(3), owner = NULL, lease_until = NULL, \
-                 last_error = NULL, msg_id = NULL, sent_at = NULL"
+                 last_error = NULL, msg_id = DEFAULT, sent_at = DEFAULT"
             }
             Action::MarkFailed => "owner = NULL, lease_until = NULL, last_error = ?",
         };
@@ -519,7 +519,7 @@ mod tests {
         assert_eq!(Action::MarkFailed.from_status(), Status::Pending);
         assert_eq!(Action::MarkFailed.to_status(), Status::Failed);
         assert!(Action::Retry.set_clause().contains("last_error = NULL"));
-        assert!(Action::Resend.set_clause().contains("msg_id = NULL"));
+        assert!(Action::Resend.set_clause().contains("msg_id = DEFAULT"));
     }
 
     #[test]

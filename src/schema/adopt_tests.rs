@@ -14,6 +14,7 @@ fn col(
         column_type: column_type.into(),
         max_chars: max,
         nullable,
+        has_default: false,
     }
 }
 
@@ -105,10 +106,18 @@ fn a_complete_table_needs_nothing() {
                 .push(col(c.name, "varchar", "varchar(1024)", Some(1024), true));
         }
     }
-    // Types of the relay's own columns, as migration 0001 makes them.
+    // Types of the relay's own columns, as a table migrate made has them.
     for (name, t) in [("sent_at", "datetime"), ("updated_at", "datetime")] {
         let c = shape.columns.iter_mut().find(|c| c.name == name).unwrap();
         c.data_type = t.into();
+    }
+    for name in ["msg_id", "sent_at"] {
+        let c = shape.columns.iter_mut().find(|c| c.name == name).unwrap();
+        (c.nullable, c.has_default) = (false, true);
+        if name == "msg_id" {
+            (c.data_type, c.column_type, c.max_chars) =
+                ("char".into(), "char(64)".into(), Some(64));
+        }
     }
     shape
         .indexes
@@ -303,4 +312,96 @@ fn a_not_null_column_the_marker_or_resend_clears_is_refused() {
             plan.refusals[0].reason
         );
     }
+}
+
+#[test]
+fn a_not_null_msg_id_or_sent_at_with_a_default_serves() {
+    // `resend` sets them back to their defaults: a default will do where NULL is not allowed.
+    for name in ["msg_id", "sent_at"] {
+        let mut shape = article_table(10);
+        let mut c = match name {
+            "msg_id" => col(name, "char", "char(64)", Some(64), false),
+            _ => col(name, "datetime", "datetime(3)", None, false),
+        };
+        c.has_default = true;
+        shape.columns.push(c);
+        let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+        assert!(!plan.is_refused(), "{name}: {plan:?}");
+    }
+}
+
+/// The article table with every relay column as migration 0001 made them: `msg_id` and
+/// `sent_at` nullable.
+fn table_of_migration_0001(rows: u64) -> TableShape {
+    let mut shape = article_table(rows);
+    for c in super::COLUMNS {
+        if shape.column(c.name).is_none() {
+            let (t, ct, max) = match c.kind {
+                crate::schema::shape::ColumnKind::Time => ("datetime", "datetime(3)", None),
+                _ => ("varchar", "varchar(1024)", Some(1024)),
+            };
+            shape.columns.push(col(c.name, t, ct, max, true));
+        }
+    }
+    shape.indexes[2] = idx("idx_pending", &["status"], false);
+    for (name, columns) in [
+        ("idx_status_created", &["status", "created_at"][..]),
+        ("idx_waiting_key", &["topic", "biz_key", "status"][..]),
+    ] {
+        shape.indexes.push(idx(name, columns, false));
+    }
+    shape
+}
+
+#[test]
+fn nullable_msg_id_and_sent_at_are_stored_at_full_size() {
+    let shape = table_of_migration_0001(50);
+    assert!(!shape.sent_in_place());
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert_eq!(plan.sent_columns, SentColumns::Convert);
+    assert!(!plan.is_empty() && !plan.is_refused());
+    let statements = plan.statements();
+    assert_eq!(statements.len(), 3, "{statements:#?}");
+    assert!(
+        statements[0].contains("ALTER COLUMN `msg_id` SET DEFAULT ''")
+            && statements[0].contains("ALTER COLUMN `sent_at` SET DEFAULT '1970-01-01 00:00:00'"),
+        "{}",
+        statements[0]
+    );
+    assert!(statements[1].starts_with("UPDATE `outbox_event` SET `msg_id` = COALESCE("));
+    assert!(
+        statements[2].contains("MODIFY COLUMN `msg_id` CHAR(64) NOT NULL DEFAULT ''")
+            && statements[2].contains(
+                "MODIFY COLUMN `sent_at` DATETIME(3) NOT NULL DEFAULT '1970-01-01 00:00:00'"
+            ),
+        "{}",
+        statements[2]
+    );
+    assert_eq!(plan.blocks_run(), None);
+    assert!(plan.slows_run().unwrap().contains("msg_id and sent_at"));
+}
+
+#[test]
+fn a_table_over_a_tenth_of_the_rule_keeps_msg_id_and_sent_at_with_a_note() {
+    let rule = OnlineRule {
+        max_rows: Some(1_000),
+    };
+    let plan = TablePlan::compare(&table(), &table_of_migration_0001(101), rule);
+    assert_eq!(plan.sent_columns, SentColumns::Left);
+    assert!(plan.is_empty(), "nothing for migrate to do: {plan:?}");
+    assert!(plan.statements().is_empty());
+    assert!(
+        plan.notes.iter().any(|n| n.contains("about 101 rows")
+            && n.contains("blocks writes")
+            && n.contains("MODIFY COLUMN `msg_id` CHAR(64)")),
+        "{:?}",
+        plan.notes
+    );
+    assert!(plan.slows_run().unwrap().contains("msg_id and sent_at"));
+    // Under a tenth, or with no rule, migrate converts it.
+    let small = TablePlan::compare(&table(), &table_of_migration_0001(100), rule);
+    assert_eq!(small.sent_columns, SentColumns::Convert);
+    let unlimited = OnlineRule { max_rows: None };
+    let big = TablePlan::compare(&table(), &table_of_migration_0001(10_000_000), unlimited);
+    assert_eq!(big.sent_columns, SentColumns::Convert);
 }

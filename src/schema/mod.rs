@@ -10,7 +10,8 @@
 //!
 //! An outbox table that exists before its migrations run (the reference article's table, a
 //! configured table another relay fills) is adopted first: what it lacks is added, and the
-//! migrations that create or index `outbox_event` then find it complete. A table `migrate`
+//! migrations that create or index `outbox_event` then find it complete. Tables the migrations
+//! create are adopted after them (adoption is where a table gets the current column forms). A table `migrate`
 //! cannot adopt by itself stops it before it changes anything else, with the statements to run.
 
 pub mod adopt;
@@ -118,6 +119,8 @@ pub struct MigrationReport {
     pub created_tables: Vec<String>,
     /// Existing outbox tables adopted: the table and the statements run on it.
     pub adopted: Vec<(String, Vec<String>)>,
+    /// Tables the migrations made, brought to the current column forms after them.
+    pub finished: Vec<(String, Vec<String>)>,
 }
 
 /// SHA-256 of a migration's text, hex.
@@ -232,12 +235,7 @@ async fn migrate_locked(
         }
         report.already_applied += 1;
     }
-    for plan in adoption_plans(conn, outbox_tables, rule).await? {
-        let statements = adopt_table(conn, &plan, rule).await?;
-        if !statements.is_empty() {
-            report.adopted.push((plan.table.to_string(), statements));
-        }
-    }
+    report.adopted = adopt_all(conn, outbox_tables, rule).await?;
     for migration in MIGRATIONS {
         if applied.iter().any(|(v, _, _)| *v == migration.version) {
             continue;
@@ -269,6 +267,10 @@ async fn migrate_locked(
         );
         report.applied.push((migration.version, migration.name));
     }
+    // Once more for the tables the migrations made (migration 0001 leaves `msg_id` and `sent_at`
+    // nullable, which adoption stores at full size: `TableShape::sent_in_place`), before the
+    // configured tables are created like `outbox_event`.
+    report.finished = adopt_all(conn, outbox_tables, rule).await?;
     for table in outbox_tables {
         if table.schema.is_none() && table.table == DEFAULT_TABLE {
             continue;
@@ -287,6 +289,23 @@ async fn migrate_locked(
         }
     }
     Ok(report)
+}
+
+/// Adopts every existing outbox table under `rule`; returns each changed table and the
+/// statements run on it.
+async fn adopt_all(
+    conn: &mut Conn,
+    outbox_tables: &[TableName],
+    rule: OnlineRule,
+) -> Result<Vec<(String, Vec<String>)>, MigrateError> {
+    let mut changed = Vec::new();
+    for plan in adoption_plans(conn, outbox_tables, rule).await? {
+        let statements = adopt_table(conn, &plan, rule).await?;
+        if !statements.is_empty() {
+            changed.push((plan.table.to_string(), statements));
+        }
+    }
+    Ok(changed)
 }
 
 /// `outbox_event` and `outbox_tables`, each once: the tables `migrate` adopts or creates.

@@ -38,134 +38,171 @@ pub enum Filled {
     ByServer,
 }
 
+/// How the relay clears a column, which decides what an existing column must allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cleared {
+    /// Never: any column of the right kind serves.
+    Never,
+    /// To NULL: the column must be nullable.
+    ToNull,
+    /// To its default (`SET col = DEFAULT`): the column must be nullable or have a default.
+    ToDefault,
+}
+
+impl Cleared {
+    /// Whether `existing` accepts the clearing, and if not, why not.
+    pub fn refuses(self, existing: &ExistingColumn) -> Option<&'static str> {
+        match self {
+            Cleared::ToNull if !existing.nullable => Some("the relay sets it to NULL"),
+            Cleared::ToDefault if !existing.nullable && !existing.has_default => {
+                Some("`resend` sets it back to its default, and it has none")
+            }
+            _ => None,
+        }
+    }
+}
+
 /// A column the relay reads or writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequiredColumn {
     pub name: &'static str,
     pub kind: ColumnKind,
-    /// Whether the relay or its operator commands write NULL into it (so a NOT NULL column will
-    /// not do): the marker clears `owner`, `lease_until` and `last_error`; `resend` clears
-    /// `msg_id` and `sent_at`.
-    pub relay_writes_null: bool,
+    /// What the relay or its operator commands write into it when they clear it: the marker
+    /// clears `owner`, `lease_until` and `last_error` to NULL; `resend` sets `msg_id` and
+    /// `sent_at` back to their column defaults.
+    pub cleared: Cleared,
     pub filled: Filled,
-    /// The column's definition after its name, as migration 0001 creates it.
+    /// The column's definition after its name, as a table `migrate` made or adopted has it.
     pub definition: &'static str,
 }
 
 const fn column(
     name: &'static str,
     kind: ColumnKind,
-    relay_writes_null: bool,
+    cleared: Cleared,
     filled: Filled,
     definition: &'static str,
 ) -> RequiredColumn {
     RequiredColumn {
         name,
         kind,
-        relay_writes_null,
+        cleared,
         filled,
         definition,
     }
 }
 
 /// Every column of an outbox table, in migration 0001's order.
+///
+/// `migrate` leaves every outbox table with these definitions: migration 0001 made `msg_id`
+/// and `sent_at` nullable, and adoption converts them ([`TableShape::sent_in_place`]).
 pub const COLUMNS: &[RequiredColumn] = {
+    use Cleared::*;
     use ColumnKind::*;
     use Filled::*;
     &[
         column(
             "id",
             Integer,
-            false,
+            Never,
             ByProducer,
             "BIGINT NOT NULL AUTO_INCREMENT",
         ),
         column(
             "event_id",
             Text { min_chars: 0 },
-            false,
+            Never,
             ByProducer,
             "VARCHAR(64) NOT NULL",
         ),
         column(
             "biz_key",
             Text { min_chars: 0 },
-            false,
+            Never,
             ByProducer,
             "VARCHAR(64) NOT NULL",
         ),
         column(
             "topic",
             Text { min_chars: 0 },
-            false,
+            Never,
             ByProducer,
             "VARCHAR(127) NOT NULL",
         ),
         column(
             "tags",
             Text { min_chars: 0 },
-            false,
+            Never,
             ByRelay,
             "VARCHAR(128) NULL",
         ),
-        column("headers", Document, false, ByRelay, "JSON NULL"),
-        column("payload", Document, false, ByProducer, "JSON NOT NULL"),
+        column("headers", Document, Never, ByRelay, "JSON NULL"),
+        column("payload", Document, Never, ByProducer, "JSON NOT NULL"),
         column(
             "status",
             Integer,
-            false,
+            Never,
             ByRelay,
             "TINYINT NOT NULL DEFAULT 0",
         ),
         column(
             "retry_count",
             Integer,
-            false,
+            Never,
             ByRelay,
             "INT NOT NULL DEFAULT 0",
         ),
         column(
             "next_retry_at",
             Time,
-            false,
+            Never,
             ByRelay,
             "DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)",
         ),
-        column("lease_until", Time, true, ByRelay, "DATETIME(3) NULL"),
+        column("lease_until", Time, ToNull, ByRelay, "DATETIME(3) NULL"),
         column(
             "owner",
             Text { min_chars: 128 },
-            true,
+            ToNull,
             ByRelay,
             "VARCHAR(128) NULL",
         ),
+        // Stored at full size from the INSERT on, so the SENT mark updates rows in place (see
+        // `TableShape::sent_in_place`): a CHAR (InnoDB keeps at least N bytes of a utf8mb4
+        // CHAR(N)) and a NOT NULL time; `''` and the epoch until the event is SENT.
         column(
             "msg_id",
             Text { min_chars: 64 },
-            true,
+            ToDefault,
             ByRelay,
-            "VARCHAR(128) NULL",
+            "CHAR(64) NOT NULL DEFAULT ''",
         ),
-        column("sent_at", Time, true, ByRelay, "DATETIME(3) NULL"),
+        column(
+            "sent_at",
+            Time,
+            ToDefault,
+            ByRelay,
+            "DATETIME(3) NOT NULL DEFAULT '1970-01-01 00:00:00'",
+        ),
         // The marker keeps the first 1,000 characters of a reason.
         column(
             "last_error",
             Text { min_chars: 1000 },
-            true,
+            ToNull,
             ByRelay,
             "VARCHAR(1024) NULL",
         ),
         column(
             "created_at",
             Time,
-            false,
+            Never,
             ByRelay,
             "DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)",
         ),
         column(
             "updated_at",
             Time,
-            false,
+            Never,
             ByServer,
             "DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3)",
         ),
@@ -239,6 +276,8 @@ pub struct ExistingColumn {
     /// `CHARACTER_MAXIMUM_LENGTH` of a text column.
     pub max_chars: Option<u64>,
     pub nullable: bool,
+    /// Whether it has a default other than NULL.
+    pub has_default: bool,
 }
 
 /// An index as the server describes it.
@@ -275,11 +314,13 @@ impl TableShape {
         let Some(estimated_rows) = rows else {
             return Ok(None);
         };
-        let columns: Vec<(String, String, String, Option<u64>, String)> = conn
+        type Row = (String, String, String, Option<u64>, String, bool);
+        let columns: Vec<Row> = conn
             .exec(
                 format!(
                     "SELECT column_name AS c, LOWER(data_type) AS t, LOWER(column_type) AS ct, \
-                     character_maximum_length AS l, is_nullable AS n \
+                     character_maximum_length AS l, is_nullable AS n, \
+                     column_default IS NOT NULL AND column_default <> 'NULL' AS d \
                      FROM information_schema.columns WHERE {where_table} ORDER BY ordinal_position"
                 ),
                 params,
@@ -310,12 +351,15 @@ impl TableShape {
             columns: columns
                 .into_iter()
                 .map(
-                    |(name, data_type, column_type, max_chars, nullable)| ExistingColumn {
-                        name,
-                        data_type,
-                        column_type,
-                        max_chars,
-                        nullable: nullable.eq_ignore_ascii_case("YES"),
+                    |(name, data_type, column_type, max_chars, nullable, has_default)| {
+                        ExistingColumn {
+                            name,
+                            data_type,
+                            column_type,
+                            max_chars,
+                            nullable: nullable.eq_ignore_ascii_case("YES"),
+                            has_default,
+                        }
                     },
                 )
                 .collect(),
@@ -329,6 +373,20 @@ impl TableShape {
         self.columns
             .iter()
             .find(|c| c.name.eq_ignore_ascii_case(name))
+    }
+
+    /// Whether the SENT mark can update this table's rows in place: `msg_id` a NOT NULL CHAR
+    /// and `sent_at` NOT NULL, so filling them in changes no stored length. Where they are NULL
+    /// until the mark (or `msg_id` a VARCHAR), every mark lengthens its row and InnoDB rewrites
+    /// the whole record, payload included, instead of overwriting a few bytes: on MariaDB 10.11,
+    /// 29 instead of 18 µs of the server's CPU and ~6,000 instead of ~380 bytes of redo per row.
+    /// A table without the columns yet gets them in this form from adoption.
+    pub fn sent_in_place(&self) -> bool {
+        let msg_id = self
+            .column("msg_id")
+            .is_none_or(|c| c.data_type == "char" && !c.nullable);
+        let sent_at = self.column("sent_at").is_none_or(|c| !c.nullable);
+        msg_id && sent_at
     }
 
     /// The index named `name`.

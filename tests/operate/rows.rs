@@ -3,7 +3,7 @@
 
 use crate::common::TestDb;
 use mysql_async::prelude::*;
-use rocketmq_outbox::outbox::TableName;
+use rocketmq_outbox::outbox::{Status, TableName};
 
 pub use rocketmq_outbox::outbox::status::codes::{FAILED, PENDING, SENDING, SENT};
 
@@ -17,8 +17,8 @@ pub async fn insert_rows(db: &TestDb, prefix: &str, n: usize, status: i8, topic:
             .map(|i| {
                 let (msg_id, sent_at, error) = match status {
                     SENT => (format!("'msg-{prefix}-{i}'"), "NOW(3)", "NULL"),
-                    FAILED => ("NULL".to_string(), "NULL", "'no route for topic'"),
-                    _ => ("NULL".to_string(), "NULL", "NULL"),
+                    FAILED => ("DEFAULT".to_string(), "DEFAULT", "'no route for topic'"),
+                    _ => ("DEFAULT".to_string(), "DEFAULT", "NULL"),
                 };
                 format!(
                     "('{prefix}-{i}', 'key-{i}', '{topic}', '{{\"n\": {i}}}', {status}, \
@@ -36,14 +36,15 @@ pub async fn insert_rows(db: &TestDb, prefix: &str, n: usize, status: i8, topic:
     }
 }
 
-/// Moves `created_at` (and `sent_at` when set) of the rows `{prefix}-%` into the past.
+/// Moves `created_at` (and `sent_at` of SENT rows) of the rows `{prefix}-%` into the past.
 pub async fn age_rows(db: &TestDb, prefix: &str, interval: &str) {
     db.conn()
         .await
         .query_drop(format!(
             "UPDATE outbox_event SET created_at = NOW(3) - INTERVAL {interval}, \
-             sent_at = IF(sent_at IS NULL, NULL, NOW(3) - INTERVAL {interval}) \
-             WHERE event_id LIKE '{prefix}-%'"
+             sent_at = IF(status = {}, NOW(3) - INTERVAL {interval}, sent_at) \
+             WHERE event_id LIKE '{prefix}-%'",
+            Status::Sent.code()
         ))
         .await
         .unwrap();
