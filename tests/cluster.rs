@@ -72,7 +72,7 @@ async fn assert_delivered(db: &TestDb, cluster: &RocketMq, topic: &str) -> Vec<R
         .conn()
         .await
         .exec(
-            "SELECT id, event_id, biz_key, status, msg_id FROM outbox_event WHERE topic = ? \
+            "SELECT id, event_id, biz_key, status, NULLIF(msg_id, '') FROM outbox_event WHERE topic = ? \
              ORDER BY id",
             (topic,),
         )

@@ -301,6 +301,24 @@ fn writer(
     })
 }
 
+/// Prints the last lines of each relay log in its directory when the test panics (a timed-out
+/// wait says what it waited for, the logs say why).
+struct LogsOnPanic<'a>(&'a std::path::Path);
+
+impl Drop for LogsOnPanic<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for entry in std::fs::read_dir(self.0).into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+            eprintln!("--- {} (last 80 lines) ---\n{tail}", entry.path().display());
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_on_two_nodes_elect_one_leader_and_the_survivor_takes_over() {
     if !galera_runs() {
@@ -340,6 +358,7 @@ async fn relays_on_two_nodes_elect_one_leader_and_the_survivor_takes_over() {
     let log = |instance: &str| {
         std::fs::read_to_string(logs.path().join(format!("{instance}.log"))).unwrap()
     };
+    let _show_logs = LogsOnPanic(logs.path());
     wait_for("a leader", Duration::from_secs(60), || async {
         leader(&dbs[0], &name).await.is_some()
     })

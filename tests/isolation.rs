@@ -339,7 +339,7 @@ async fn stuck_topic_run(
             .conn()
             .await
             .exec(
-                "SELECT id, event_id, biz_key, msg_id FROM outbox_event WHERE topic = ? ORDER BY id",
+                "SELECT id, event_id, biz_key, NULLIF(msg_id, '') FROM outbox_event WHERE topic = ? ORDER BY id",
                 (topic,),
             )
             .await

@@ -85,7 +85,7 @@ async fn each_sent_row_carries_the_id_the_broker_returned_and_keys_keep_commit_o
     let rows: Vec<(u64, String, String, String)> = db
         .conn()
         .await
-        .query("SELECT id, event_id, biz_key, msg_id FROM outbox_event")
+        .query("SELECT id, event_id, biz_key, NULLIF(msg_id, '') FROM outbox_event")
         .await
         .unwrap();
     let by_event: HashMap<&str, (u64, &str, &str)> = rows

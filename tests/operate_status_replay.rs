@@ -290,7 +290,7 @@ async fn rows(db: &TestDb) -> Vec<RowState> {
     db.conn()
         .await
         .query(
-            "SELECT id, event_id, status, msg_id, CAST(sent_at AS CHAR), CAST(updated_at AS CHAR) \
+            "SELECT id, event_id, status, NULLIF(msg_id, ''), CAST(sent_at AS CHAR), CAST(updated_at AS CHAR) \
              FROM outbox_event ORDER BY id",
         )
         .await

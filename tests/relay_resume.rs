@@ -71,7 +71,7 @@ async fn bad_rows_fail_with_reasons_while_big_transactions_and_rotations_flow() 
     )
     .await;
     let failed: Vec<(String, u8, Option<String>, Option<String>)> = conn
-        .query(format!("SELECT event_id, status, last_error, msg_id FROM outbox_event WHERE status = {FAILED} ORDER BY id"))
+        .query(format!("SELECT event_id, status, last_error, NULLIF(msg_id, '') FROM outbox_event WHERE status = {FAILED} ORDER BY id"))
         .await
         .unwrap();
     assert_eq!(failed[0].0, "bad-json");

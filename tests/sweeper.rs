@@ -53,7 +53,7 @@ async fn rows_the_stream_never_saw_and_rows_put_back_by_hand_are_swept() {
     let mut conn = db.conn().await;
     let (id, event_id, first_msg): (u64, String, String) = conn
         .query_first(
-            format!("SELECT id, event_id, msg_id FROM outbox_event WHERE status = {SENT} ORDER BY id LIMIT 1"),
+            format!("SELECT id, event_id, NULLIF(msg_id, '') FROM outbox_event WHERE status = {SENT} ORDER BY id LIMIT 1"),
         )
         .await
         .unwrap()
@@ -66,7 +66,10 @@ async fn rows_the_stream_never_saw_and_rows_put_back_by_hand_are_swept() {
     .unwrap();
     wait_until_sent(&db, 105, Duration::from_secs(30)).await;
     let second_msg: String = conn
-        .exec_first("SELECT msg_id FROM outbox_event WHERE id = ?", (id,))
+        .exec_first(
+            "SELECT NULLIF(msg_id, '') FROM outbox_event WHERE id = ?",
+            (id,),
+        )
         .await
         .unwrap()
         .unwrap();

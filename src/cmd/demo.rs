@@ -93,7 +93,7 @@ async fn print_outbox_rows(
     let mut conn = pool.get_conn().await?;
     let rows: Vec<(u64, String, String, u8, Option<String>)> = conn
         .query(format!(
-            "SELECT id, event_id, biz_key, status, msg_id FROM {table} ORDER BY id DESC LIMIT {limit}"
+            "SELECT id, event_id, biz_key, status, NULLIF(msg_id, '') FROM {table} ORDER BY id DESC LIMIT {limit}"
         ))
         .await?;
     println!("\nnewest rows of {table} (status 0 PENDING, 1 SENDING, 2 SENT, 3 FAILED):");

@@ -530,7 +530,7 @@ pub type OutboxRow = (u64, String, String, Option<String>);
 pub async fn outbox_rows(db: &TestDb) -> Vec<OutboxRow> {
     db.conn()
         .await
-        .query("SELECT id, event_id, biz_key, msg_id FROM outbox_event ORDER BY id")
+        .query("SELECT id, event_id, biz_key, NULLIF(msg_id, '') FROM outbox_event ORDER BY id")
         .await
         .unwrap()
 }

@@ -28,6 +28,7 @@ pub struct RowState {
     pub event_id: Option<String>,
     pub last_error: Option<String>,
     pub retry_count: u32,
+    /// None until SENT (the column holds `''` until then).
     pub msg_id: Option<String>,
 }
 
@@ -87,7 +88,8 @@ pub async fn state(db: &TestDb, table: &str, id: u64) -> RowState {
         .await
         .exec_first(
             format!(
-                "SELECT status, event_id, last_error, retry_count, msg_id FROM {table} WHERE id = ?"
+                "SELECT status, event_id, last_error, retry_count, NULLIF(msg_id, '') \
+                 FROM {table} WHERE id = ?"
             ),
             (id,),
         )

@@ -68,7 +68,7 @@ pub async fn audit(
     let mut fail = |f: String| failures.push(f);
     // The table: (id, event_id, biz_key, topic, status, msg_id).
     let rows: Vec<(u64, String, String, String, i8, Option<String>)> = servers
-        .query("SELECT id, event_id, biz_key, topic, status, msg_id FROM outbox_event ORDER BY id")
+        .query("SELECT id, event_id, biz_key, topic, status, NULLIF(msg_id, '') FROM outbox_event ORDER BY id")
         .await;
     let in_table: HashMap<&str, usize> = rows
         .iter()

@@ -80,7 +80,7 @@ pub async fn check_latency(servers: &Servers, faults: &[FaultRecord]) -> (Vec<St
 pub async fn check_side_topic(servers: &Servers) -> Vec<String> {
     let rows: Vec<(u64, String, String, i8, Option<String>)> = servers
         .query(&format!(
-            "SELECT id, event_id, biz_key, status, msg_id FROM outbox_event \
+            "SELECT id, event_id, biz_key, status, NULLIF(msg_id, '') FROM outbox_event \
              WHERE topic = '{SIDE_TOPIC}' ORDER BY id"
         ))
         .await;
