@@ -28,7 +28,7 @@ use crate::binlog::DecodedRow;
 use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::outbox::TableName;
 use crate::send::{SendInputs, ShardEvent};
-use crate::sweep::waiting::{waiting_rows_of_keys, OrderKey};
+use crate::sweep::waiting::{newest_per_key, waiting_rows_of_keys, OrderKey};
 use crate::sweep::Nudge;
 use mysql_async::Pool;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -129,11 +129,7 @@ impl KeyOrder {
                 continue;
             }
             // Each key with the newest id of its events in the batch.
-            let mut newest: HashMap<(&str, &str), u64> = HashMap::new();
-            for (id, topic, biz_key) in events {
-                let bound = newest.entry((topic, biz_key)).or_insert(id);
-                *bound = (*bound).max(id);
-            }
+            let newest = newest_per_key(events.into_iter().map(|(id, t, k)| (id, (t, k))));
             let keys: Vec<(OrderKey, u64)> = (newest.into_iter())
                 .map(|((topic, biz_key), id)| (OrderKey::new(topic, biz_key), id))
                 .collect();

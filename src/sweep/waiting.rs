@@ -142,10 +142,10 @@ pub async fn waiting_rows_of_keys<Q: Queryable>(
 }
 
 /// The newest id of each key of `rows` (`(id, key)`): the bounds of [`waiting_rows_of_keys`].
-pub fn newest_per_key<'a>(
-    rows: impl IntoIterator<Item = (u64, &'a OrderKey)>,
-) -> Vec<(&'a OrderKey, u64)> {
-    let mut newest: std::collections::BTreeMap<&OrderKey, u64> = std::collections::BTreeMap::new();
+/// Any key type: the stream's guard passes borrowed `(topic, biz_key)` pairs, so it builds one
+/// [`OrderKey`] per key rather than per event.
+pub fn newest_per_key<K: Ord>(rows: impl IntoIterator<Item = (u64, K)>) -> Vec<(K, u64)> {
+    let mut newest: std::collections::BTreeMap<K, u64> = std::collections::BTreeMap::new();
     for (id, key) in rows {
         let bound = newest.entry(key).or_insert(id);
         *bound = (*bound).max(id);
