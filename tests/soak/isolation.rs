@@ -30,6 +30,7 @@ pub async fn check_latency(servers: &Servers, faults: &[FaultRecord]) -> (Vec<St
         return (failures, report);
     }
     let rows = servers.latencies(TOPIC).await;
+    report.push_str(&timeline(&rows, faults));
     for f in faults {
         let Some(window) = f.isolation else { continue };
         let healthy = |at: &dyn Fn(f64) -> bool| {
@@ -74,6 +75,46 @@ pub async fn check_latency(servers: &Servers, faults: &[FaultRecord]) -> (Vec<St
     }
     (failures, report)
 }
+
+/// The workload topic's commit → SENT latency through the run, per [`TIMELINE_STEP`] of commit
+/// time, with the faults that began in each: what a judgement's "before" and "during" stood on.
+fn timeline(rows: &[(String, f64, f64)], faults: &[FaultRecord]) -> String {
+    let Some(start) = rows.iter().map(|r| r.1).min_by(f64::total_cmp) else {
+        return String::new();
+    };
+    let step = TIMELINE_STEP.as_secs_f64();
+    let mut buckets: BTreeMap<u64, Vec<f64>> = BTreeMap::new();
+    for (_, created, ms) in rows {
+        let bucket = ((created - start) / step) as u64;
+        buckets.entry(bucket).or_default().push(*ms);
+    }
+    let mut out = format!(
+        "    workload topic (all its keys), commit → SENT per {step:.0} s of commit time, ms:\n"
+    );
+    for (bucket, mut latencies) in buckets {
+        latencies.sort_by(f64::total_cmp);
+        let from = bucket as f64 * step;
+        let began: Vec<&str> = (faults.iter())
+            .filter(|f| {
+                (f.isolation.as_ref())
+                    .is_some_and(|w| (from..from + step).contains(&(w.from - start)))
+            })
+            .map(|f| f.kind.name())
+            .collect();
+        let _ = writeln!(
+            out,
+            "      {from:>6.0} s {:>6} events  p50 {:>7.0}  p99 {:>7.0}  {}",
+            latencies.len(),
+            latencies[latencies.len() / 2],
+            p99(&latencies).unwrap_or_default(),
+            began.join(", ")
+        );
+    }
+    out
+}
+
+/// The step of [`timeline`].
+const TIMELINE_STEP: Duration = Duration::from_secs(5);
 
 /// Every side-topic row SENT, its msg_id stored on the broker, each key's events stored in
 /// commit order (first arrivals by queue offset).
