@@ -122,17 +122,20 @@ install_java() {
 }
 
 install_apache_rocketmq() {
-  if [ -f "$APACHE_LIB/.complete" ]; then
+  # The stamp names the pom it was fetched for: a pom that gains a jar (the proxy) fetches again.
+  local pom_sum
+  pom_sum="$(sha256sum scripts/apache-rocketmq/pom.xml | cut -c1-16)"
+  if [ -f "$APACHE_LIB/.complete-$pom_sum" ]; then
     say "Apache RocketMQ: cached jars $APACHE_VERSION in $APACHE_LIB"
     return
   fi
   install_java
-  say "Apache RocketMQ: fetching $APACHE_VERSION (namesrv, broker, mqadmin) from Maven Central ..."
+  say "Apache RocketMQ: fetching $APACHE_VERSION (namesrv, broker, proxy, mqadmin) from Maven Central ..."
   rm -rf "$APACHE_LIB"
   mkdir -p "$APACHE_LIB"
   mvn -q -B -f scripts/apache-rocketmq/pom.xml dependency:copy-dependencies \
     -DoutputDirectory="$APACHE_LIB" -Dmaven.repo.local="$CACHE/m2"
-  touch "$APACHE_LIB/.complete"
+  touch "$APACHE_LIB/.complete-$pom_sum"
   say "Apache RocketMQ: $(ls "$APACHE_LIB" | wc -l) jars in $APACHE_LIB"
 }
 

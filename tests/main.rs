@@ -52,6 +52,7 @@ mod relay;
 mod relay_checks;
 mod relay_faults;
 mod relay_resume;
+mod rocketmq5;
 mod row_image;
 mod split_primary;
 mod sweeper;

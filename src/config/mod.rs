@@ -5,8 +5,10 @@
 //! required value are errors that name the key; nothing is silently ignored.
 
 mod secret;
+mod topic_type;
 
 pub use secret::{Credentials, Secret};
+pub use topic_type::TopicType;
 
 use crate::outbox::TableName;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -162,6 +164,11 @@ pub struct RocketMqConfig {
     /// (as RocketMQ's own producers do) instead of waiting for it. Off by default: a consumer
     /// could then read a key's newer events before its older ones, stored on the lost group.
     pub reroute_on_broker_loss: bool,
+    /// The message type of topics whose type the relay cannot ask the cluster for (through a
+    /// RocketMQ 5 proxy, which answers no topic-config request), e.g. `{ orders = "FIFO" }`:
+    /// events of a FIFO or MIXED topic carry their `biz_key` as message group. Others are asked
+    /// of the brokers, or learnt from the proxy's answer to a send.
+    pub topic_types: std::collections::BTreeMap<String, TopicType>,
 }
 
 impl Default for RocketMqConfig {
@@ -175,6 +182,7 @@ impl Default for RocketMqConfig {
             secret_key_file: None,
             tls: false,
             reroute_on_broker_loss: false,
+            topic_types: Default::default(),
         }
     }
 }

@@ -21,7 +21,9 @@ pub use database::{Database, DatabaseKind, DatabaseOptions, ServerTls};
 pub use galera::{GaleraCluster, GaleraNode};
 pub use mariadb::{MariaDb, MariaDbOptions};
 pub use mysql::{MySql, MySqlOptions};
-pub use rocketmq::{AclAccount, BrokerKind, BrokerRole, ClientHost, RocketMq, RocketMqOptions};
+pub use rocketmq::{
+    AclAccount, BrokerKind, BrokerRole, ClientHost, Proxy, RocketMq, RocketMqOptions,
+};
 pub use sql_server::SqlServer;
 pub use topic_reader::{ReceivedMessage, TopicReader};
 

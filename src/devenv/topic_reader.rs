@@ -52,6 +52,8 @@ pub struct ReceivedMessage {
     /// `KEYS`, split on spaces (RocketMQ's key separator).
     pub keys: Vec<String>,
     pub tags: Option<String>,
+    /// Its RocketMQ 5 message group (`__SHARDINGKEY`): what a FIFO consumer group orders by.
+    pub message_group: Option<String>,
     /// User properties only (system properties such as `KEYS`, `TAGS`, `UNIQ_KEY` are left out).
     pub properties: BTreeMap<String, String>,
     pub body: Vec<u8>,
@@ -87,6 +89,7 @@ impl ReceivedMessage {
                 })
                 .unwrap_or_default(),
             tags: get(MessageConst::PROPERTY_TAGS),
+            message_group: get(MessageConst::PROPERTY_SHARDING_KEY),
             properties,
             body: message.body().map(|b| b.to_vec()).unwrap_or_default(),
             store_timestamp: message.store_timestamp(),

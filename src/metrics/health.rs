@@ -3,7 +3,7 @@
 //! and whether the checkpointer can save the checkpoint.
 
 use serde::Serialize;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -26,9 +26,9 @@ pub struct Health {
     role: AtomicU8,
     mysql_ok: AtomicBool,
     broker_ok: AtomicBool,
-    /// Topics whose last send the broker refused for the relay's account, until one of their
-    /// sends gets `SEND_OK`.
-    refused: Mutex<BTreeSet<String>>,
+    /// Topics whose last send the cluster refused for the relay's configuration (its account,
+    /// or the topic's type), with the reason, until one of their sends gets `SEND_OK`.
+    refused: Mutex<BTreeMap<String, String>>,
     /// `refused.len()`, so that a `SEND_OK` takes no lock while nothing is refused.
     refused_count: AtomicUsize,
     /// False from a failed checkpoint save until a save succeeds again.
@@ -42,10 +42,13 @@ pub struct Readiness {
     pub role: Role,
     pub mysql: bool,
     pub broker: bool,
-    /// False while the broker refuses the relay's credentials or permissions for a topic.
+    /// False while the cluster refuses a topic's events for the relay's configuration: its
+    /// credentials or permissions, or a topic type it cannot send.
     pub broker_auth: bool,
     /// Those topics.
     pub refused_topics: Vec<String>,
+    /// Each of them with the cluster's reason and what to change.
+    pub refusals: BTreeMap<String, String>,
     /// False while the checkpointer cannot save the checkpoint (disk full, unwritable
     /// `relay.checkpoint_dir`): the stream goes on, but its progress is not durable.
     pub checkpoint: bool,
@@ -79,17 +82,20 @@ impl Health {
         self.broker_ok.store(ok, Ordering::Relaxed);
     }
 
-    /// A send to `topic` was refused for the relay's account (false), or got `SEND_OK` (true,
-    /// which ends a refusal of that topic).
-    pub fn set_broker_auth(&self, topic: &str, ok: bool) {
-        if ok && self.refused_count.load(Ordering::Relaxed) == 0 {
+    /// A send to `topic` was refused for the relay's configuration (`Some(reason)`), or got
+    /// `SEND_OK` (`None`, which ends a refusal of that topic).
+    pub fn set_refused(&self, topic: &str, reason: Option<&str>) {
+        if reason.is_none() && self.refused_count.load(Ordering::Relaxed) == 0 {
             return;
         }
         let mut refused = self.refused.lock().expect("not poisoned");
-        if ok {
-            refused.remove(topic);
-        } else if !refused.contains(topic) {
-            refused.insert(topic.to_string());
+        match reason {
+            None => {
+                refused.remove(topic);
+            }
+            Some(reason) => {
+                refused.insert(topic.to_string(), reason.to_string());
+            }
         }
         self.refused_count.store(refused.len(), Ordering::Relaxed);
     }
@@ -105,13 +111,8 @@ impl Health {
         let role = self.role();
         let mysql = self.mysql_ok.load(Ordering::Relaxed);
         let broker = self.broker_ok.load(Ordering::Relaxed);
-        let refused_topics: Vec<String> = self
-            .refused
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .cloned()
-            .collect();
+        let refusals = self.refused.lock().expect("not poisoned").clone();
+        let refused_topics: Vec<String> = refusals.keys().cloned().collect();
         let broker_auth = refused_topics.is_empty();
         let checkpoint = self.checkpoint_ok.load(Ordering::Relaxed);
         let serving = matches!(role, Role::Standby | Role::Streaming | Role::Polling);
@@ -122,6 +123,7 @@ impl Health {
             broker,
             broker_auth,
             refused_topics,
+            refusals,
             checkpoint,
         }
     }
@@ -132,7 +134,7 @@ impl Health {
             role: AtomicU8::new(0),
             mysql_ok: AtomicBool::new(mysql_ok),
             broker_ok: AtomicBool::new(true),
-            refused: Mutex::new(BTreeSet::new()),
+            refused: Mutex::new(BTreeMap::new()),
             refused_count: AtomicUsize::new(0),
             checkpoint_ok: AtomicBool::new(true),
         }
@@ -168,17 +170,18 @@ mod tests {
     fn a_refused_topic_keeps_it_unready_until_a_send_to_that_topic_is_accepted() {
         let health = Health::new(true);
         health.set_role(Role::Streaming);
-        health.set_broker_auth("orders", false);
-        health.set_broker_auth("orders", false);
+        health.set_refused("orders", Some("no Pub"));
+        health.set_refused("orders", Some("no Pub"));
         let r = health.readiness();
         assert!(!r.ready && !r.broker_auth, "{r:?}");
         assert_eq!(r.refused_topics, vec!["orders".to_string()]);
-        health.set_broker_auth("payments", true);
+        assert_eq!(r.refusals["orders"], "no Pub");
+        health.set_refused("payments", None);
         assert!(
             !health.readiness().ready,
             "another topic's SEND_OK does not clear it"
         );
-        health.set_broker_auth("orders", true);
+        health.set_refused("orders", None);
         let r = health.readiness();
         assert!(
             r.ready && r.broker_auth && r.refused_topics.is_empty(),

@@ -22,8 +22,9 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 
-/// A send error's class: `retryable` (timeouts, broker unavailable), `rejected` (a bad message)
-/// or `unauthorized` (the broker refuses the relay's account).
+/// A send error's class: `retryable` (timeouts, broker unavailable), `rejected` (a bad message),
+/// `unauthorized` (the broker refuses the relay's account) or `misconfigured` (a topic's type
+/// the relay cannot send).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorClass {
     pub class: &'static str,
@@ -33,11 +34,18 @@ impl ErrorClass {
     pub const RETRYABLE: &'static str = "retryable";
     pub const REJECTED: &'static str = "rejected";
     pub const UNAUTHORIZED: &'static str = "unauthorized";
+    /// A topic whose RocketMQ 5 type the relay cannot send (see `SendError::Misconfigured`).
+    pub const MISCONFIGURED: &'static str = "misconfigured";
     /// Every class `send` counts. Each is exported at 0 from the start, as Prometheus advises
     /// for label values known in advance: a series that appears only at its first error hides
     /// that error from `increase()` and `rate()`, and a query or alert on an absent series
     /// cannot tell "no errors" from "not exported".
-    pub const ALL: [&'static str; 3] = [Self::RETRYABLE, Self::REJECTED, Self::UNAUTHORIZED];
+    pub const ALL: [&'static str; 4] = [
+        Self::RETRYABLE,
+        Self::REJECTED,
+        Self::UNAUTHORIZED,
+        Self::MISCONFIGURED,
+    ];
 }
 
 /// Why a leadership ended while it streamed (`outbox_leadership_ended_total{reason}`):

@@ -5,7 +5,8 @@
 //! error is retried (if retryable, with backoff, holding back the later events of the same topic
 //! in the shard so a key's order is kept, and nothing else: see [`stall`]) or ends `Failed`
 //! with the reason. A refusal of the relay's account
-//! (credentials, permission) is retried without end: it never makes an event `Failed`. An event
+//! (credentials, permission) or of its events' type for a topic is retried without end: it never
+//! makes an event `Failed`. An event
 //! is reported exactly once.
 
 pub mod rocketmq;
@@ -37,13 +38,21 @@ pub enum SendError {
     /// policy's pace without using up retries, so the event waits until it is fixed.
     #[error("unauthorized: {0}")]
     Unauthorized(String),
+    /// The cluster cannot take the relay's events for this topic as it is set up (a RocketMQ 5
+    /// topic type the relay cannot send, see `rocketmq::message_type`): a configuration error
+    /// like [`SendError::Unauthorized`], handled the same way. The reason says what to change.
+    #[error("misconfigured: {0}")]
+    Misconfigured(String),
 }
 
 impl SendError {
     /// The reason without the class prefix.
     pub fn reason(&self) -> &str {
         match self {
-            SendError::Retryable(r) | SendError::Rejected(r) | SendError::Unauthorized(r) => r,
+            SendError::Retryable(r)
+            | SendError::Rejected(r)
+            | SendError::Unauthorized(r)
+            | SendError::Misconfigured(r) => r,
         }
     }
 }

@@ -294,8 +294,8 @@ async fn route<S: Sink>(
             Err(SendError::Rejected(reason)) => {
                 return Err(Halt::Failed(failed(reason, backoff.attempts())))
             }
-            Err(SendError::Unauthorized(reason)) => {
-                refused(topic, &reason, backoff);
+            Err(error @ (SendError::Unauthorized(_) | SendError::Misconfigured(_))) => {
+                refused(topic, &error, backoff);
                 wait_or_stall(backoff, topic, stop).await?;
                 continue;
             }
@@ -353,6 +353,7 @@ fn count_error(error: &SendError) {
         }
         SendError::Rejected(_) => ErrorClass::REJECTED,
         SendError::Unauthorized(_) => ErrorClass::UNAUTHORIZED,
+        SendError::Misconfigured(_) => ErrorClass::MISCONFIGURED,
     };
     crate::metrics::relay()
         .send_errors
@@ -360,16 +361,23 @@ fn count_error(error: &SendError) {
         .inc();
 }
 
-/// An attempt for `topic` the broker refused for the relay's account: marks the relay unready
-/// until a send to `topic` is accepted, says at ERROR what to fix, and sets the wait before the
-/// next attempt, which uses no retry (see [`Backoff::refused`]). Call `backoff.wait` next.
-fn refused(topic: &str, reason: &str, backoff: &mut Backoff) {
-    crate::metrics::health().set_broker_auth(topic, false);
+/// An attempt for `topic` the cluster refused for the relay's configuration (its account, or
+/// the type of its events): marks the relay unready until a send to `topic` is accepted, says at
+/// ERROR what to fix, and sets the wait before the next attempt, which uses no retry (see
+/// [`Backoff::refused`]). Call `backoff.wait` next.
+fn refused(topic: &str, error: &SendError, backoff: &mut Backoff) {
+    let reason = error.reason();
+    crate::metrics::health().set_refused(topic, Some(reason));
     match backoff.refused() {
-        Refusal::Wait { count, delay } => tracing::error!(%topic, %reason, refusal = count, ?delay,
+        Refusal::Wait { count, delay } => match error {
+            SendError::Misconfigured(_) => tracing::error!(%topic, refusal = count, ?delay,
+                "RocketMQ cannot take the events of topic {topic} as it is set up: {reason}; \
+                 they are sent again after {delay:?}"),
+            _ => tracing::error!(%topic, %reason, refusal = count, ?delay,
             "RocketMQ refused the relay's credentials for topic {topic}: check rocketmq.access_key / \
              secret_key (or secret_key_file) and the account's Pub permission on the topic; the \
              events wait, never FAILED for this, and are sent again after {delay:?}"),
+        },
         Refusal::Resume { left } => tracing::debug!(%topic, %reason, ?left,
             "refused again after a wake-up; waiting out the rest of the delay"),
     }
@@ -437,7 +445,7 @@ async fn send_batch<S: Sink>(
                 // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
                 crate::failpoint::hit(crate::failpoint::AFTER_SEND_OK);
                 crate::metrics::health().set_broker(true);
-                crate::metrics::health().set_broker_auth(&topic, true);
+                crate::metrics::health().set_refused(&topic, None);
                 backoff.broker_answered(&topic, own_queue);
                 for (mut event, msg_id) in batch.into_iter().zip(ids) {
                     event.row.stamps.ack = ack;
@@ -459,7 +467,9 @@ async fn send_batch<S: Sink>(
                 let event = batch.into_iter().next().expect("one event");
                 return Ok(report(completions, event, failed(reason, backoff.attempts())).await?);
             }
-            SendError::Unauthorized(reason) => refused(&topic, &reason, &mut backoff),
+            error @ (SendError::Unauthorized(_) | SendError::Misconfigured(_)) => {
+                refused(&topic, &error, &mut backoff)
+            }
             SendError::Retryable(reason) => match backoff.failed() {
                 Next::Retry { retry, delay } => {
                     crate::metrics::relay().retries.inc();

@@ -1,6 +1,7 @@
 //! Apache RocketMQ 5.x, the Java servers users run: the jars `scripts/setup.sh` fetches from
-//! Maven Central (`org.apache.rocketmq:rocketmq-namesrv`, `rocketmq-broker`, `rocketmq-tools`),
-//! run with the machine's Java on loopback ports, and `mqadmin` for the checks the article makes.
+//! Maven Central (`org.apache.rocketmq:rocketmq-namesrv`, `rocketmq-broker`, `rocketmq-proxy`,
+//! `rocketmq-tools`), run with the machine's Java on loopback ports, and `mqadmin` for the checks
+//! the article makes.
 //!
 //! Guarantee: nothing here reads or writes outside the instance directory it is given (the JVM's
 //! `user.home`, where the servers put `logs/` and `store/` by default, points into it).
@@ -72,6 +73,28 @@ pub fn namesrv_command(dir: &Path, port: u16, tls: Option<&TlsFiles>) -> io::Res
     command
         .arg("org.apache.rocketmq.namesrv.NamesrvStartup")
         .arg("-c")
+        .arg(conf);
+    Ok(command)
+}
+
+/// The RocketMQ 5 proxy in cluster mode, its settings in `conf` (see [`super::proxy`]).
+pub fn proxy_command(dir: &Path, conf: &Path) -> io::Result<Command> {
+    let proxy_jar = lib_dir()?.join(format!("rocketmq-proxy-{APACHE_ROCKETMQ_VERSION}.jar"));
+    if !proxy_jar.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "{} not found (run `scripts/setup.sh`, which fetches it from Maven Central)",
+                proxy_jar.display()
+            ),
+        ));
+    }
+    let mut command = java(dir, 256, &[])?;
+    command
+        .arg("org.apache.rocketmq.proxy.ProxyStartup")
+        .arg("-pm")
+        .arg("cluster")
+        .arg("-pc")
         .arg(conf);
     Ok(command)
 }

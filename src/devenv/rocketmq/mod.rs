@@ -21,11 +21,13 @@
 mod acl;
 pub mod apache;
 mod probe;
+mod proxy;
 mod rust_broker;
 mod tls;
 
 pub use crate::rocketmq_client::ClientHost;
 pub use acl::AclAccount;
+pub use proxy::Proxy;
 pub use tls::TlsFiles;
 
 use crate::rocketmq_client::ClientSecurity;

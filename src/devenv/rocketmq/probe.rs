@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The one-queue topic of a group's readiness probe.
-fn probe_topic(group: &str) -> String {
+pub(super) fn probe_topic(group: &str) -> String {
     format!("outbox_relay_devenv_probe_{}", group.replace('-', "_"))
 }
 
@@ -121,6 +121,24 @@ impl Probe {
         };
         self.block_on_for(Duration::from_secs(60), work)
             .map_err(io::Error::other)
+    }
+
+    /// Ok once a route look-up of `topic` answers with at least one writable queue: a proxy
+    /// given as the name server is serving routes.
+    pub(super) fn route_answers(&self, topic: &str) -> Result<(), String> {
+        let (runtime, namesrv, acl) = (self.runtime(), self.namesrv.clone(), self.acl.clone());
+        let topic = topic.to_string();
+        let attempt = async move {
+            let mut producer = admin_producer(&runtime, &namesrv, &acl).await?;
+            let found = producer.fetch_publish_message_queues(&topic).await;
+            producer.shutdown().await;
+            match found {
+                Ok(queues) if !queues.is_empty() => Ok(()),
+                Ok(_) => Err(format!("the route of {topic} has no writable queue")),
+                Err(e) => Err(format!("route of {topic}: {e}")),
+            }
+        };
+        self.block_on_for(Duration::from_secs(10), attempt)
     }
 
     fn runtime(&self) -> Arc<ClientRuntime> {

@@ -5,6 +5,8 @@
 //! Every message carries KEYS = `event_id biz_key`, the user properties `event_id` and `biz_key`,
 //! its tags and its headers.
 
+mod message;
+mod message_type;
 mod queue_table;
 mod queues;
 mod route;
@@ -16,15 +18,12 @@ pub use queues::QueueStore;
 use super::{OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
 use crate::rocketmq_client::{ClientHost, ClientSecurity};
+use message::{accept, Request};
+use message_type::{Form, TopicTypes};
 use queues::{QueueBook, TopicQueues};
-use rocketmq_client_rust::{
-    ClientError, DefaultMQProducer, MQClientException, SendResult, SendStatus,
-};
-use rocketmq_model::common::message::message_batch::MessageBatch;
-use rocketmq_model::common::message::message_client_id_setter::MessageClientIDSetter;
+use rocketmq_client_rust::{ClientError, DefaultMQProducer, MQClientException, SendResult};
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
-use rocketmq_model::common::message::MessageTrait;
 use route::Route;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -62,6 +61,8 @@ pub struct RocketMqSink {
     unavailable_in_a_row: AtomicU32,
     /// Set while a sender rebuilds the producer.
     rebuilding: AtomicBool,
+    /// What kind of messages each topic takes (see [`message_type`]).
+    types: TopicTypes,
 }
 
 /// Gives the client a runtime of its own with this many worker threads (see `client_host`).
@@ -109,6 +110,7 @@ impl RocketMqSink {
             memory: ClusterMemory::default(),
             unavailable_in_a_row: AtomicU32::new(0),
             rebuilding: AtomicBool::new(false),
+            types: TopicTypes::new(config.topic_types.clone()),
         })
     }
 
@@ -340,78 +342,6 @@ fn is_missing_topic(error: &ClientError) -> bool {
     ) || error.broker_response_code() == Some(17)
 }
 
-/// The broker message for `m`.
-fn build_message(m: &OutboundMessage) -> Result<Message, SendError> {
-    let mut builder = Message::builder()
-        .topic(m.topic.as_str())
-        .body(m.payload.clone().into_bytes())
-        .keys(vec![m.event_id.clone(), m.biz_key.clone()]);
-    if let Some(tags) = &m.tags {
-        builder = builder.tags(tags.as_str());
-    }
-    let mut message = builder
-        .build()
-        .map_err(|e| SendError::Rejected(format!("malformed message: {e}")))?;
-    let properties = [
-        ("event_id", m.event_id.as_str()),
-        ("biz_key", m.biz_key.as_str()),
-    ]
-    .into_iter()
-    .chain(m.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    for (name, value) in properties {
-        message
-            .put_user_property(name.to_string().into(), value.to_string().into())
-            .map_err(|e| SendError::Rejected(format!("property {name:?} refused: {e}")))?;
-    }
-    Ok(message)
-}
-
-/// One batch request for `messages`, each with its own id (`UNIQ_KEY`) and **no id of the batch
-/// itself**. The client's own `send_batch*` also stamps the batch with an id, and both Apache
-/// RocketMQ 5.3 and rocketmq-rust append the batch's properties to every message they store:
-/// each stored message then carries the batch's id, which is what consumers and `mqadmin
-/// queryMsgById` see, not the per-message id the send result reports (measured by
-/// `tests/message_ids.rs`). Without a batch id, what the send result reports is what is stored.
-fn batch_of(messages: Vec<Message>) -> Result<MessageBatch, SendError> {
-    let mut batch = MessageBatch::generate_from_messages(messages)
-        .map_err(|e| SendError::Rejected(format!("malformed batch: {e}")))?;
-    for message in &mut batch.messages {
-        MessageClientIDSetter::set_uniq_id(message);
-    }
-    batch.set_body(
-        rocketmq_protocol::common::message::message_decoder::encode_messages(&batch.messages),
-    );
-    Ok(batch)
-}
-
-/// `SEND_OK` → one id per message; any other status → retryable.
-fn accept(result: SendResult, count: usize) -> Result<Vec<String>, SendError> {
-    if result.send_status != SendStatus::SendOk {
-        return Err(SendError::Retryable(format!(
-            "broker answered {:?}, not SEND_OK",
-            result.send_status
-        )));
-    }
-    let ids: Vec<String> = result
-        .msg_id
-        .map(|ids| ids.as_str().split(',').map(str::to_string).collect())
-        .unwrap_or_default();
-    if ids.len() == count {
-        return Ok(ids);
-    }
-    // No per-message ids (should not happen): fall back to the broker's offset id, suffixed.
-    let base = result.offset_msg_id.unwrap_or_else(|| "unknown".into());
-    Ok((0..count)
-        .map(|i| {
-            if count == 1 {
-                base.clone()
-            } else {
-                format!("{base}#{i}")
-            }
-        })
-        .collect())
-}
-
 impl Sink for RocketMqSink {
     fn stable_queues(&self) -> bool {
         self.queue_book.stable()
@@ -437,81 +367,84 @@ impl Sink for RocketMqSink {
         messages: &[&OutboundMessage],
     ) -> Result<Vec<String>, SendError> {
         self.rebuild_if_stuck().await;
-        let route = self.route(topic).await?;
-        let mut built = messages
-            .iter()
-            .map(|m| build_message(m))
-            .collect::<Result<Vec<_>, _>>()?;
-        let queues = match route {
+        let queues = match self.route(topic).await? {
             Route::Queues(queues) => queues,
-            Route::AutoCreate => return self.send_creating(queue_index, built).await,
+            Route::AutoCreate => {
+                let built = (messages.iter())
+                    .map(|m| message::build_message(m, false))
+                    .collect::<Result<Vec<_>, _>>()?;
+                return self.send_creating(queue_index, built).await;
+            }
         };
         let queue = queues
             .writable(topic, queue_index)
             .map_err(SendError::Retryable)?
             .clone();
-        let count = built.len();
-        let request = match built.pop() {
-            Some(one) if built.is_empty() => Ok(one),
-            Some(last) => {
-                built.push(last);
-                Err(batch_of(built)?)
-            }
-            None => return Ok(Vec::new()),
+        let grouped = match self.types.form(topic) {
+            Form::Refused(reason) => return Err(SendError::Misconfigured(reason)),
+            Form::Plain => false,
+            Form::Grouped => true,
         };
-        let producer = self.producer();
-        let outcome = self
-            .host
-            .run(async move {
-                match request {
-                    Ok(message) => producer.send_to_queue(message, queue).await,
-                    Err(batch) => producer.send_to_queue(batch, queue).await,
+        match self.send_as(topic, &queue, messages, grouped).await {
+            Err(Refused::Illegal(_)) if !grouped && self.types.may_want_groups(topic) => {
+                match self.send_as(topic, &queue, messages, true).await {
+                    Ok(ids) => {
+                        self.types.learn_fifo(topic);
+                        Ok(ids)
+                    }
+                    Err(Refused::Illegal(_)) => Err(self.types.refused_every_form(topic)),
+                    Err(Refused::Other(error)) => Err(error),
                 }
-            })
-            .await
-            .map_err(|e| SendError::Retryable(e.to_string()))?;
-        self.answer(topic, outcome, count).await
+            }
+            Err(Refused::Illegal(_)) if self.types.behind_proxy(topic) => {
+                Err(self.types.refused_every_form(topic))
+            }
+            Err(Refused::Illegal(error) | Refused::Other(error)) => Err(error),
+            Ok(ids) => Ok(ids),
+        }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// Why [`RocketMqSink::send_as`] did not end in `SEND_OK`.
+enum Refused {
+    /// Refused as malformed (`MESSAGE_ILLEGAL`, 13): the message's fault from a broker, but from
+    /// a RocketMQ 5 proxy also its answer to a message of another type than the topic's.
+    Illegal(SendError),
+    Other(SendError),
+}
 
-    fn result(status: SendStatus, msg_id: Option<&str>) -> SendResult {
-        SendResult {
-            send_status: status,
-            msg_id: msg_id.map(Into::into),
-            offset_msg_id: Some("OFFSET".into()),
-            ..SendResult::default()
+impl RocketMqSink {
+    /// Sends `messages` to `queue`, with their keys as message groups if `grouped`, in as few
+    /// requests as that allows (see [`message::requests`]), each once the one before it is
+    /// stored.
+    async fn send_as(
+        &self,
+        topic: &str,
+        queue: &MessageQueue,
+        messages: &[&OutboundMessage],
+        grouped: bool,
+    ) -> Result<Vec<String>, Refused> {
+        let requests = message::requests(messages, grouped).map_err(Refused::Other)?;
+        let mut ids = Vec::with_capacity(messages.len());
+        for (request, count) in requests {
+            let (producer, queue) = (self.producer(), queue.clone());
+            let outcome = self
+                .host
+                .run(async move {
+                    match request {
+                        Request::One(message) => producer.send_to_queue(message, queue).await,
+                        Request::Batch(batch) => producer.send_to_queue(batch, queue).await,
+                    }
+                })
+                .await
+                .map_err(|e| Refused::Other(SendError::Retryable(e.to_string())))?;
+            let illegal = matches!(&outcome, Err(e) if e.broker_response_code() == Some(13));
+            match self.answer(topic, outcome, count).await {
+                Ok(sent) => ids.extend(sent),
+                Err(error) if illegal => return Err(Refused::Illegal(error)),
+                Err(error) => return Err(Refused::Other(error)),
+            }
         }
-    }
-
-    #[test]
-    fn only_send_ok_is_success() {
-        for status in [
-            SendStatus::FlushDiskTimeout,
-            SendStatus::FlushSlaveTimeout,
-            SendStatus::SlaveNotAvailable,
-        ] {
-            let answer = accept(result(status, Some("A")), 1);
-            assert!(
-                matches!(answer, Err(SendError::Retryable(_))),
-                "{status:?}: {answer:?}"
-            );
-        }
-        assert_eq!(
-            accept(result(SendStatus::SendOk, Some("A")), 1),
-            Ok(vec!["A".to_string()])
-        );
-    }
-
-    #[test]
-    fn a_batch_result_gives_one_message_id_per_message() {
-        let ids = accept(result(SendStatus::SendOk, Some("A,B,C")), 3).unwrap();
-        assert_eq!(ids, vec!["A", "B", "C"]);
-        // No per-message ids: each SENT row still gets a distinct, non-empty msg_id.
-        let ids = accept(result(SendStatus::SendOk, None), 2).unwrap();
-        assert_eq!(ids, vec!["OFFSET#0", "OFFSET#1"]);
+        Ok(ids)
     }
 }

@@ -1,9 +1,11 @@
 //! Looking a topic's route up: its queue list, and what a client error of a send or look-up
 //! means.
 
+use super::message_type::Facts;
 use super::queues::{Groups, TopicQueues};
 use super::topics::{Missing, NameServerView, AUTO_CREATE_TOPIC};
 use super::{is_missing_topic, RocketMqSink, SendError};
+use crate::config::TopicType;
 use rocketmq_client_rust::{ClientError, RouteAdmin, TopicAdmin};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -73,7 +75,57 @@ impl RocketMqSink {
             .insert(topic.to_string(), (Arc::clone(&queues), Instant::now()));
         let groups: HashSet<String> = live.iter().map(|q| q.broker_name().to_string()).collect();
         self.memory.routed(topic, groups);
+        if self.types.ask_cluster(topic) {
+            let facts = self.ask_topic_type(topic).await;
+            self.types.learn(topic, facts);
+        }
         Ok(Route::Queues(queues))
+    }
+
+    /// What the cluster says about `topic`'s type: whether the address the relay was given is a
+    /// RocketMQ 5 proxy (it routes topics but, unlike a name server, lists no brokers), else the
+    /// type its first master's topic config names. Nothing known if that cannot be asked.
+    async fn ask_topic_type(&self, topic: &str) -> Facts {
+        let mut admin = self.security().admin(self.host.client_runtime());
+        admin.set_namesrv_addr(self.namesrv.as_str());
+        let owned = topic.to_string();
+        let asked = self
+            .host
+            .run(async move {
+                admin.start().await?;
+                let mut facts = Facts::default();
+                let route = admin.examine_topic_route_info(owned.as_str().into()).await;
+                let master = (route.ok().flatten().into_iter())
+                    .flat_map(|route| route.broker_datas)
+                    .find_map(|data| data.broker_addrs().get(&0).map(|a| a.to_string()));
+                let brokers = admin.examine_broker_cluster_info().await;
+                tracing::debug!(topic = %owned, ?master, brokers_listed = brokers.is_ok(),
+                    "asking the cluster for the topic's type");
+                match (master, brokers) {
+                    (Some(_), Err(_)) => facts.behind_proxy = true,
+                    (Some(addr), Ok(_)) => {
+                        let config = admin.examine_topic_config(addr.into(), owned.into()).await;
+                        facts.of_cluster = config.ok().and_then(|c| {
+                            TopicType::from_broker(c.get_topic_message_type().as_str())
+                        });
+                    }
+                    (None, _) => {}
+                }
+                admin.shutdown().await;
+                Ok::<_, ClientError>(facts)
+            })
+            .await;
+        match asked {
+            Ok(Ok(facts)) => facts,
+            Ok(Err(e)) => {
+                tracing::debug!(%topic, error = %e, "cannot ask the cluster for the topic's type");
+                Facts::default()
+            }
+            Err(e) => {
+                tracing::debug!(%topic, error = %e, "cannot ask the cluster for the topic's type");
+                Facts::default()
+            }
+        }
     }
 
     /// The groups of `topic` as known before this route look-up: read from the queue store the
@@ -136,7 +188,9 @@ impl RocketMqSink {
         if !is_missing_topic(error) {
             return match classified {
                 SendError::Rejected(_) => Missing::Rejected(classified),
-                SendError::Retryable(_) | SendError::Unauthorized(_) => Missing::Retry(classified),
+                SendError::Retryable(_)
+                | SendError::Unauthorized(_)
+                | SendError::Misconfigured(_) => Missing::Retry(classified),
             };
         }
         // A topic routed before needs no name-server view (an admin client each time: a

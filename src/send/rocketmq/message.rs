@@ -1,0 +1,188 @@
+//! The broker messages of outbox events, and what a send result means.
+//!
+//! Every message carries KEYS = `event_id biz_key`, the user properties `event_id` and
+//! `biz_key`, its tags and its headers; on a topic that orders by message group (RocketMQ 5's
+//! FIFO and MIXED topics, see [`super::message_type`]) also its `biz_key` as its message group
+//! (`__SHARDINGKEY`).
+
+use super::SendError;
+use crate::outbox::OutboundMessage;
+use rocketmq_client_rust::{SendResult, SendStatus};
+use rocketmq_model::common::message::message_batch::MessageBatch;
+use rocketmq_model::common::message::message_client_id_setter::MessageClientIDSetter;
+use rocketmq_model::common::message::message_single::Message;
+use rocketmq_model::common::message::{MessageConst, MessageTrait};
+
+/// The most bytes of properties a broker stores with a message (Apache RocketMQ refuses more as
+/// `MESSAGE_ILLEGAL`), less room for the ones the client adds (`UNIQ_KEY`, ...).
+const MAX_PROPERTY_BYTES: usize = i16::MAX as usize - 512;
+
+/// One send request and how many messages it carries.
+pub(super) enum Request {
+    One(Message),
+    Batch(MessageBatch),
+}
+
+/// The requests of `messages` (consecutive events of one topic and queue), in order: one for
+/// all of them, or, where events carry a message group (`grouped`), one per run of events of one
+/// key. A batch's own properties are what a proxy checks against the topic's type, and both
+/// brokers append them to every message of the batch they store, so a batch carries one group.
+pub(super) fn requests(
+    messages: &[&OutboundMessage],
+    grouped: bool,
+) -> Result<Vec<(Request, usize)>, SendError> {
+    let mut runs: Vec<Vec<&OutboundMessage>> = Vec::new();
+    for m in messages {
+        match runs.last_mut() {
+            Some(run) if !grouped || run[0].biz_key == m.biz_key => run.push(m),
+            _ => runs.push(vec![m]),
+        }
+    }
+    let mut requests = Vec::with_capacity(runs.len());
+    for run in runs {
+        let count = run.len();
+        let mut built = (run.iter())
+            .map(|m| build_message(m, grouped))
+            .collect::<Result<Vec<_>, _>>()?;
+        let request = if count == 1 {
+            Request::One(built.pop().expect("one"))
+        } else {
+            let group = grouped.then(|| run[0].biz_key.as_str());
+            Request::Batch(batch_of(built, group)?)
+        };
+        requests.push((request, count));
+    }
+    Ok(requests)
+}
+
+/// The broker message for `m`, with its `biz_key` as message group if `grouped`.
+pub(super) fn build_message(m: &OutboundMessage, grouped: bool) -> Result<Message, SendError> {
+    let mut builder = Message::builder()
+        .topic(m.topic.as_str())
+        .body(m.payload.clone().into_bytes())
+        .keys(vec![m.event_id.clone(), m.biz_key.clone()]);
+    if let Some(tags) = &m.tags {
+        builder = builder.tags(tags.as_str());
+    }
+    let mut message = builder
+        .build()
+        .map_err(|e| SendError::Rejected(format!("malformed message: {e}")))?;
+    let properties = [
+        ("event_id", m.event_id.as_str()),
+        ("biz_key", m.biz_key.as_str()),
+    ]
+    .into_iter()
+    .chain(m.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let mut bytes = 0;
+    for (name, value) in properties {
+        bytes += name.len() + value.len() + 2;
+        message
+            .put_user_property(name.to_string().into(), value.to_string().into())
+            .map_err(|e| SendError::Rejected(format!("property {name:?} refused: {e}")))?;
+    }
+    if bytes > MAX_PROPERTY_BYTES {
+        return Err(SendError::Rejected(format!(
+            "the event's headers, event_id and biz_key make {bytes} bytes of message properties; \
+             RocketMQ stores at most {MAX_PROPERTY_BYTES}: put large values in the payload"
+        )));
+    }
+    if grouped {
+        message.put_property(
+            MessageConst::PROPERTY_SHARDING_KEY.into(),
+            m.biz_key.as_str().into(),
+        );
+    }
+    Ok(message)
+}
+
+/// One batch request for `messages`, each with its own id (`UNIQ_KEY`) and **no id of the batch
+/// itself**. The client's own `send_batch*` also stamps the batch with an id, and both Apache
+/// RocketMQ 5.3 and rocketmq-rust append the batch's properties to every message they store:
+/// each stored message then carries the batch's id, which is what consumers and `mqadmin
+/// queryMsgById` see, not the per-message id the send result reports (measured by
+/// `tests/message_ids.rs`). Without a batch id, what the send result reports is what is stored.
+/// With `group`, the batch carries that message group (every message of it has it too).
+fn batch_of(messages: Vec<Message>, group: Option<&str>) -> Result<MessageBatch, SendError> {
+    let mut batch = MessageBatch::generate_from_messages(messages)
+        .map_err(|e| SendError::Rejected(format!("malformed batch: {e}")))?;
+    for message in &mut batch.messages {
+        MessageClientIDSetter::set_uniq_id(message);
+    }
+    batch.set_body(
+        rocketmq_protocol::common::message::message_decoder::encode_messages(&batch.messages),
+    );
+    if let Some(group) = group {
+        batch.put_property(MessageConst::PROPERTY_SHARDING_KEY.into(), group.into());
+    }
+    Ok(batch)
+}
+/// `SEND_OK` → one id per message; any other status → retryable.
+pub(super) fn accept(result: SendResult, count: usize) -> Result<Vec<String>, SendError> {
+    if result.send_status != SendStatus::SendOk {
+        return Err(SendError::Retryable(format!(
+            "broker answered {:?}, not SEND_OK",
+            result.send_status
+        )));
+    }
+    let ids: Vec<String> = result
+        .msg_id
+        .map(|ids| ids.as_str().split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    if ids.len() == count {
+        return Ok(ids);
+    }
+    // No per-message ids (should not happen): fall back to the broker's offset id, suffixed.
+    let base = result.offset_msg_id.unwrap_or_else(|| "unknown".into());
+    Ok((0..count)
+        .map(|i| {
+            if count == 1 {
+                base.clone()
+            } else {
+                format!("{base}#{i}")
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocketmq_client_rust::{SendResult, SendStatus};
+
+    fn result(status: SendStatus, msg_id: Option<&str>) -> SendResult {
+        SendResult {
+            send_status: status,
+            msg_id: msg_id.map(Into::into),
+            offset_msg_id: Some("OFFSET".into()),
+            ..SendResult::default()
+        }
+    }
+
+    #[test]
+    fn only_send_ok_is_success() {
+        for status in [
+            SendStatus::FlushDiskTimeout,
+            SendStatus::FlushSlaveTimeout,
+            SendStatus::SlaveNotAvailable,
+        ] {
+            let answer = accept(result(status, Some("A")), 1);
+            assert!(
+                matches!(answer, Err(SendError::Retryable(_))),
+                "{status:?}: {answer:?}"
+            );
+        }
+        assert_eq!(
+            accept(result(SendStatus::SendOk, Some("A")), 1),
+            Ok(vec!["A".to_string()])
+        );
+    }
+
+    #[test]
+    fn a_batch_result_gives_one_message_id_per_message() {
+        let ids = accept(result(SendStatus::SendOk, Some("A,B,C")), 3).unwrap();
+        assert_eq!(ids, vec!["A", "B", "C"]);
+        // No per-message ids: each SENT row still gets a distinct, non-empty msg_id.
+        let ids = accept(result(SendStatus::SendOk, None), 2).unwrap();
+        assert_eq!(ids, vec!["OFFSET#0", "OFFSET#1"]);
+    }
+}

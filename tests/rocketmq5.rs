@@ -1,0 +1,274 @@
+//! RocketMQ 5 as its users deploy it: the proxy (cluster mode, Remoting) in front of the
+//! brokers, and typed topics (`message.type`). Through the proxy and straight to the broker, a
+//! FIFO topic's events carry their `biz_key` as their message group, a NORMAL topic's carry none,
+//! and every id a send returns is the id stored; a topic whose type the relay cannot send (DELAY)
+//! holds only its own events, never FAILED, named in `/readyz` until it is fixed. Judged by what
+//! the broker stored.
+
+use crate::common;
+
+use common::http::{free_addr, get};
+use common::relay::{
+    assert_key_order, assert_msg_ids_stored, count_status, count_where, current_position,
+    relay_fixture, seed_checkpoint, wait_for, wait_until_sent, write_config_file, write_events,
+    OutboxRow, RelayProcess,
+};
+use common::rocketmq::{rocketmq, TEST_QUEUES};
+use common::TestDb;
+use mysql_async::prelude::*;
+use rocketmq_outbox::config::RocketMqConfig;
+use rocketmq_outbox::devenv::rocketmq::{BrokerKind, CLUSTER_NAME};
+use rocketmq_outbox::devenv::{Proxy, ReceivedMessage, TopicReader};
+use rocketmq_outbox::outbox::OutboundMessage;
+use rocketmq_outbox::outbox::Status;
+use rocketmq_outbox::send::{RocketMqSink, SendError, Sink};
+use rocketmq_outbox::test_utils::sample_message;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The binary's proxy in front of its cluster; `None` on rocketmq-rust (Apache has the proxy).
+fn proxy() -> Option<&'static Proxy> {
+    static PROXY: OnceLock<Option<Proxy>> = OnceLock::new();
+    PROXY
+        .get_or_init(|| match rocketmq().kind() {
+            BrokerKind::Apache => Some(Proxy::start(rocketmq()).expect("the RocketMQ 5 proxy")),
+            BrokerKind::Rust => {
+                println!("rocketmq-rust has no proxy: RocketMQ 5 proxy tests skipped");
+                None
+            }
+        })
+        .as_ref()
+}
+
+/// A new topic of message type `kind` (`NORMAL`, `FIFO`, `DELAY`, ...), as a RocketMQ 5 user
+/// creates it: `mqadmin updateTopic -a +message.type=<kind>`.
+fn typed_topic(kind: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let topic = format!(
+        "r5_{}_{}_{}",
+        kind.to_lowercase(),
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let queues = TEST_QUEUES.to_string();
+    update_topic(&topic, kind, &["-r", &queues, "-w", &queues]);
+    topic
+}
+
+/// `mqadmin updateTopic` of `topic` with message type `kind` and `more` arguments.
+fn update_topic(topic: &str, kind: &str, more: &[&str]) {
+    let attribute = format!("+message.type={kind}");
+    let mut args = vec![
+        "updateTopic",
+        "-c",
+        CLUSTER_NAME,
+        "-t",
+        topic,
+        "-a",
+        &attribute,
+    ];
+    args.extend_from_slice(more);
+    rocketmq().mqadmin(&args).expect("mqadmin updateTopic");
+}
+
+async fn sink_through(addr: &str, label: &str) -> RocketMqSink {
+    let config = RocketMqConfig {
+        namesrv_addr: Some(addr.to_string()),
+        producer_group: format!("r5_{label}_{}", std::process::id()),
+        send_timeout: Duration::from_secs(5),
+        ..RocketMqConfig::default()
+    };
+    RocketMqSink::start(&config).await.expect("sink")
+}
+
+/// Sends `count` events (keys `key-0..2`) to `topic` through `sink`, a single send and then
+/// batches of one queue; returns each event's id by `event_id`.
+async fn send_events(sink: &RocketMqSink, topic: &str, count: usize) -> HashMap<String, String> {
+    let mut ids = HashMap::new();
+    let queues = sink.queue_count(topic).await.expect("route");
+    let events: Vec<OutboundMessage> = (0..count).map(|i| sample_message(topic, i)).collect();
+    for (n, chunk) in events.chunks(8).enumerate() {
+        let refs: Vec<&OutboundMessage> = chunk.iter().collect();
+        let sent = match sink.send(topic, n % queues, &refs).await {
+            Ok(sent) => sent,
+            Err(e) => panic!("{topic}: send of {} events refused: {e:?}", refs.len()),
+        };
+        assert_eq!(sent.len(), refs.len());
+        ids.extend(chunk.iter().map(|m| m.event_id.clone()).zip(sent));
+    }
+    ids
+}
+
+/// At least `count` messages of `topic`, read from the broker.
+async fn read_back(topic: &str, count: usize) -> Vec<ReceivedMessage> {
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), topic)
+        .await
+        .expect("reader");
+    let stored = reader
+        .read_at_least(count, Duration::from_secs(60))
+        .await
+        .expect("read back");
+    reader.close().await;
+    stored
+}
+
+/// Reads `topic` back from the broker and checks every event is stored once under the id its
+/// send returned, with its `biz_key` as its message group when `grouped`, with none otherwise.
+async fn assert_stored(topic: &str, returned: &HashMap<String, String>, grouped: bool) {
+    let stored = read_back(topic, returned.len()).await;
+    assert_eq!(stored.len(), returned.len(), "{topic}: stored once each");
+    for m in &stored {
+        let event_id = &m.properties["event_id"];
+        assert_eq!(
+            &m.msg_id, &returned[event_id],
+            "{topic}: stored id of {event_id}"
+        );
+        let expected = grouped.then(|| m.properties["biz_key"].clone());
+        assert_eq!(
+            m.message_group, expected,
+            "{topic}: message group of {event_id}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn fifo_events_carry_their_key_as_message_group_through_the_proxy_and_straight() {
+    common::init_logging();
+    let Some(proxy) = proxy() else { return };
+    let (normal, fifo) = (typed_topic("NORMAL"), typed_topic("FIFO"));
+    let through_proxy = sink_through(&proxy.addr(), "proxy").await;
+    let normal_ids = send_events(&through_proxy, &normal, 20).await;
+    let fifo_ids = send_events(&through_proxy, &fifo, 20).await;
+    through_proxy.shutdown().await;
+    assert_stored(&normal, &normal_ids, false).await;
+    assert_stored(&fifo, &fifo_ids, true).await;
+
+    let straight_fifo = typed_topic("FIFO");
+    let straight = sink_through(&rocketmq().namesrv_addr(), "straight").await;
+    let ids = send_events(&straight, &straight_fifo, 20).await;
+    straight.shutdown().await;
+    assert_stored(&straight_fifo, &ids, true).await;
+}
+
+#[tokio::test]
+async fn a_topic_type_the_relay_cannot_serve_is_a_configuration_error_not_the_events() {
+    common::init_logging();
+    let Some(proxy) = proxy() else { return };
+    let delay = typed_topic("DELAY");
+    let sink = sink_through(&proxy.addr(), "delay").await;
+    let message = sample_message(&delay, 0);
+    let queues = sink.queue_count(&delay).await.expect("route");
+    assert!(queues > 0);
+    let refused = sink.send(&delay, 0, &[&message]).await;
+    sink.shutdown().await;
+    match refused {
+        Err(SendError::Misconfigured(reason)) => {
+            assert!(
+                reason.contains(&delay) && reason.contains("DELAY"),
+                "{reason}"
+            )
+        }
+        other => panic!("a DELAY topic must be a configuration error, got {other:?}"),
+    }
+
+    // Straight to the broker, which would store it: its topic config says DELAY, nothing sent.
+    let straight = sink_through(&rocketmq().namesrv_addr(), "delay_straight").await;
+    let refused = straight.send(&delay, 0, &[&message]).await;
+    straight.shutdown().await;
+    match refused {
+        Err(SendError::Misconfigured(reason)) => {
+            assert!(
+                reason.contains("DELAY topic (its broker says so)"),
+                "{reason}"
+            )
+        }
+        other => panic!("a DELAY topic must be a configuration error, got {other:?}"),
+    }
+    let reader = TopicReader::new(&rocketmq().namesrv_addr(), &delay).await;
+    let stored = reader.expect("reader").stored_count().await.expect("count");
+    assert_eq!(stored, 0, "nothing stored on the DELAY topic");
+}
+
+/// The rows of `topic` as the delivery checks read them, in id order.
+async fn rows_of(db: &TestDb, topic: &str) -> Vec<OutboxRow> {
+    db.conn()
+        .await
+        .exec(
+            "SELECT id, event_id, biz_key, NULLIF(msg_id, '') FROM outbox_event \
+             WHERE topic = ? ORDER BY id",
+            (topic,),
+        )
+        .await
+        .unwrap()
+}
+
+/// Every row of `topic` stored under its `msg_id`, each key in commit order, each message with
+/// its key as its message group.
+async fn assert_fifo_delivery(db: &TestDb, topic: &str) {
+    let rows = rows_of(db, topic).await;
+    let stored = read_back(topic, rows.len()).await;
+    assert_msg_ids_stored(&rows, &stored);
+    assert_key_order(&rows, &stored);
+    for m in &stored {
+        assert_eq!(m.message_group.as_ref(), Some(&m.properties["biz_key"]));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_proxy_a_topic_of_the_wrong_type_waits_named_in_readyz_and_others_flow() {
+    common::init_logging();
+    let Some(proxy) = proxy() else { return };
+    let db = TestDb::migrated("r5_relay").await;
+    let (fifo, delay) = (typed_topic("FIFO"), typed_topic("DELAY"));
+    let (config, dir) = relay_fixture(&db).on(&proxy.addr()).build();
+    seed_checkpoint(&config, &current_position(&db).await);
+    let addr = free_addr();
+    let log = dir.path().join("relay.log");
+    let file = write_config_file(&config, dir.path());
+    let relay = RelayProcess::spawn_serving(&file, &addr, &log, &[]);
+    write_events(&db, &delay, 1, 6, 3).await;
+    write_events(&db, &fifo, 2, 20, 4).await;
+    let sent = format!("topic = '{fifo}' AND status = {}", Status::Sent.code());
+    wait_for(
+        "the FIFO topic's 40 events SENT",
+        Duration::from_secs(90),
+        || async { count_where(&db, &sent).await == 40 },
+    )
+    .await;
+    let named = format!("\"refused_topics\":[\"{delay}\"]");
+    wait_for(
+        "/readyz to name the DELAY topic",
+        Duration::from_secs(60),
+        || async {
+            get(&addr, "/readyz")
+                .is_some_and(|(status, body)| status == 503 && body.contains(&named))
+        },
+    )
+    .await;
+    let (_, body) = get(&addr, "/readyz").unwrap();
+    assert!(
+        body.contains("message.type NORMAL, FIFO or MIXED"),
+        "{body}"
+    );
+    let pending = format!("topic = '{delay}' AND status = {}", Status::Pending.code());
+    assert_eq!(
+        count_where(&db, &pending).await,
+        6,
+        "the DELAY topic's events wait"
+    );
+    assert_eq!(count_status(&db, Status::Failed).await, 0, "nothing FAILED");
+
+    // The operator makes it a FIFO topic: its events go out, without a restart.
+    update_topic(&delay, "FIFO", &[]);
+    wait_until_sent(&db, 46, Duration::from_secs(120)).await;
+    wait_for("/readyz ready again", Duration::from_secs(30), || async {
+        get(&addr, "/readyz").is_some_and(|(status, _)| status == 200)
+    })
+    .await;
+    drop(relay);
+    assert_eq!(count_status(&db, Status::Failed).await, 0, "nothing FAILED");
+    assert_fifo_delivery(&db, &fifo).await;
+    assert_fifo_delivery(&db, &delay).await;
+}
