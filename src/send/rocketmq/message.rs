@@ -147,7 +147,58 @@ pub(super) fn accept(result: SendResult, count: usize) -> Result<Vec<String>, Se
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_utils::sample_message;
     use rocketmq_client_rust::{SendResult, SendStatus};
+
+    fn group_of(message: &impl MessageTrait) -> Option<String> {
+        let name = MessageConst::PROPERTY_SHARDING_KEY.into();
+        message.property(&name).map(|g| g.to_string())
+    }
+
+    /// The message groups of `requests`: per request, the batch's own and each message's.
+    fn groups(requests: &[(Request, usize)]) -> Vec<(Option<String>, Vec<Option<String>>)> {
+        (requests.iter())
+            .map(|(request, _)| match request {
+                Request::One(m) => (group_of(m), vec![group_of(m)]),
+                Request::Batch(b) => (group_of(b), b.messages.iter().map(group_of).collect()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn grouped_events_go_in_one_request_per_run_of_one_key_each_carrying_its_key() {
+        // Keys key-0, key-0, key-1, key-1, key-1, key-0 (sample_message cycles three keys).
+        let events: Vec<OutboundMessage> = [0, 3, 1, 4, 7, 6]
+            .into_iter()
+            .map(|i| sample_message("t", i))
+            .collect();
+        let refs: Vec<&OutboundMessage> = events.iter().collect();
+        let grouped = requests(&refs, true).unwrap();
+        let counts: Vec<usize> = grouped.iter().map(|(_, n)| *n).collect();
+        assert_eq!(counts, [2, 3, 1], "runs of one key, in order");
+        let key = |k: &str| Some(k.to_string());
+        assert_eq!(
+            groups(&grouped),
+            [
+                (key("key-0"), vec![key("key-0"); 2]),
+                (key("key-1"), vec![key("key-1"); 3]),
+                (key("key-0"), vec![key("key-0")]),
+            ]
+        );
+        let plain = requests(&refs, false).unwrap();
+        assert_eq!(plain.len(), 1, "one batch without groups");
+        assert_eq!(groups(&plain), [(None, vec![None; 6])]);
+    }
+
+    #[test]
+    fn properties_beyond_what_a_broker_stores_are_the_events_fault() {
+        let mut event = sample_message("t", 0);
+        event.headers = vec![("big".into(), "x".repeat(40_000))];
+        match build_message(&event, false) {
+            Err(SendError::Rejected(reason)) => assert!(reason.contains("payload"), "{reason}"),
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
 
     fn result(status: SendStatus, msg_id: Option<&str>) -> SendResult {
         SendResult {
