@@ -91,7 +91,11 @@ async fn killing_the_leader_three_times_loses_nothing() {
     let writer = {
         let db = db.clone_handle();
         let topic = topic.clone();
-        tokio::spawn(async move { write_events(&db, &topic, 4, TOTAL / 4, 400).await })
+        tokio::spawn(async move {
+            let started = Instant::now();
+            write_events(&db, &topic, 4, TOTAL / 4, 400).await;
+            started.elapsed()
+        })
     };
     let mut takeovers = Vec::new();
     for threshold in [3_000u64, 8_000, 13_000] {
@@ -118,7 +122,7 @@ async fn killing_the_leader_three_times_loses_nothing() {
         let (next, _) = leader(&db, &name).await.unwrap();
         takeovers.push((current, next.unwrap(), killed_at.elapsed()));
     }
-    writer.await.unwrap();
+    let writing = writer.await.unwrap();
     wait_until_sent(&db, TOTAL as u64, Duration::from_secs(180)).await;
     // Whatever the killed leaders had claimed was recovered within a lease.
     assert_eq!(
@@ -143,12 +147,21 @@ async fn killing_the_leader_three_times_loses_nothing() {
         assert!(*took < Duration::from_secs(15), "takeover is bounded");
     }
     let duplicates = duplicates(&per_event);
-    println!("3 leader kills during {TOTAL} events: 0 lost, {duplicates} duplicates");
     // A new leader skips what the old one recorded SENT: it resends only what was in flight
-    // (sent, not yet recorded), not the seconds since the mirrored checkpoint.
+    // (sent, not yet recorded: a few marker batches), not the seconds since the mirrored
+    // checkpoint (up to its 2 s period). How many events that is grows with the rate the relay
+    // keeps up with, so the bound is in time: at most a quarter second of the writers' traffic
+    // per takeover.
+    let per_second = TOTAL as f64 / writing.as_secs_f64();
+    let bound = (takeovers.len() as f64 * per_second * 0.25) as usize;
+    println!(
+        "3 leader kills during {TOTAL} events written at {per_second:.0}/s: 0 lost, \
+         {duplicates} duplicates (bound {bound})"
+    );
     assert!(
-        duplicates * 100 <= TOTAL,
-        "{duplicates} duplicates for 3 takeovers: over 1 % of {TOTAL} events"
+        duplicates <= bound,
+        "{duplicates} duplicates for 3 takeovers: over a quarter second of traffic each \
+         ({per_second:.0} events/s)"
     );
 }
 
