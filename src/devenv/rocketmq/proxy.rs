@@ -23,7 +23,8 @@ const PROXY_START_TIMEOUT: Duration = Duration::from_secs(120);
 /// A running proxy (see the module docs).
 #[derive(Debug)]
 pub struct Proxy {
-    process: ServerProcess,
+    /// Killed when the handle drops.
+    _process: ServerProcess,
     remoting_port: u16,
     grpc_port: u16,
 }
@@ -74,7 +75,7 @@ impl Proxy {
         });
         waited.map_err(|e| io::Error::new(e.kind(), format!("{e}\nlast probe failure: {last}")))?;
         Ok(Proxy {
-            process,
+            _process: process,
             remoting_port,
             grpc_port,
         })
@@ -89,10 +90,5 @@ impl Proxy {
     /// `127.0.0.1:PORT` of its gRPC endpoint (the official 5.x clients' `endpoints`).
     pub fn grpc_addr(&self) -> String {
         format!("127.0.0.1:{}", self.grpc_port)
-    }
-
-    /// Kills the proxy (`SIGKILL`).
-    pub fn kill(&mut self) {
-        self.process.kill();
     }
 }

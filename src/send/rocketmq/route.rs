@@ -115,17 +115,13 @@ impl RocketMqSink {
                 Ok::<_, ClientError>(facts)
             })
             .await;
-        match asked {
-            Ok(Ok(facts)) => facts,
-            Ok(Err(e)) => {
+        let asked = asked.map_err(|e| e.to_string());
+        asked
+            .and_then(|facts| facts.map_err(|e| e.to_string()))
+            .unwrap_or_else(|e| {
                 tracing::debug!(%topic, error = %e, "cannot ask the cluster for the topic's type");
                 Facts::default()
-            }
-            Err(e) => {
-                tracing::debug!(%topic, error = %e, "cannot ask the cluster for the topic's type");
-                Facts::default()
-            }
-        }
+            })
     }
 
     /// The groups of `topic` as known before this route look-up: read from the queue store the
