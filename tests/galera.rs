@@ -427,31 +427,44 @@ async fn relays_on_two_nodes_elect_one_leader_and_the_survivor_takes_over() {
     let committed = committed.lock().unwrap().clone();
     let total = committed.len();
     assert!(total > 600, "writes went on during the takeover");
-    wait_for(
-        "every committed event SENT",
-        Duration::from_secs(120),
-        || async {
-            common::relay::count_where(live, &format!("status = {SENT}")).await == total as u64
-        },
-    )
-    .await;
+    // A commit in flight on the dead node when it died may have been certified and applied by
+    // the survivor although its writer saw only a broken connection: such a row exists and must
+    // be delivered like the others, so the wait is for "no row unsent", not for `total` SENT.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let sent = common::relay::count_where(live, &format!("status = {SENT}")).await;
+        let unsent = common::relay::count_where(live, &format!("status <> {SENT}")).await;
+        if unsent == 0 && sent >= total as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "every row of the survivor SENT within 120 s: {sent} SENT, {unsent} not, {total} acknowledged commits"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
-    // Judged by what the broker stored: every event, in key order, with its SENT msg_id.
+    // Judged by what the broker stored: every row, in key order, with its SENT msg_id.
     let rows = outbox_rows(live).await;
-    assert_eq!(rows.len(), total, "the survivor holds every committed row");
-    let messages = stored_messages(&topic, total).await;
+    let in_doubt = rows.len() - total;
+    let messages = stored_messages(&topic, rows.len()).await;
     let arrived: std::collections::HashSet<&str> = messages
         .iter()
         .map(|m| m.properties["event_id"].as_str())
         .collect();
+    let held: std::collections::HashSet<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     for (id, _) in &committed {
+        assert!(held.contains(id.as_str()), "event {id} is on the survivor");
         assert!(arrived.contains(id.as_str()), "event {id} is stored");
+    }
+    for row in &rows {
+        assert!(arrived.contains(row.1.as_str()), "row {row:?} is stored");
     }
     assert_msg_ids_stored(&rows, &messages);
     assert_key_order(&rows, &messages);
     let duplicates = messages.len() - arrived.len();
     println!(
-        "galera: leader {led} on node {dead} killed; {standby} took over in {takeover:?}; {total} events, 0 lost, {duplicates} duplicates"
+        "galera: leader {led} on node {dead} killed; {standby} took over in {takeover:?}; {total} events acknowledged + {in_doubt} committed as the node died, 0 lost, {duplicates} duplicates"
     );
     assert!(
         log(led).contains("leadership is over"),
