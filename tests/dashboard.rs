@@ -532,6 +532,8 @@ async fn every_metric_the_dashboard_and_the_rules_use_is_exported() {
     let topic = new_topic("dashboard");
     let (mut config, dir) = relay_config(&db);
     config.metrics.refresh = Duration::from_millis(300);
+    // A watched consumer group, so the relay exports the dead-letter gauges (0: no DLQ yet).
+    config.rocketmq.dead_letter_groups = vec!["dashboard".into()];
     let addr = free_addr();
     let file = write_config_file(&config, dir.path());
     // Daily partitions, so the relay exports `outbox_partitions_ahead` for the table.
@@ -561,8 +563,8 @@ async fn every_metric_the_dashboard_and_the_rules_use_is_exported() {
     write_events(&db, &topic, 2, 10, 4).await;
     wait_until_sent(&db, 20, Duration::from_secs(60)).await;
     // The families whose label sets only a running relay knows: the table gauges (set by the
-    // refresher; partitions ahead for a partitioned table) and the shards' queue depths (set
-    // once the leader's shards run).
+    // refresher; partitions ahead for a partitioned table), the shards' queue depths (set
+    // once the leader's shards run) and the watched groups' dead-letter gauges.
     let scrape = || {
         get(&addr, "/metrics")
             .map(|(_, body)| body)
@@ -577,6 +579,7 @@ async fn every_metric_the_dashboard_and_the_rules_use_is_exported() {
                 && body.contains("outbox_failed_rows{")
                 && body.contains("outbox_partitions_ahead{")
                 && body.contains("outbox_shard_queue_depth{")
+                && body.contains("outbox_dlq_received{")
         },
     )
     .await;

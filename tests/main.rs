@@ -27,6 +27,7 @@ mod consumer;
 mod consumer_cli;
 mod consumer_protocol;
 mod dashboard;
+mod dead_letters;
 mod failover;
 #[cfg(feature = "failpoints")]
 mod fault_hooks;

@@ -3,7 +3,8 @@
 //! FIFO topic's events carry their `biz_key` as their message group, a NORMAL topic's carry none,
 //! and every id a send returns is the id stored; a topic whose type the relay cannot send (DELAY)
 //! holds only its own events, never FAILED, named in `/readyz` until it is fixed. Judged by what
-//! the broker stored.
+//! the broker stored. In a namespace (`rocketmq.namespace`) the relay and the consumer library
+//! use the broker's `<namespace>%<name>` for topics and groups, and the rows keep the plain name.
 
 use crate::common;
 
@@ -17,15 +18,19 @@ use common::rocketmq::{rocketmq, TEST_QUEUES};
 use common::TestDb;
 use mysql_async::prelude::*;
 use rocketmq_outbox::config::RocketMqConfig;
+use rocketmq_outbox::consumer::{
+    ConsumedEvent, Disposition, Handler, IdempotentProcessor, IdempotentPushConsumer, Outcome,
+    PushConsumerOptions,
+};
 use rocketmq_outbox::devenv::rocketmq::{BrokerKind, CLUSTER_NAME};
-use rocketmq_outbox::devenv::{Proxy, ReceivedMessage, TopicReader};
+use rocketmq_outbox::devenv::{ClientHost, Proxy, ReceivedMessage, TopicReader};
 use rocketmq_outbox::outbox::OutboundMessage;
 use rocketmq_outbox::outbox::Status;
 use rocketmq_outbox::send::{RocketMqSink, SendError, Sink};
 use rocketmq_outbox::test_utils::sample_message;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// The binary's proxy in front of its cluster; `None` on rocketmq-rust (Apache has the proxy).
@@ -271,4 +276,89 @@ async fn through_the_proxy_a_topic_of_the_wrong_type_waits_named_in_readyz_and_o
     assert_eq!(count_status(&db, Status::Failed).await, 0, "nothing FAILED");
     assert_fifo_delivery(&db, &fifo).await;
     assert_fifo_delivery(&db, &delay).await;
+}
+
+/// Accepts every event; the processor's observer records what arrived.
+struct Accept;
+
+impl Handler for Accept {
+    async fn handle(
+        &self,
+        _event: &ConsumedEvent,
+        _tx: &mut mysql_async::Transaction<'static>,
+    ) -> anyhow::Result<Outcome> {
+        Ok(Outcome::Success)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_namespace_the_relay_and_the_consumer_library_use_the_brokers_names() {
+    common::init_logging();
+    let Some(proxy) = proxy() else { return };
+    let db = TestDb::migrated("r5_namespace").await;
+    let namespace = format!("tenant-{}", std::process::id());
+    // The operator creates the namespaced topic, as a cloud console does; the application and
+    // its rows name it without the namespace.
+    let topic = format!("orders_{}", std::process::id());
+    let on_broker = format!("{namespace}%{topic}");
+    let queues = TEST_QUEUES.to_string();
+    update_topic(&on_broker, "NORMAL", &["-r", &queues, "-w", &queues]);
+
+    let (mut config, dir) = relay_fixture(&db).build();
+    config.rocketmq.namespace = Some(namespace.clone());
+    seed_checkpoint(&config, &current_position(&db).await);
+    let file = write_config_file(&config, dir.path());
+    let relay = RelayProcess::spawn_serving(&file, "", &dir.path().join("relay.log"), &[]);
+    write_events(&db, &topic, 2, 20, 4).await;
+    wait_until_sent(&db, 40, Duration::from_secs(90)).await;
+    drop(relay);
+    let rows = rows_of(&db, &topic).await;
+    let stored = read_back(&on_broker, rows.len()).await;
+    assert_eq!(stored.len(), 40, "stored once each in {on_broker}");
+    assert_msg_ids_stored(&rows, &stored);
+    assert_key_order(&rows, &stored);
+    let outside = TopicReader::new(&rocketmq().namesrv_addr(), &topic).await;
+    let outside = match outside {
+        Ok(reader) => reader.stored_count().await.unwrap_or(0),
+        Err(_) => 0,
+    };
+    assert_eq!(outside, 0, "nothing went to {topic} outside the namespace");
+
+    // A consumer of the same namespace, through the proxy: its group is the broker's
+    // `<namespace>%<group>`, and its handler sees the topic's name without the namespace.
+    let group = format!("billing_{}", std::process::id());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    let processor = IdempotentProcessor::new(db.pool.clone(), &group, Accept)
+        .expect("processor")
+        .with_observer(Arc::new(move |event: &ConsumedEvent, _: &Disposition| {
+            record
+                .lock()
+                .unwrap()
+                .push((event.topic.clone(), event.event_id.clone()));
+        }));
+    let options =
+        PushConsumerOptions::new(proxy.addr(), &topic).with_namespace(Some(namespace.clone()));
+    let host = Arc::new(ClientHost::new("r5-namespace").expect("client host"));
+    let consumer = IdempotentPushConsumer::start(host, options, Arc::new(processor))
+        .await
+        .expect("consumer");
+    wait_for(
+        "the consumer to handle 40 events",
+        Duration::from_secs(90),
+        || async { seen.lock().unwrap().len() >= 40 },
+    )
+    .await;
+    let progress = rocketmq()
+        .mqadmin(&["consumerProgress", "-g", &format!("{namespace}%{group}")])
+        .expect("mqadmin consumerProgress");
+    consumer.shutdown().await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.iter().all(|(t, _)| t == &topic), "{seen:?}");
+    let events: HashSet<&str> = seen.iter().filter_map(|(_, id)| id.as_deref()).collect();
+    assert_eq!(events.len(), 40, "every event handled");
+    assert!(
+        progress.contains(&on_broker),
+        "the broker knows group {namespace}%{group} on {on_broker}:\n{progress}"
+    );
 }

@@ -137,7 +137,8 @@ pub async fn run(global: &GlobalArgs, args: ConsumeArgs) -> anyhow::Result<()> {
             .with_prefilter(10_000)
             .with_observer(observer);
     let mut options = PushConsumerOptions::new(namesrv, args.topic.clone())
-        .with_security(ClientSecurity::from_config(&config.rocketmq)?);
+        .with_security(ClientSecurity::from_config(&config.rocketmq)?)
+        .with_namespace(config.rocketmq.namespace.clone());
     options.from_first_offset = !args.from_last;
     if args.orderly {
         options.mode = ListenerMode::Orderly;

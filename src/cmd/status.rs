@@ -183,6 +183,23 @@ fn print_report(r: &StatusReport) {
             xids.join(" ")
         ),
     }
+    if let Some(error) = &r.dead_letters_error {
+        println!("DLQ         dead-letter queues unknown: {error}");
+    }
+    for q in &r.dead_letters {
+        println!(
+            "DLQ         group {}: {} stored, {} ever ({}){}",
+            q.group,
+            thousands(q.stored),
+            thousands(q.received),
+            q.topic,
+            if q.stored > 0 {
+                ": events this group gave up on (runbook: dead letters)"
+            } else {
+                ""
+            }
+        );
+    }
     println!();
     println!("{}", r.verdict_line());
 }

@@ -4,9 +4,11 @@
 //! Guarantee: an unknown key (in the file or in an `OUTBOX_RELAY_…` variable) and a missing
 //! required value are errors that name the key; nothing is silently ignored.
 
+mod rocketmq;
 mod secret;
 mod topic_type;
 
+pub use rocketmq::RocketMqConfig;
 pub use secret::{Credentials, Secret};
 pub use topic_type::TopicType;
 
@@ -22,9 +24,13 @@ use std::time::Duration;
 /// file itself.)
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
 
-/// Keys whose environment variables are taken verbatim, as strings (credentials may look like
-/// numbers or lists).
-const RAW_ENV_KEYS: &[&str] = &["rocketmq.access_key", "rocketmq.secret_key"];
+/// Keys whose environment variables are taken verbatim, as strings (credentials and namespaces
+/// may look like numbers or lists).
+const RAW_ENV_KEYS: &[&str] = &[
+    "rocketmq.access_key",
+    "rocketmq.secret_key",
+    "rocketmq.namespace",
+];
 
 /// A configuration problem, phrased so the user knows what to change.
 #[derive(Debug, thiserror::Error)]
@@ -135,119 +141,6 @@ impl OutboxConfig {
             max_payload_bytes: self.max_payload_bytes,
         }
     }
-}
-
-/// `[rocketmq]`: where events are published, and as whom.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct RocketMqConfig {
-    /// Name server address(es), `host:port[;host:port]` (required to send).
-    pub namesrv_addr: Option<String>,
-    /// Producer group of the relay.
-    pub producer_group: String,
-    /// Timeout of one send; a timed-out send is retried (the consumer de-duplicates).
-    #[serde(with = "humantime_serde")]
-    pub send_timeout: Duration,
-    /// ACL 2.0 account (Apache RocketMQ 5 with authentication on): its access key (user name).
-    /// Needs `secret_key` or `secret_key_file`.
-    pub access_key: Option<String>,
-    /// The account's secret; masked in `config show`, logs and errors.
-    pub secret_key: Option<Secret>,
-    /// A file holding the secret instead (a mounted Kubernetes Secret): read when a client
-    /// starts, trailing newline trimmed, and again by the relay whenever the broker refuses its
-    /// account, so a rotated secret is used without a restart. Not together with `secret_key`.
-    pub secret_key_file: Option<PathBuf>,
-    /// TLS to the name server and brokers; the servers' certificates must chain to the system's
-    /// roots (or to the PEM bundle in `$SSL_CERT_FILE`).
-    pub tls: bool,
-    /// When a broker group is lost, send the keys of its queues to the other groups' queues
-    /// (as RocketMQ's own producers do) instead of waiting for it. Off by default: a consumer
-    /// could then read a key's newer events before its older ones, stored on the lost group.
-    pub reroute_on_broker_loss: bool,
-    /// The message type of topics whose type the relay cannot ask the cluster for (through a
-    /// RocketMQ 5 proxy, which answers no topic-config request), e.g. `{ orders = "FIFO" }`:
-    /// events of a FIFO or MIXED topic carry their `biz_key` as message group. Others are asked
-    /// of the brokers, or learnt from the proxy's answer to a send.
-    pub topic_types: std::collections::BTreeMap<String, TopicType>,
-}
-
-impl Default for RocketMqConfig {
-    fn default() -> Self {
-        Self {
-            namesrv_addr: None,
-            producer_group: "outbox-relay".to_string(),
-            send_timeout: Duration::from_secs(3),
-            access_key: None,
-            secret_key: None,
-            secret_key_file: None,
-            tls: false,
-            reroute_on_broker_loss: false,
-            topic_types: Default::default(),
-        }
-    }
-}
-
-impl RocketMqConfig {
-    /// The ACL account, `None` without `access_key`; reads `secret_key_file` if that is how
-    /// the secret is given. Errors name the key to fix and never contain the secret.
-    pub fn credentials(&self) -> Result<Option<Credentials>, ConfigError> {
-        self.check_credentials()?;
-        let Some(access_key) = &self.access_key else {
-            return Ok(None);
-        };
-        let secret_key = match (&self.secret_key, &self.secret_key_file) {
-            (Some(secret), _) => secret.clone(),
-            (None, Some(path)) => read_secret_file(path)?,
-            (None, None) => unreachable!("checked by check_credentials"),
-        };
-        Ok(Some(Credentials {
-            access_key: access_key.clone(),
-            secret_key,
-        }))
-    }
-
-    /// `access_key` and exactly one of `secret_key` / `secret_key_file`, or none of them.
-    fn check_credentials(&self) -> Result<(), ConfigError> {
-        let invalid = |msg: &str| Err(ConfigError::Invalid(msg.to_string()));
-        match (&self.access_key, &self.secret_key, &self.secret_key_file) {
-            (_, Some(_), Some(_)) => invalid(
-                "both `rocketmq.secret_key` and `rocketmq.secret_key_file` are set: keep one",
-            ),
-            (Some(key), _, _) if key.trim().is_empty() => {
-                invalid("`rocketmq.access_key` is empty: give the ACL account's access key")
-            }
-            (Some(_), None, None) => invalid(
-                "`rocketmq.access_key` is set without a secret: set `rocketmq.secret_key` or \
-                 `rocketmq.secret_key_file`",
-            ),
-            (Some(_), Some(secret), None) if secret.expose().is_empty() => {
-                invalid("`rocketmq.secret_key` is empty")
-            }
-            (None, Some(_), _) | (None, _, Some(_)) => invalid(
-                "a secret (`rocketmq.secret_key` or `rocketmq.secret_key_file`) is set without \
-                 `rocketmq.access_key`",
-            ),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// The secret in `path`, without its trailing newline.
-fn read_secret_file(path: &Path) -> Result<Secret, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::Invalid(format!(
-            "cannot read `rocketmq.secret_key_file` {}: {e}",
-            path.display()
-        ))
-    })?;
-    let secret = text.trim_end_matches(['\n', '\r']);
-    if secret.is_empty() {
-        return Err(ConfigError::Invalid(format!(
-            "`rocketmq.secret_key_file` {} is empty",
-            path.display()
-        )));
-    }
-    Ok(Secret::new(secret))
 }
 
 /// How the relay finds new rows.
@@ -517,7 +410,7 @@ impl Config {
         if self.outbox.max_payload_bytes == 0 {
             return invalid("`outbox.max_payload_bytes` must be at least 1".into());
         }
-        self.rocketmq.check_credentials()
+        self.rocketmq.validate()
     }
 
     /// `mysql.url`, or an error saying how to set it.

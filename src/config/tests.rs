@@ -286,3 +286,26 @@ fn the_rocketmq_secret_is_masked_for_people_and_kept_for_processes() {
     let read: Config = toml::from_str(&written).unwrap();
     assert_eq!(read, c);
 }
+
+#[test]
+fn a_namespace_is_taken_verbatim_and_checked() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file("relay.toml", "[rocketmq]\nnamespace = \"tenant-a\"\n")?;
+        let c = Config::load(Some(Path::new("relay.toml")), serde_json::json!({})).unwrap();
+        assert_eq!(c.rocketmq.namespace.as_deref(), Some("tenant-a"));
+        assert_eq!(c.rocketmq.in_namespace("orders"), "tenant-a%orders");
+        assert_eq!(Config::default().rocketmq.in_namespace("orders"), "orders");
+
+        jail.set_env("OUTBOX_RELAY_ROCKETMQ__NAMESPACE", "0042");
+        let c = Config::load(Some(Path::new("relay.toml")), serde_json::json!({})).unwrap();
+        assert_eq!(c.rocketmq.namespace.as_deref(), Some("0042"));
+
+        for bad in ["a%b", "", "ten ant"] {
+            jail.set_env("OUTBOX_RELAY_ROCKETMQ__NAMESPACE", bad);
+            let e = Config::load(Some(Path::new("relay.toml")), serde_json::json!({}));
+            let e = e.expect_err(bad).to_string();
+            assert!(e.contains("`rocketmq.namespace`"), "{bad:?}: {e}");
+        }
+        Ok(())
+    });
+}

@@ -39,7 +39,7 @@
 use super::event::ConsumedEvent;
 use super::idempotent::{Disposition, IdempotentProcessor};
 use super::Handler;
-use crate::rocketmq_client::{ClientHost, ClientSecurity};
+use crate::rocketmq_client::{namespace, ClientHost, ClientSecurity};
 use rocketmq_client_rust::{
     ClientResult, ConsumeConcurrentlyContext, ConsumeConcurrentlyStatus, ConsumeOrderlyContext,
     ConsumeOrderlyStatus, DefaultMQPushConsumer, MQPushConsumer,
@@ -81,6 +81,10 @@ pub struct PushConsumerOptions {
     /// The ACL account the consumer signs its requests with, and TLS (none and off by default);
     /// `ClientSecurity::from_config(&config.rocketmq)` takes the relay's.
     pub security: ClientSecurity,
+    /// The namespace of the topic and the group (`rocketmq.namespace`, see
+    /// [`crate::rocketmq_client::namespace`]); events are handed over with the topic's name
+    /// without it. None by default.
+    pub namespace: Option<String>,
 }
 
 impl PushConsumerOptions {
@@ -95,12 +99,19 @@ impl PushConsumerOptions {
             max_reconsume_times: None,
             suspend_millis: 1_000,
             security: ClientSecurity::default(),
+            namespace: None,
         }
     }
 
     /// The same, signed with `security`'s account and over TLS if it says so.
     pub fn with_security(mut self, security: ClientSecurity) -> Self {
         self.security = security;
+        self
+    }
+
+    /// The same, with the topic and the group in `namespace` (none: outside any).
+    pub fn with_namespace(mut self, namespace: Option<String>) -> Self {
+        self.namespace = namespace;
         self
     }
 }
@@ -152,11 +163,12 @@ impl IdempotentPushConsumer {
             topic: topic.clone(),
             detail,
         };
+        let namespace = options.namespace.clone();
         let builder = DefaultMQPushConsumer::builder(host.client_runtime());
         let mut builder = options
             .security
             .push_consumer_builder(builder)
-            .consumer_group(group.clone())
+            .consumer_group(namespace::inside(namespace.as_deref(), &group))
             .name_server_addr(options.namesrv_addr.clone())
             .consume_message_batch_max_size(1)
             // Let in-flight deliveries finish (and their offsets be committed) on shutdown; the
@@ -174,15 +186,17 @@ impl IdempotentPushConsumer {
         let mut consumer = builder.build();
         match options.mode {
             ListenerMode::Concurrent => consumer.register_message_listener_concurrently(
-                concurrent_listener(app, Arc::clone(&processor)),
+                concurrent_listener(app, Arc::clone(&processor), namespace.clone()),
             ),
             ListenerMode::Orderly => consumer.register_message_listener_orderly(orderly_listener(
                 app,
                 processor,
                 options.suspend_millis,
+                namespace.clone(),
             )),
         }
-        let (sub_topic, expression) = (options.topic.clone(), options.expression.clone());
+        let sub_topic = namespace::inside(namespace.as_deref(), &options.topic);
+        let expression = options.expression.clone();
         let (consumer, started) = host
             .run(async move {
                 let mut consumer = consumer;
@@ -240,12 +254,13 @@ impl std::fmt::Debug for IdempotentPushConsumer {
 fn concurrent_listener<H: Handler>(
     app: Handle,
     processor: Arc<IdempotentProcessor<H>>,
+    namespace: Option<String>,
 ) -> impl Fn(&[&MessageExt], &ConsumeConcurrentlyContext) -> ClientResult<ConsumeConcurrentlyStatus>
        + Send
        + Sync
        + 'static {
     move |messages, _context| {
-        let all_ack = process_batch(&app, &processor, messages, false)
+        let all_ack = process_batch(&app, &processor, messages, namespace.as_deref(), false)
             .iter()
             .all(Disposition::is_ack);
         Ok(if all_ack {
@@ -260,12 +275,13 @@ fn orderly_listener<H: Handler>(
     app: Handle,
     processor: Arc<IdempotentProcessor<H>>,
     suspend_millis: u64,
+    namespace: Option<String>,
 ) -> impl Fn(&[&MessageExt], &mut ConsumeOrderlyContext) -> ClientResult<ConsumeOrderlyStatus>
        + Send
        + Sync
        + 'static {
     move |messages, context| {
-        let dispositions = process_batch(&app, &processor, messages, true);
+        let dispositions = process_batch(&app, &processor, messages, namespace.as_deref(), true);
         if dispositions.len() == messages.len() && dispositions.iter().all(Disposition::is_ack) {
             Ok(ConsumeOrderlyStatus::Success)
         } else {
@@ -277,16 +293,22 @@ fn orderly_listener<H: Handler>(
     }
 }
 
-/// Runs `messages` through the processor on the application runtime and waits (on this
-/// blocking-pool thread) for the dispositions. With `stop_at_retry`, processing stops after the
+/// Runs `messages` (topic names without `namespace`) through the processor on the application
+/// runtime and waits (on this blocking-pool thread) for the dispositions. With `stop_at_retry`, processing stops after the
 /// first retry (orderly). If the task cannot report, every message counts as a retry.
 fn process_batch<H: Handler>(
     app: &Handle,
     processor: &Arc<IdempotentProcessor<H>>,
     messages: &[&MessageExt],
+    namespace: Option<&str>,
     stop_at_retry: bool,
 ) -> Vec<Disposition> {
-    let events: Vec<ConsumedEvent> = messages.iter().map(|m| decode(m)).collect();
+    let decode_outside = |m: &&MessageExt| {
+        let mut event = decode(m);
+        event.topic = namespace::outside(namespace, &event.topic);
+        event
+    };
+    let events: Vec<ConsumedEvent> = messages.iter().map(decode_outside).collect();
     let count = events.len();
     let (report, outcome) = mpsc::channel();
     let processor = Arc::clone(processor);

@@ -89,6 +89,12 @@ pub struct TopicLabel {
     pub topic: String,
 }
 
+/// One consumer group (as configured, without a namespace).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabel {
+    pub group: String,
+}
+
 /// One prepared XA transaction, by its xid as `XA RECOVER` shows it (few at a time: a label
 /// lives from the prepare to its outcome).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -163,6 +169,13 @@ pub struct RelayMetrics {
     pub partitions_ahead: Family<TableLabel, Gauge>,
     /// Checkpoint saves that failed (sled: disk full, unwritable directory) (alert).
     pub checkpoint_save_errors: Counter,
+    /// Messages ever moved to each watched consumer group's dead-letter queue (alert on growth;
+    /// see [`crate::operate::dead_letters`]).
+    pub dlq_received: Family<GroupLabel, Gauge>,
+    /// Messages each watched group's dead-letter queue stores now.
+    pub dlq_messages: Family<GroupLabel, Gauge>,
+    /// Reads of the dead-letter queues that failed.
+    pub dlq_read_errors: Counter,
 }
 
 impl RelayMetrics {
@@ -202,6 +215,9 @@ impl RelayMetrics {
             ready: Gauge::default(),
             partitions_ahead: Family::default(),
             checkpoint_save_errors: Counter::default(),
+            dlq_received: Family::default(),
+            dlq_messages: Family::default(),
+            dlq_read_errors: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -375,6 +391,21 @@ impl RelayMetrics {
             "checkpoint_save_errors",
             "Checkpoint saves to relay.checkpoint_dir that failed (disk full, unwritable directory): /readyz is unready until a save works, and the relay stops if saves keep failing",
             metrics.checkpoint_save_errors.clone(),
+        );
+        registry.register(
+            "dlq_received",
+            "Messages ever moved to the dead-letter queue (%DLQ%<group>) of each consumer group in rocketmq.dead_letter_groups, from the broker's offsets: alert when it grows",
+            metrics.dlq_received.clone(),
+        );
+        registry.register(
+            "dlq_messages",
+            "Messages the dead-letter queue of each consumer group in rocketmq.dead_letter_groups stores now",
+            metrics.dlq_messages.clone(),
+        );
+        registry.register(
+            "dlq_read_errors",
+            "Reads of the watched dead-letter queues that failed (the dlq gauges keep their last values)",
+            metrics.dlq_read_errors.clone(),
         );
         RelayMetrics {
             registry,

@@ -35,6 +35,7 @@
 
 pub mod cleanup;
 pub mod compensate;
+pub mod dead_letters;
 pub mod partitions;
 pub mod reconcile;
 pub mod replay;

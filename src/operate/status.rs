@@ -216,6 +216,11 @@ pub struct StatusReport {
     pub prepared_xa: Vec<String>,
     /// Why they could not be listed (MySQL 8+ needs `XA_RECOVER_ADMIN`).
     pub prepared_xa_error: Option<String>,
+    /// The dead-letter queues of `rocketmq.dead_letter_groups`, from the broker: events those
+    /// consumers gave up on. Shown, not judged: the verdict is the relay's.
+    pub dead_letters: Vec<super::dead_letters::DeadLetterQueue>,
+    /// Why they could not be read.
+    pub dead_letters_error: Option<String>,
     pub thresholds: StatusOptions,
     pub verdict: Verdict,
     /// Why the verdict is not `healthy` (empty when it is).
@@ -249,6 +254,13 @@ impl StatusReport {
                 );
             }
             Err(e) => report.binlog_error = Some(e.to_string()),
+        }
+        let groups = &config.rocketmq.dead_letter_groups;
+        if !groups.is_empty() {
+            match super::dead_letters::read(&config.rocketmq, groups).await {
+                Ok(queues) => report.dead_letters = queues,
+                Err(e) => report.dead_letters_error = Some(format!("{e:#}")),
+            }
         }
         Ok(report)
     }
@@ -285,6 +297,8 @@ impl StatusReport {
             binlog_error: None,
             prepared_xa,
             prepared_xa_error,
+            dead_letters: Vec::new(),
+            dead_letters_error: None,
             thresholds: options.clone(),
             verdict,
             reasons,

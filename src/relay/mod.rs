@@ -147,6 +147,14 @@ impl RelayHandle {
             config.metrics.refresh,
             cancel.child_token(),
         ));
+        if !config.rocketmq.dead_letter_groups.is_empty() {
+            tokio::spawn(crate::operate::dead_letters::watch(
+                config.rocketmq.clone(),
+                config.rocketmq.dead_letter_groups.clone(),
+                config.metrics.refresh,
+                cancel.child_token(),
+            ));
+        }
         if config.cleanup.enabled {
             tokio::spawn(crate::operate::cleanup::run_periodically(
                 config.cleanup.clone(),

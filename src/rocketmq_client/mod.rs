@@ -6,7 +6,21 @@
 //! the cluster the same way, so a setting that works for the relay works for its consumers.
 
 mod host;
+pub mod namespace;
 mod security;
 
 pub use host::ClientHost;
 pub use security::ClientSecurity;
+
+use rocketmq_client_rust::{ClientError, MQClientException};
+
+/// TOPIC_NOT_EXIST (17), or the client's "Can not find Message Queue for this topic" (-1):
+/// either the topic is missing or no broker serving it is registered right now.
+pub fn is_missing_topic(error: &ClientError) -> bool {
+    matches!(
+        error
+            .source_ref::<MQClientException>()
+            .map(MQClientException::response_code),
+        Some(17) | Some(-1)
+    ) || error.broker_response_code() == Some(17)
+}

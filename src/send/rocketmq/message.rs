@@ -23,12 +23,14 @@ pub(super) enum Request {
     Batch(MessageBatch),
 }
 
-/// The requests of `messages` (consecutive events of one topic and queue), in order: one for
+/// The requests of `messages` (consecutive events of one topic and queue, `topic` as the broker
+/// names it), in order: one for
 /// all of them, or, where events carry a message group (`grouped`), one per run of events of one
 /// key. A batch's own properties are what a proxy checks against the topic's type, and both
 /// brokers append them to every message of the batch they store, so a batch carries one group.
 pub(super) fn requests(
     messages: &[&OutboundMessage],
+    topic: &str,
     grouped: bool,
 ) -> Result<Vec<(Request, usize)>, SendError> {
     let mut runs: Vec<Vec<&OutboundMessage>> = Vec::new();
@@ -42,7 +44,7 @@ pub(super) fn requests(
     for run in runs {
         let count = run.len();
         let mut built = (run.iter())
-            .map(|m| build_message(m, grouped))
+            .map(|m| build_message(m, topic, grouped))
             .collect::<Result<Vec<_>, _>>()?;
         let request = if count == 1 {
             Request::One(built.pop().expect("one"))
@@ -55,10 +57,15 @@ pub(super) fn requests(
     Ok(requests)
 }
 
-/// The broker message for `m`, with its `biz_key` as message group if `grouped`.
-pub(super) fn build_message(m: &OutboundMessage, grouped: bool) -> Result<Message, SendError> {
+/// The broker message for `m` to `topic` (`m`'s topic as the broker names it: in the configured
+/// namespace), with its `biz_key` as message group if `grouped`.
+pub(super) fn build_message(
+    m: &OutboundMessage,
+    topic: &str,
+    grouped: bool,
+) -> Result<Message, SendError> {
     let mut builder = Message::builder()
-        .topic(m.topic.as_str())
+        .topic(topic)
         .body(m.payload.clone().into_bytes())
         .keys(vec![m.event_id.clone(), m.biz_key.clone()]);
     if let Some(tags) = &m.tags {
@@ -173,7 +180,7 @@ mod tests {
             .map(|i| sample_message("t", i))
             .collect();
         let refs: Vec<&OutboundMessage> = events.iter().collect();
-        let grouped = requests(&refs, true).unwrap();
+        let grouped = requests(&refs, "t", true).unwrap();
         let counts: Vec<usize> = grouped.iter().map(|(_, n)| *n).collect();
         assert_eq!(counts, [2, 3, 1], "runs of one key, in order");
         let key = |k: &str| Some(k.to_string());
@@ -185,7 +192,7 @@ mod tests {
                 (key("key-0"), vec![key("key-0")]),
             ]
         );
-        let plain = requests(&refs, false).unwrap();
+        let plain = requests(&refs, "t", false).unwrap();
         assert_eq!(plain.len(), 1, "one batch without groups");
         assert_eq!(groups(&plain), [(None, vec![None; 6])]);
     }
@@ -194,7 +201,7 @@ mod tests {
     fn properties_beyond_what_a_broker_stores_are_the_events_fault() {
         let mut event = sample_message("t", 0);
         event.headers = vec![("big".into(), "x".repeat(40_000))];
-        match build_message(&event, false) {
+        match build_message(&event, "t", false) {
             Err(SendError::Rejected(reason)) => assert!(reason.contains("payload"), "{reason}"),
             other => panic!("expected a rejection, got {other:?}"),
         }

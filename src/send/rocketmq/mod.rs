@@ -17,7 +17,7 @@ pub use queues::QueueStore;
 
 use super::{OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
-use crate::rocketmq_client::{ClientHost, ClientSecurity};
+use crate::rocketmq_client::{is_missing_topic, ClientHost, ClientSecurity};
 use message::{accept, Request};
 use message_type::{Form, TopicTypes};
 use queues::{QueueBook, TopicQueues};
@@ -110,7 +110,11 @@ impl RocketMqSink {
             memory: ClusterMemory::default(),
             unavailable_in_a_row: AtomicU32::new(0),
             rebuilding: AtomicBool::new(false),
-            types: TopicTypes::new(config.topic_types.clone()),
+            types: TopicTypes::new(
+                (config.topic_types.iter())
+                    .map(|(topic, kind)| (config.in_namespace(topic), *kind))
+                    .collect(),
+            ),
         })
     }
 
@@ -331,30 +335,20 @@ async fn start_producer(
 /// answers it too: also the operator's to fix, never the event's.
 const NO_PERMISSION: i32 = 16;
 
-/// TOPIC_NOT_EXIST (17), or the client's "Can not find Message Queue for this topic" (-1):
-/// either the topic is missing or no broker serving it is registered right now.
-fn is_missing_topic(error: &ClientError) -> bool {
-    matches!(
-        error
-            .source_ref::<MQClientException>()
-            .map(MQClientException::response_code),
-        Some(17) | Some(-1)
-    ) || error.broker_response_code() == Some(17)
-}
-
 impl Sink for RocketMqSink {
     fn stable_queues(&self) -> bool {
         self.queue_book.stable()
     }
 
     fn queue_group(&self, topic: &str, queue: usize) -> Option<String> {
+        let topic = self.config.in_namespace(topic);
         let routes = self.routes.lock().expect("not poisoned");
-        let (queues, _) = routes.get(topic)?;
+        let (queues, _) = routes.get(&topic)?;
         Some(queues.list.get(queue)?.broker_name().to_string())
     }
 
     async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {
-        match self.route(topic).await? {
+        match self.route(&self.config.in_namespace(topic)).await? {
             Route::Queues(queues) => Ok(queues.list.len()),
             Route::AutoCreate => Ok(AUTO_CREATED_QUEUES),
         }
@@ -366,12 +360,14 @@ impl Sink for RocketMqSink {
         queue_index: usize,
         messages: &[&OutboundMessage],
     ) -> Result<Vec<String>, SendError> {
+        // Below here every topic is the broker's name for it.
+        let topic = &self.config.in_namespace(topic);
         self.rebuild_if_stuck().await;
         let queues = match self.route(topic).await? {
             Route::Queues(queues) => queues,
             Route::AutoCreate => {
                 let built = (messages.iter())
-                    .map(|m| message::build_message(m, false))
+                    .map(|m| message::build_message(m, topic, false))
                     .collect::<Result<Vec<_>, _>>()?;
                 return self.send_creating(queue_index, built).await;
             }
@@ -424,7 +420,7 @@ impl RocketMqSink {
         messages: &[&OutboundMessage],
         grouped: bool,
     ) -> Result<Vec<String>, Refused> {
-        let requests = message::requests(messages, grouped).map_err(Refused::Other)?;
+        let requests = message::requests(messages, topic, grouped).map_err(Refused::Other)?;
         let mut ids = Vec::with_capacity(messages.len());
         for (request, count) in requests {
             let (producer, queue) = (self.producer(), queue.clone());
