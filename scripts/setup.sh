@@ -2,9 +2,10 @@
 # Installs what outbox-relay's local servers need; safe to run again (it skips what is there).
 #   - MariaDB (mariadbd, mariadb-install-db, mariadb client) from Debian's packages, with
 #     galera-4 and rsync for the two-node Galera cluster of src/devenv/galera.rs (SST by rsync)
-#   - Apache RocketMQ 5.3 (namesrv, broker, mqadmin): jars from Maven Central, fetched with
+#   - Apache RocketMQ 5.3 (namesrv, broker, proxy, mqadmin): jars from Maven Central, fetched with
 #     scripts/apache-rocketmq/pom.xml into $OUTBOX_DEVENV_CACHE (default ~/.cache/outbox-relay);
-#     about 10 s the first time. Needs Java 17+ and Maven.
+#     about 10 s the first time. Needs Java 17+ and Maven. Beside them, the official RocketMQ 5
+#     Java client (scripts/rocketmq-client-java/pom.xml) that tests consume FIFO topics with.
 #   - with --rust-broker (or OUTBOX_BROKER=rust): the rocketmq-rust 1.0.0 namesrv + broker
 #     binaries from crates.io, built once into the same cache: ~15-20 minutes the first time on
 #     2 cores, seconds afterwards.
@@ -121,22 +122,31 @@ install_java() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null
 }
 
-install_apache_rocketmq() {
-  # The stamp names the pom it was fetched for: a pom that gains a jar (the proxy) fetches again.
-  local pom_sum
-  pom_sum="$(sha256sum scripts/apache-rocketmq/pom.xml | cut -c1-16)"
-  if [ -f "$APACHE_LIB/.complete-$pom_sum" ]; then
-    say "Apache RocketMQ: cached jars $APACHE_VERSION in $APACHE_LIB"
+# Copies the jars of Maven project $1 (a pom listing dependencies) into $2, once per version of
+# the pom: the stamp names the pom it was fetched for, so a pom that gains a jar fetches again.
+fetch_jars() {
+  local pom="$1" dir="$2" what="$3" pom_sum
+  pom_sum="$(sha256sum "$pom" | cut -c1-16)"
+  if [ -f "$dir/.complete-$pom_sum" ]; then
+    say "$what: cached jars in $dir"
     return
   fi
   install_java
-  say "Apache RocketMQ: fetching $APACHE_VERSION (namesrv, broker, proxy, mqadmin) from Maven Central ..."
-  rm -rf "$APACHE_LIB"
-  mkdir -p "$APACHE_LIB"
-  mvn -q -B -f scripts/apache-rocketmq/pom.xml dependency:copy-dependencies \
-    -DoutputDirectory="$APACHE_LIB" -Dmaven.repo.local="$CACHE/m2"
-  touch "$APACHE_LIB/.complete-$pom_sum"
-  say "Apache RocketMQ: $(ls "$APACHE_LIB" | wc -l) jars in $APACHE_LIB"
+  say "$what: fetching from Maven Central ..."
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  mvn -q -B -f "$pom" dependency:copy-dependencies \
+    -DoutputDirectory="$dir" -Dmaven.repo.local="$CACHE/m2"
+  touch "$dir/.complete-$pom_sum"
+  say "$what: $(ls "$dir" | wc -l) jars in $dir"
+}
+
+install_apache_rocketmq() {
+  fetch_jars scripts/apache-rocketmq/pom.xml "$APACHE_LIB" \
+    "Apache RocketMQ $APACHE_VERSION (namesrv, broker, proxy, mqadmin)"
+  # The official RocketMQ 5 Java client, which tests read FIFO topics with through the proxy.
+  fetch_jars scripts/rocketmq-client-java/pom.xml "$CACHE/rocketmq-client-java/lib" \
+    "RocketMQ 5 Java client"
 }
 
 # The first Debian mirror (not the security archive) that this machine's apt sources name, in

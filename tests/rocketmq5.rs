@@ -9,6 +9,7 @@
 use crate::common;
 
 use common::http::{free_addr, get};
+use common::java_client::JavaConsumer;
 use common::relay::{
     assert_key_order, assert_msg_ids_stored, count_status, count_where, current_position,
     relay_fixture, seed_checkpoint, wait_for, wait_until_sent, write_config_file, write_events,
@@ -360,5 +361,89 @@ async fn in_a_namespace_the_relay_and_the_consumer_library_use_the_brokers_names
     assert!(
         progress.contains(&on_broker),
         "the broker knows group {namespace}%{group} on {on_broker}:\n{progress}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_java_5_client_reads_a_fifo_topic_in_each_keys_commit_order() {
+    common::init_logging();
+    let Some(proxy) = proxy() else { return };
+    let db = TestDb::migrated("r5_java").await;
+    let fifo = typed_topic("FIFO");
+    // A FIFO consumer group, as a RocketMQ 5 user creates one.
+    let group = format!("r5_java_{}", std::process::id());
+    rocketmq()
+        .mqadmin(&[
+            "updateSubGroup",
+            "-c",
+            CLUSTER_NAME,
+            "-g",
+            &group,
+            "-o",
+            "true",
+        ])
+        .expect("mqadmin updateSubGroup");
+    let consumer = JavaConsumer::start(
+        &proxy.grpc_addr(),
+        &fifo,
+        &group,
+        60,
+        Duration::from_secs(150),
+    )
+    .await;
+
+    let (config, dir) = relay_fixture(&db).on(&proxy.addr()).build();
+    seed_checkpoint(&config, &current_position(&db).await);
+    let file = write_config_file(&config, dir.path());
+    let relay = RelayProcess::spawn_serving(&file, "", &dir.path().join("relay.log"), &[]);
+    write_events(&db, &fifo, 2, 30, 6).await;
+    wait_until_sent(&db, 60, Duration::from_secs(90)).await;
+    drop(relay);
+    let deliveries = consumer.deliveries().await;
+
+    // Every event, with its key as message group and its SENT msg_id; each key's events in the
+    // order they were committed (the row ids), as the Java listener got them.
+    let rows = rows_of(&db, &fifo).await;
+    let delivered: HashSet<&str> = deliveries.iter().map(|d| d.event_id.as_str()).collect();
+    assert_eq!(
+        delivered.len(),
+        rows.len(),
+        "every event delivered: {deliveries:?}"
+    );
+    let msg_ids: HashMap<&str, &str> = (rows.iter())
+        .map(|r| (r.1.as_str(), r.3.as_deref().unwrap_or_default()))
+        .collect();
+    for d in &deliveries {
+        assert_eq!(
+            d.message_group.as_deref(),
+            Some(d.biz_key.as_str()),
+            "{d:?}"
+        );
+        assert_eq!(
+            msg_ids[d.event_id.as_str()],
+            d.msg_id,
+            "the SENT msg_id of {d:?}"
+        );
+    }
+    let mut committed: HashMap<&str, Vec<&str>> = HashMap::new();
+    for row in &rows {
+        committed
+            .entry(row.2.as_str())
+            .or_default()
+            .push(row.1.as_str());
+    }
+    let mut received: HashMap<&str, Vec<&str>> = HashMap::new();
+    for d in &deliveries {
+        let seen = received.entry(d.biz_key.as_str()).or_default();
+        if !seen.contains(&d.event_id.as_str()) {
+            seen.push(d.event_id.as_str());
+        }
+    }
+    assert_eq!(received, committed, "each key's events in commit order");
+    println!(
+        "java 5.x FIFO consumer: {} deliveries of {} events, {} keys",
+        deliveries.len(),
+        rows.len(),
+        committed.len()
     );
 }

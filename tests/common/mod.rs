@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+pub mod java_client;
 pub mod ledger;
 pub mod proxy;
 pub mod relay;
