@@ -18,7 +18,7 @@
 
 use crate::common;
 
-use common::http::{free_addr, get};
+use common::http::{free_addr, get, wait_until_refused};
 use common::ledger::{ledger_db, Ledger};
 use common::relay::{
     assert_read_every_event_in_key_order, count_status, current_position, relay_config_on,
@@ -137,6 +137,7 @@ fn message(topic: &str) -> OutboundMessage {
         tags: None,
         headers: vec![],
         payload: "{}".into(),
+        deliver_at_ms: None,
     }
 }
 
@@ -247,16 +248,7 @@ async fn refused_until_fixed(
     let file = write_config_file(&config, dir.path());
     let relay = RelayProcess::spawn_serving(&file, &addr, &log, &[]);
     write_events(db, topic, 1, 6, 3).await;
-    let topic_listed = format!("\"refused_topics\":[\"{topic}\"]");
-    wait_for(
-        "/readyz to report the refusal",
-        Duration::from_secs(60),
-        || async {
-            get(&addr, "/readyz")
-                .is_some_and(|(status, body)| status == 503 && body.contains(&topic_listed))
-        },
-    )
-    .await;
+    wait_until_refused(&addr, topic).await;
     // Refusals counted as retries would have FAILED the rows after 1.4 s.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let (status, body) = get(&addr, "/readyz").unwrap();

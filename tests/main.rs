@@ -55,6 +55,7 @@ mod relay_faults;
 mod relay_resume;
 mod rocketmq5;
 mod row_image;
+mod scheduled;
 mod split_primary;
 mod sweeper;
 mod switch_over;

@@ -199,6 +199,7 @@ fn claimer(table: TableName) -> Claimer {
         strategy: ClaimStrategy::SkipLocked,
         limits: RowLimits {
             max_payload_bytes: 1 << 20,
+            max_delay: rocketmq_outbox::outbox::DEFAULT_MAX_DELAY,
         },
         cursor: Default::default(),
         held: Default::default(),

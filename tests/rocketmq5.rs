@@ -1,14 +1,14 @@
 //! RocketMQ 5 as its users deploy it: the proxy (cluster mode, Remoting) in front of the
 //! brokers, and typed topics (`message.type`). Through the proxy and straight to the broker, a
 //! FIFO topic's events carry their `biz_key` as their message group, a NORMAL topic's carry none,
-//! and every id a send returns is the id stored; a topic whose type the relay cannot send (DELAY)
+//! and every id a send returns is the id stored; a topic whose type the relay cannot send (TRANSACTION)
 //! holds only its own events, never FAILED, named in `/readyz` until it is fixed. Judged by what
 //! the broker stored. In a namespace (`rocketmq.namespace`) the relay and the consumer library
 //! use the broker's `<namespace>%<name>` for topics and groups, and the rows keep the plain name.
 
 use crate::common;
 
-use common::http::{free_addr, get};
+use common::http::{free_addr, get, wait_until_refused};
 use common::java_client::JavaConsumer;
 use common::relay::{
     assert_key_order, assert_msg_ids_stored, count_status, count_where, current_position,
@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// The binary's proxy in front of its cluster; `None` on rocketmq-rust (Apache has the proxy).
-fn proxy() -> Option<&'static Proxy> {
+pub(crate) fn proxy() -> Option<&'static Proxy> {
     static PROXY: OnceLock<Option<Proxy>> = OnceLock::new();
     PROXY
         .get_or_init(|| match rocketmq().kind() {
@@ -50,7 +50,7 @@ fn proxy() -> Option<&'static Proxy> {
 
 /// A new topic of message type `kind` (`NORMAL`, `FIFO`, `DELAY`, ...), as a RocketMQ 5 user
 /// creates it: `mqadmin updateTopic -a +message.type=<kind>`.
-fn typed_topic(kind: &str) -> String {
+pub(crate) fn typed_topic(kind: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let topic = format!(
         "r5_{}_{}_{}",
@@ -64,7 +64,7 @@ fn typed_topic(kind: &str) -> String {
 }
 
 /// `mqadmin updateTopic` of `topic` with message type `kind` and `more` arguments.
-fn update_topic(topic: &str, kind: &str, more: &[&str]) {
+pub(crate) fn update_topic(topic: &str, kind: &str, more: &[&str]) {
     let attribute = format!("+message.type={kind}");
     let mut args = vec![
         "updateTopic",
@@ -162,39 +162,40 @@ async fn fifo_events_carry_their_key_as_message_group_through_the_proxy_and_stra
 async fn a_topic_type_the_relay_cannot_serve_is_a_configuration_error_not_the_events() {
     common::init_logging();
     let Some(proxy) = proxy() else { return };
-    let delay = typed_topic("DELAY");
-    let sink = sink_through(&proxy.addr(), "delay").await;
-    let message = sample_message(&delay, 0);
-    let queues = sink.queue_count(&delay).await.expect("route");
+    let transaction = typed_topic("TRANSACTION");
+    let sink = sink_through(&proxy.addr(), "transaction").await;
+    let message = sample_message(&transaction, 0);
+    let queues = sink.queue_count(&transaction).await.expect("route");
     assert!(queues > 0);
-    let refused = sink.send(&delay, 0, &[&message]).await;
+    let refused = sink.send(&transaction, 0, &[&message]).await;
     sink.shutdown().await;
     match refused {
         Err(SendError::Misconfigured(reason)) => {
             assert!(
-                reason.contains(&delay) && reason.contains("DELAY"),
+                reason.contains(&transaction) && reason.contains("TRANSACTION"),
                 "{reason}"
             )
         }
-        other => panic!("a DELAY topic must be a configuration error, got {other:?}"),
+        other => panic!("a TRANSACTION topic must be a configuration error, got {other:?}"),
     }
 
-    // Straight to the broker, which would store it: its topic config says DELAY, nothing sent.
-    let straight = sink_through(&rocketmq().namesrv_addr(), "delay_straight").await;
-    let refused = straight.send(&delay, 0, &[&message]).await;
+    // Straight to the broker, which would store it: its topic config says TRANSACTION, nothing
+    // sent.
+    let straight = sink_through(&rocketmq().namesrv_addr(), "transaction_straight").await;
+    let refused = straight.send(&transaction, 0, &[&message]).await;
     straight.shutdown().await;
     match refused {
         Err(SendError::Misconfigured(reason)) => {
             assert!(
-                reason.contains("DELAY topic (its broker says so)"),
+                reason.contains("TRANSACTION topic (its broker says so)"),
                 "{reason}"
             )
         }
-        other => panic!("a DELAY topic must be a configuration error, got {other:?}"),
+        other => panic!("a TRANSACTION topic must be a configuration error, got {other:?}"),
     }
-    let reader = TopicReader::new(&rocketmq().namesrv_addr(), &delay).await;
+    let reader = TopicReader::new(&rocketmq().namesrv_addr(), &transaction).await;
     let stored = reader.expect("reader").stored_count().await.expect("count");
-    assert_eq!(stored, 0, "nothing stored on the DELAY topic");
+    assert_eq!(stored, 0, "nothing stored on the TRANSACTION topic");
 }
 
 /// The rows of `topic` as the delivery checks read them, in id order.
@@ -227,14 +228,14 @@ async fn through_the_proxy_a_topic_of_the_wrong_type_waits_named_in_readyz_and_o
     common::init_logging();
     let Some(proxy) = proxy() else { return };
     let db = TestDb::migrated("r5_relay").await;
-    let (fifo, delay) = (typed_topic("FIFO"), typed_topic("DELAY"));
+    let (fifo, transaction) = (typed_topic("FIFO"), typed_topic("TRANSACTION"));
     let (config, dir) = relay_fixture(&db).on(&proxy.addr()).build();
     seed_checkpoint(&config, &current_position(&db).await);
     let addr = free_addr();
     let log = dir.path().join("relay.log");
     let file = write_config_file(&config, dir.path());
     let relay = RelayProcess::spawn_serving(&file, &addr, &log, &[]);
-    write_events(&db, &delay, 1, 6, 3).await;
+    write_events(&db, &transaction, 1, 6, 3).await;
     write_events(&db, &fifo, 2, 20, 4).await;
     let sent = format!("topic = '{fifo}' AND status = {}", Status::Sent.code());
     wait_for(
@@ -243,31 +244,24 @@ async fn through_the_proxy_a_topic_of_the_wrong_type_waits_named_in_readyz_and_o
         || async { count_where(&db, &sent).await == 40 },
     )
     .await;
-    let named = format!("\"refused_topics\":[\"{delay}\"]");
-    wait_for(
-        "/readyz to name the DELAY topic",
-        Duration::from_secs(60),
-        || async {
-            get(&addr, "/readyz")
-                .is_some_and(|(status, body)| status == 503 && body.contains(&named))
-        },
-    )
-    .await;
-    let (_, body) = get(&addr, "/readyz").unwrap();
+    let body = wait_until_refused(&addr, &transaction).await;
     assert!(
-        body.contains("message.type NORMAL, FIFO or MIXED"),
+        body.contains("message.type NORMAL, FIFO, DELAY or MIXED"),
         "{body}"
     );
-    let pending = format!("topic = '{delay}' AND status = {}", Status::Pending.code());
+    let pending = format!(
+        "topic = '{transaction}' AND status = {}",
+        Status::Pending.code()
+    );
     assert_eq!(
         count_where(&db, &pending).await,
         6,
-        "the DELAY topic's events wait"
+        "the TRANSACTION topic's events wait"
     );
     assert_eq!(count_status(&db, Status::Failed).await, 0, "nothing FAILED");
 
     // The operator makes it a FIFO topic: its events go out, without a restart.
-    update_topic(&delay, "FIFO", &[]);
+    update_topic(&transaction, "FIFO", &[]);
     wait_until_sent(&db, 46, Duration::from_secs(120)).await;
     wait_for("/readyz ready again", Duration::from_secs(30), || async {
         get(&addr, "/readyz").is_some_and(|(status, _)| status == 200)
@@ -276,7 +270,7 @@ async fn through_the_proxy_a_topic_of_the_wrong_type_waits_named_in_readyz_and_o
     drop(relay);
     assert_eq!(count_status(&db, Status::Failed).await, 0, "nothing FAILED");
     assert_fifo_delivery(&db, &fifo).await;
-    assert_fifo_delivery(&db, &delay).await;
+    assert_fifo_delivery(&db, &transaction).await;
 }
 
 /// Accepts every event; the processor's observer records what arrived.

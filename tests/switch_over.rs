@@ -262,8 +262,9 @@ async fn switching_from_the_articles_polling_relay_delivers_every_waiting_row_on
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(!status.success(), "{said}");
     assert!(
-        said.contains("lacks the column(s) tags, headers, owner, msg_id, sent_at, last_error.")
-            && said.contains("outbox-relay migrate"),
+        said.contains(
+            "lacks the column(s) tags, headers, owner, msg_id, sent_at, last_error, deliver_at."
+        ) && said.contains("outbox-relay migrate"),
         "run names the missing columns and the command: {said}"
     );
     drop(early);

@@ -34,6 +34,7 @@ pub struct ColumnLayout {
     status: usize,
     tags: Option<usize>,
     headers: Option<usize>,
+    deliver_at: Option<usize>,
 }
 
 impl ColumnLayout {
@@ -64,6 +65,7 @@ impl ColumnLayout {
             status: need("status")?,
             tags: find("tags"),
             headers: find("headers"),
+            deliver_at: find("deliver_at"),
         })
     }
 }
@@ -165,6 +167,10 @@ pub fn decode_row(
                 None => None,
             },
             payload: json_text(take(layout.payload), "payload")?,
+            deliver_at: match layout.deliver_at {
+                Some(i) => text(take(i), "deliver_at")?,
+                None => None,
+            },
         };
         Ok(OutboxRow {
             table: Arc::clone(table),

@@ -122,6 +122,11 @@ pub struct OutboxConfig {
     pub tables: Vec<String>,
     /// Largest payload accepted, in bytes of JSON text.
     pub max_payload_bytes: usize,
+    /// How far ahead a scheduled event's `deliver_at` may be: the broker's `timerMaxDelaySec`
+    /// (3 days by default in Apache RocketMQ 5). An event further ahead is FAILED with the reason,
+    /// instead of being refused by the broker at every retry.
+    #[serde(with = "humantime_serde")]
+    pub max_delay: std::time::Duration,
 }
 
 impl Default for OutboxConfig {
@@ -129,6 +134,7 @@ impl Default for OutboxConfig {
         Self {
             tables: vec![crate::outbox::DEFAULT_TABLE.to_string()],
             max_payload_bytes: crate::outbox::DEFAULT_MAX_PAYLOAD_BYTES,
+            max_delay: crate::outbox::DEFAULT_MAX_DELAY,
         }
     }
 }
@@ -139,6 +145,7 @@ impl OutboxConfig {
     pub fn row_limits(&self) -> crate::outbox::message::RowLimits {
         crate::outbox::message::RowLimits {
             max_payload_bytes: self.max_payload_bytes,
+            max_delay: self.max_delay,
         }
     }
 }

@@ -48,6 +48,7 @@ impl OutboxRow {
                 tags: None,
                 headers: vec![],
                 payload: "{}".into(),
+                deliver_at_ms: None,
             },
             stamps: Stamps::default(),
         }

@@ -22,3 +22,6 @@ pub const DEFAULT_TABLE: &str = "outbox_event";
 
 /// Largest payload accepted by default: RocketMQ's default maximum message size (4 MiB).
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 4 * 1024 * 1024;
+/// How far ahead a scheduled event may be by default: Apache RocketMQ 5's `timerMaxDelaySec`
+/// default (259,200 s).
+pub const DEFAULT_MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(259_200);

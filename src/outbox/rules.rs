@@ -20,6 +20,8 @@ pub enum RuleViolation {
     InvalidTags { tags: String, reason: String },
     #[error("invalid header {name:?}: {reason}")]
     InvalidHeader { name: String, reason: String },
+    #[error("invalid deliver_at: {reason}")]
+    InvalidDeliverAt { reason: String },
 }
 
 /// Longest topic RocketMQ accepts.
@@ -155,6 +157,26 @@ pub fn tags(tags: &str) -> Result<(), RuleViolation> {
         }),
         None => Ok(()),
     }
+}
+
+/// The latest `deliver_at` a `TIMESTAMP` column holds (2038-01-19 03:14:07 UTC).
+const MAX_TIMESTAMP_SECS: u64 = i32::MAX as u64;
+
+/// A scheduled event's delivery time as the `deliver_at` column takes it: Unix seconds with
+/// their milliseconds, `"1767225600.250"`. From 1970 to 2038 (a TIMESTAMP's range); how far
+/// ahead the broker keeps it (3 days by default) the relay checks when it sends.
+pub fn deliver_at(at: std::time::SystemTime) -> Result<String, RuleViolation> {
+    let invalid = |reason: &str| RuleViolation::InvalidDeliverAt {
+        reason: reason.to_string(),
+    };
+    let since =
+        (at.duration_since(std::time::UNIX_EPOCH)).map_err(|_| invalid("it is before 1970"))?;
+    if since.as_secs() >= MAX_TIMESTAMP_SECS {
+        return Err(invalid(
+            "it is after 2038-01-19 (the TIMESTAMP column's range)",
+        ));
+    }
+    Ok(format!("{}.{:03}", since.as_secs(), since.subsec_millis()))
 }
 
 /// Headers become message properties: names are non-empty, not reserved, and neither names

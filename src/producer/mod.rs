@@ -122,6 +122,8 @@ pub struct NewEvent {
     pub event_id: Option<String>,
     pub tags: Option<String>,
     pub headers: BTreeMap<String, String>,
+    /// When consumers get it (a scheduled event; `None`: at once). See [`NewEvent::deliver_at`].
+    pub deliver_at: Option<std::time::SystemTime>,
 }
 
 impl NewEvent {
@@ -138,6 +140,7 @@ impl NewEvent {
             event_id: None,
             tags: None,
             headers: BTreeMap::new(),
+            deliver_at: None,
         }
     }
 
@@ -158,6 +161,18 @@ impl NewEvent {
         self.headers.insert(name.into(), value.into());
         self
     }
+
+    /// A scheduled event: consumers get it from `at` on, not before ("cancel the order if it is
+    /// still unpaid in 30 minutes", written in the order's transaction). The relay sends it at
+    /// once, as a RocketMQ 5 timer message, which the broker keeps until then; its topic must be
+    /// a DELAY (or MIXED) topic. A time in the past is delivered at once; one further ahead than
+    /// the broker keeps timer messages (`outbox.max_delay`, 3 days by default) is FAILED by the
+    /// relay with that reason. A scheduled event is ordered by its time, not by its commit:
+    /// events of one key due at the same millisecond may reach consumers in any order.
+    pub fn deliver_at(mut self, at: std::time::SystemTime) -> Self {
+        self.deliver_at = Some(at);
+        self
+    }
 }
 
 /// A validated event, ready to be bound to an `INSERT`.
@@ -165,6 +180,9 @@ impl NewEvent {
 struct Row {
     event_id: EventId,
     params: [Value; 6],
+    /// `deliver_at` as Unix seconds (the INSERT names the column only when a row has one, so
+    /// tables not migrated to 0014 keep taking unscheduled events).
+    deliver_at: Option<String>,
     payload_len: usize,
 }
 
@@ -262,6 +280,7 @@ impl Outbox {
             rules::tags(tags)?;
         }
         rules::headers(&event.headers)?;
+        let deliver_at = event.deliver_at.map(rules::deliver_at).transpose()?;
         let payload = event.payload.into_text()?;
         if payload.len() > self.max_payload_bytes {
             return Err(EnqueueError::PayloadTooLarge {
@@ -289,6 +308,7 @@ impl Outbox {
                 Value::from(payload),
             ],
             event_id,
+            deliver_at,
             payload_len,
         })
     }
@@ -323,13 +343,24 @@ impl Outbox {
         // prepared INSERT's partition choice for a defaulted column: after midnight every
         // INSERT of a cached statement failed with 1748 ("Found a row not matching the given
         // partition set"). An explicit NOW(3) is evaluated at each execution.
-        let placeholders = vec!["(?, ?, ?, ?, ?, ?, NOW(3))"; rows.len()].join(", ");
+        let scheduled = rows.iter().any(|row| row.deliver_at.is_some());
+        let (column, value) = match scheduled {
+            true => (", deliver_at", ", FROM_UNIXTIME(?)"),
+            false => ("", ""),
+        };
+        let placeholders =
+            vec![format!("(?, ?, ?, ?, ?, ?, NOW(3){value})"); rows.len()].join(", ");
         let sql = format!(
-            "INSERT INTO {} (event_id, biz_key, topic, tags, headers, payload, created_at) \
+            "INSERT INTO {} (event_id, biz_key, topic, tags, headers, payload, created_at{column}) \
              VALUES {placeholders}",
             self.table.sql()
         );
-        let params: Vec<Value> = rows.into_iter().flat_map(|row| row.params).collect();
+        let params: Vec<Value> = (rows.into_iter())
+            .flat_map(|row| {
+                let deliver_at = scheduled.then(|| row.deliver_at.map_or(Value::NULL, Value::from));
+                row.params.into_iter().chain(deliver_at)
+            })
+            .collect();
         tx.exec_drop(sql, params)
             .await
             .map_err(classify_insert_error)

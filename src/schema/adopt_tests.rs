@@ -67,7 +67,8 @@ fn the_article_table_gets_the_relay_columns_and_indexes_and_keeps_its_own() {
             "msg_id",
             "sent_at",
             "last_error",
-            "updated_at"
+            "updated_at",
+            "deliver_at"
         ]
     );
     let indexes: Vec<&str> = plan.add_indexes.iter().map(|i| i.name).collect();
@@ -90,7 +91,9 @@ fn the_article_table_gets_the_relay_columns_and_indexes_and_keeps_its_own() {
         .blocks_run()
         .expect("the relay cannot run without the columns");
     assert!(
-        blocked.contains("lacks the column(s) tags, headers, owner, msg_id, sent_at, last_error."),
+        blocked.contains(
+            "lacks the column(s) tags, headers, owner, msg_id, sent_at, last_error, deliver_at."
+        ),
         "{blocked}"
     );
     assert!(blocked.contains("outbox-relay migrate"), "{blocked}");
@@ -107,7 +110,11 @@ fn a_complete_table_needs_nothing() {
         }
     }
     // Types of the relay's own columns, as a table migrate made has them.
-    for (name, t) in [("sent_at", "datetime"), ("updated_at", "datetime")] {
+    for (name, t) in [
+        ("sent_at", "datetime"),
+        ("updated_at", "datetime"),
+        ("deliver_at", "timestamp"),
+    ] {
         let c = shape.columns.iter_mut().find(|c| c.name == name).unwrap();
         c.data_type = t.into();
     }
@@ -253,12 +260,10 @@ fn a_table_without_updated_at_runs_with_a_warning() {
                 .push(col(c.name, "varchar", "varchar(1024)", Some(1024), true));
         }
     }
-    let sent_at = shape
-        .columns
-        .iter_mut()
-        .find(|c| c.name == "sent_at")
-        .unwrap();
-    sent_at.data_type = "datetime".into();
+    for (name, t) in [("sent_at", "datetime"), ("deliver_at", "timestamp")] {
+        let c = shape.columns.iter_mut().find(|c| c.name == name).unwrap();
+        c.data_type = t.into();
+    }
     let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
     assert_eq!(plan.add_columns.len(), 1);
     assert_eq!(plan.blocks_run(), None);

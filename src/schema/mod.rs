@@ -60,6 +60,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(11, "0011_relay_state_stream_at"),
     migration!(12, "0012_topic_queues"),
     migration!(13, "0013_outbox_waiting_key"),
+    migration!(14, "0014_outbox_deliver_at"),
 ];
 
 const HISTORY_TABLE: &str = "outbox_schema_history";
@@ -242,9 +243,10 @@ async fn migrate_locked(
         }
         for statement in statements(migration.sql) {
             let result = conn.query_drop(&statement).await;
-            // ER_DUP_KEYNAME: an ADD INDEX of a half-applied run is already there;
-            // ER_CANT_DROP_FIELD_OR_KEY: a DROP INDEX of one is already done.
-            if matches!(&result, Err(mysql_async::Error::Server(e)) if e.code == 1061 || e.code == 1091)
+            // ER_DUP_KEYNAME / ER_DUP_FIELDNAME: an ADD INDEX / ADD COLUMN of a half-applied run
+            // (or of the adoption) is already there; ER_CANT_DROP_FIELD_OR_KEY: a DROP INDEX of
+            // one is already done.
+            if matches!(&result, Err(mysql_async::Error::Server(e)) if [1060, 1061, 1091].contains(&e.code))
             {
                 continue;
             }

@@ -92,7 +92,7 @@ const fn column(
     }
 }
 
-/// Every column of an outbox table, in migration 0001's order.
+/// Every column of an outbox table, in the order the migrations leave them.
 ///
 /// `migrate` leaves every outbox table with these definitions: migration 0001 made `msg_id`
 /// and `sent_at` nullable, and adoption converts them ([`TableShape::sent_in_place`]).
@@ -205,6 +205,14 @@ pub const COLUMNS: &[RequiredColumn] = {
             Never,
             ByServer,
             "DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3)",
+        ),
+        // A scheduled event's delivery time (migration 0014); NULL: at once.
+        column(
+            "deliver_at",
+            Time,
+            Never,
+            ByRelay,
+            "TIMESTAMP(3) NULL DEFAULT NULL",
         ),
     ]
 };

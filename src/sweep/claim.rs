@@ -171,7 +171,7 @@ impl Claimer {
             n => format!(" AND topic NOT IN ({})", vec!["?"; n].join(", ")),
         };
         format!(
-            "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {}{hint} \
+            "SELECT {ROW_COLUMNS} FROM {}{hint} \
              WHERE {} AND id > ? AND next_retry_at <= NOW(3){age}{topics} ORDER BY id LIMIT ?{lock}",
             self.table.sql(),
             Status::Pending.sql()
@@ -185,7 +185,7 @@ impl Claimer {
             ClaimStrategy::Optimistic => "",
         };
         format!(
-            "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM {} \
+            "SELECT {ROW_COLUMNS} FROM {} \
              WHERE id IN ({}) AND {} AND next_retry_at <= NOW(3) ORDER BY id{lock}",
             self.table.sql(),
             crate::db::id_list(ids.iter().copied()),
@@ -408,6 +408,11 @@ fn keep_key_order<K: Eq + std::hash::Hash>(
         .collect()
 }
 
+/// The columns a claim selects, in the order [`read_row`] reads them. `deliver_at` as Unix
+/// seconds (a TIMESTAMP's instant, whatever the session's time zone).
+const ROW_COLUMNS: &str =
+    "id, event_id, biz_key, topic, tags, headers, payload, UNIX_TIMESTAMP(deliver_at)";
+
 /// Marker put in a [`RowText`] field when the column was not valid UTF-8.
 const NOT_UTF8: &str = "\u{0}not-utf8";
 
@@ -452,6 +457,7 @@ fn read_row(row: Row) -> (u64, RowText) {
         tags: next(),
         headers: next(),
         payload: next(),
+        deliver_at: next(),
     };
     (id, text)
 }
@@ -501,6 +507,7 @@ mod tests {
             strategy,
             limits: RowLimits {
                 max_payload_bytes: 1024,
+                max_delay: crate::outbox::DEFAULT_MAX_DELAY,
             },
             cursor: Default::default(),
             held: HeldRows::default(),
@@ -532,8 +539,8 @@ mod tests {
         assert_eq!(
             c.select_sql(true, 0),
             format!(
-                "SELECT id, event_id, biz_key, topic, tags, headers, payload FROM \
-                 `app`.`outbox_event` FORCE INDEX (idx_pending) WHERE {pending} AND id > ? AND \
+                "SELECT id, event_id, biz_key, topic, tags, headers, payload, \
+                 UNIX_TIMESTAMP(deliver_at) FROM `app`.`outbox_event` FORCE INDEX (idx_pending) WHERE {pending} AND id > ? AND \
                  next_retry_at <= NOW(3) ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
             )
         );
@@ -592,6 +599,7 @@ mod tests {
             tags: None,
             headers: Some(r#"{"a":"b"}"#.into()),
             payload: Some("{}".into()),
+            deliver_at: None,
         };
         match c.build((7, good.clone())) {
             Claimed::Event(row) => {

@@ -117,6 +117,7 @@ pub fn sample_message(topic: &str, i: usize) -> OutboundMessage {
         tags: Some("created".into()),
         headers: vec![("h".into(), "v".into())],
         payload: format!("{{\"i\":{i}}}"),
+        deliver_at_ms: None,
     }
 }
 

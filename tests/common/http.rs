@@ -28,3 +28,20 @@ pub fn free_addr() -> String {
         .port();
     format!("127.0.0.1:{port}")
 }
+
+/// Waits (up to a minute) until `/readyz` on `addr` answers 503 with `topic` as the one refused
+/// topic; returns that body.
+pub async fn wait_until_refused(addr: &str, topic: &str) -> String {
+    let listed = format!("\"refused_topics\":[\"{topic}\"]");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match get(addr, "/readyz") {
+            Some((503, body)) if body.contains(&listed) => return body,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "/readyz did not name {topic} as refused within 60 s: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

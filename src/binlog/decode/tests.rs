@@ -35,6 +35,7 @@ fn decode(values: Vec<BinlogValue<'static>>, limit: usize) -> DecodedRow {
         values.into_iter().map(Some).collect(),
         RowLimits {
             max_payload_bytes: limit,
+            max_delay: crate::outbox::DEFAULT_MAX_DELAY,
         },
     )
 }

@@ -468,6 +468,7 @@ mod tests {
             tables: vec![TableName::parse("app.outbox_event").unwrap()],
             limits: crate::outbox::message::RowLimits {
                 max_payload_bytes: 1 << 20,
+                max_delay: crate::outbox::DEFAULT_MAX_DELAY,
             },
             flavor: super::super::ServerFlavor::MySqlGtid,
             clock: Default::default(),

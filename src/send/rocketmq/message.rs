@@ -3,7 +3,8 @@
 //! Every message carries KEYS = `event_id biz_key`, the user properties `event_id` and
 //! `biz_key`, its tags and its headers; on a topic that orders by message group (RocketMQ 5's
 //! FIFO and MIXED topics, see [`super::message_type`]) also its `biz_key` as its message group
-//! (`__SHARDINGKEY`).
+//! (`__SHARDINGKEY`); a scheduled event, and every event of a DELAY topic, is a timer message due
+//! at its `deliver_at` (`TIMER_DELIVER_MS`; at once without one), sent in a request of its own.
 
 use super::SendError;
 use crate::outbox::OutboundMessage;
@@ -17,6 +18,31 @@ use rocketmq_model::common::message::{MessageConst, MessageTrait};
 /// `MESSAGE_ILLEGAL`), less room for the ones the client adds (`UNIQ_KEY`, ...).
 const MAX_PROPERTY_BYTES: usize = i16::MAX as usize - 512;
 
+/// How the messages of one send are built (see [`super::message_type::Form`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Shape {
+    /// With the event's `biz_key` as message group.
+    pub grouped: bool,
+    /// Every event a timer message (a DELAY topic), due at its `deliver_at` or at once.
+    pub timed: bool,
+}
+
+impl Shape {
+    /// Plain messages (a scheduled event is a timer message whatever the shape).
+    pub const PLAIN: Shape = Shape {
+        grouped: false,
+        timed: false,
+    };
+    pub const GROUPED: Shape = Shape {
+        grouped: true,
+        timed: false,
+    };
+    pub const TIMED: Shape = Shape {
+        grouped: false,
+        timed: true,
+    };
+}
+
 /// One send request and how many messages it carries.
 pub(super) enum Request {
     One(Message),
@@ -24,19 +50,27 @@ pub(super) enum Request {
 }
 
 /// The requests of `messages` (consecutive events of one topic and queue, `topic` as the broker
-/// names it), in order: one for
-/// all of them, or, where events carry a message group (`grouped`), one per run of events of one
-/// key. A batch's own properties are what a proxy checks against the topic's type, and both
-/// brokers append them to every message of the batch they store, so a batch carries one group.
+/// names it), in order: one for all of them, or, where events carry a message group
+/// (`shape.grouped`), one per run of events of one key; a timer message always alone (a broker
+/// schedules single messages, not batches). A batch's own properties are what a proxy checks
+/// against the topic's type, and both brokers append them to every message of the batch they
+/// store, so a batch carries one group.
 pub(super) fn requests(
     messages: &[&OutboundMessage],
     topic: &str,
-    grouped: bool,
+    shape: Shape,
 ) -> Result<Vec<(Request, usize)>, SendError> {
+    let timed = |m: &OutboundMessage| shape.timed || m.deliver_at_ms.is_some();
     let mut runs: Vec<Vec<&OutboundMessage>> = Vec::new();
     for m in messages {
         match runs.last_mut() {
-            Some(run) if !grouped || run[0].biz_key == m.biz_key => run.push(m),
+            Some(run)
+                if !timed(m)
+                    && !timed(run[0])
+                    && (!shape.grouped || run[0].biz_key == m.biz_key) =>
+            {
+                run.push(m)
+            }
             _ => runs.push(vec![m]),
         }
     }
@@ -44,12 +78,12 @@ pub(super) fn requests(
     for run in runs {
         let count = run.len();
         let mut built = (run.iter())
-            .map(|m| build_message(m, topic, grouped))
+            .map(|m| build_message(m, topic, shape))
             .collect::<Result<Vec<_>, _>>()?;
         let request = if count == 1 {
             Request::One(built.pop().expect("one"))
         } else {
-            let group = grouped.then(|| run[0].biz_key.as_str());
+            let group = shape.grouped.then(|| run[0].biz_key.as_str());
             Request::Batch(batch_of(built, group)?)
         };
         requests.push((request, count));
@@ -58,11 +92,12 @@ pub(super) fn requests(
 }
 
 /// The broker message for `m` to `topic` (`m`'s topic as the broker names it: in the configured
-/// namespace), with its `biz_key` as message group if `grouped`.
+/// namespace), with its `biz_key` as message group if `shape.grouped`, and a timer message if it
+/// is scheduled or `shape.timed`.
 pub(super) fn build_message(
     m: &OutboundMessage,
     topic: &str,
-    grouped: bool,
+    shape: Shape,
 ) -> Result<Message, SendError> {
     let mut builder = Message::builder()
         .topic(topic)
@@ -93,13 +128,25 @@ pub(super) fn build_message(
              RocketMQ stores at most {MAX_PROPERTY_BYTES}: put large values in the payload"
         )));
     }
-    if grouped {
+    if shape.grouped {
         message.put_property(
             MessageConst::PROPERTY_SHARDING_KEY.into(),
             m.biz_key.as_str().into(),
         );
     }
+    let due = m.deliver_at_ms.or_else(|| shape.timed.then(now_ms));
+    if let Some(due) = due {
+        message.put_property(
+            MessageConst::PROPERTY_TIMER_DELIVER_MS.into(),
+            due.to_string().into(),
+        );
+    }
     Ok(message)
+}
+
+fn now_ms() -> u64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since_epoch.map_or(0, |d| d.as_millis() as u64)
 }
 
 /// One batch request for `messages`, each with its own id (`UNIQ_KEY`) and **no id of the batch
@@ -180,7 +227,7 @@ mod tests {
             .map(|i| sample_message("t", i))
             .collect();
         let refs: Vec<&OutboundMessage> = events.iter().collect();
-        let grouped = requests(&refs, "t", true).unwrap();
+        let grouped = requests(&refs, "t", Shape::GROUPED).unwrap();
         let counts: Vec<usize> = grouped.iter().map(|(_, n)| *n).collect();
         assert_eq!(counts, [2, 3, 1], "runs of one key, in order");
         let key = |k: &str| Some(k.to_string());
@@ -192,16 +239,54 @@ mod tests {
                 (key("key-0"), vec![key("key-0")]),
             ]
         );
-        let plain = requests(&refs, "t", false).unwrap();
+        let plain = requests(&refs, "t", Shape::PLAIN).unwrap();
         assert_eq!(plain.len(), 1, "one batch without groups");
         assert_eq!(groups(&plain), [(None, vec![None; 6])]);
+    }
+
+    fn due(message: &impl MessageTrait) -> Option<u64> {
+        let name = MessageConst::PROPERTY_TIMER_DELIVER_MS.into();
+        message.property(&name).map(|ms| ms.parse().unwrap())
+    }
+
+    #[test]
+    fn scheduled_events_are_timer_messages_each_in_a_request_of_its_own() {
+        let mut events: Vec<OutboundMessage> = (0..4).map(|i| sample_message("t", i * 3)).collect(); // one key
+        events[1].deliver_at_ms = Some(1_900_000_000_000);
+        let refs: Vec<&OutboundMessage> = events.iter().collect();
+        let plain = requests(&refs, "t", Shape::PLAIN).unwrap();
+        let counts: Vec<usize> = plain.iter().map(|(_, n)| *n).collect();
+        assert_eq!(counts, [1, 1, 2], "the scheduled one alone, order kept");
+        let Request::One(scheduled) = &plain[1].0 else {
+            panic!("a single message");
+        };
+        assert_eq!(due(scheduled), Some(1_900_000_000_000));
+        let Request::Batch(batch) = &plain[2].0 else {
+            panic!("a batch");
+        };
+        assert!(batch.messages.iter().all(|m| due(m).is_none()));
+
+        // On a DELAY topic every event is a timer message, due at once without a deliver_at.
+        let before = now_ms();
+        let all = requests(&refs, "t", Shape::TIMED).unwrap();
+        assert_eq!(all.len(), 4);
+        for (i, (request, _)) in all.iter().enumerate() {
+            let Request::One(m) = request else {
+                panic!("single messages");
+            };
+            let at = due(m).expect("a timer message");
+            match i {
+                1 => assert_eq!(at, 1_900_000_000_000),
+                _ => assert!(at >= before && at <= now_ms(), "due at once: {at}"),
+            }
+        }
     }
 
     #[test]
     fn properties_beyond_what_a_broker_stores_are_the_events_fault() {
         let mut event = sample_message("t", 0);
         event.headers = vec![("big".into(), "x".repeat(40_000))];
-        match build_message(&event, "t", false) {
+        match build_message(&event, "t", Shape::PLAIN) {
             Err(SendError::Rejected(reason)) => assert!(reason.contains("payload"), "{reason}"),
             other => panic!("expected a rejection, got {other:?}"),
         }

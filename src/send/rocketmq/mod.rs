@@ -18,7 +18,7 @@ pub use queues::QueueStore;
 use super::{OutboundMessage, SendError, Sink};
 use crate::config::RocketMqConfig;
 use crate::rocketmq_client::{is_missing_topic, ClientHost, ClientSecurity};
-use message::{accept, Request};
+use message::{accept, Request, Shape};
 use message_type::{Form, TopicTypes};
 use queues::{QueueBook, TopicQueues};
 use rocketmq_client_rust::{ClientError, DefaultMQProducer, MQClientException, SendResult};
@@ -367,7 +367,7 @@ impl Sink for RocketMqSink {
             Route::Queues(queues) => queues,
             Route::AutoCreate => {
                 let built = (messages.iter())
-                    .map(|m| message::build_message(m, topic, false))
+                    .map(|m| message::build_message(m, topic, Shape::PLAIN))
                     .collect::<Result<Vec<_>, _>>()?;
                 return self.send_creating(queue_index, built).await;
             }
@@ -376,27 +376,36 @@ impl Sink for RocketMqSink {
             .writable(topic, queue_index)
             .map_err(SendError::Retryable)?
             .clone();
-        let grouped = match self.types.form(topic) {
-            Form::Refused(reason) => return Err(SendError::Misconfigured(reason)),
-            Form::Plain => false,
-            Form::Grouped => true,
-        };
-        match self.send_as(topic, &queue, messages, grouped).await {
-            Err(Refused::Illegal(_)) if !grouped && self.types.may_want_groups(topic) => {
-                match self.send_as(topic, &queue, messages, true).await {
-                    Ok(ids) => {
-                        self.types.learn_fifo(topic);
-                        Ok(ids)
+        let scheduled = messages.iter().any(|m| m.deliver_at_ms.is_some());
+        let mut form = self.types.form(topic, scheduled);
+        let (mut ids, mut rest, mut tried) = (Vec::with_capacity(messages.len()), messages, false);
+        loop {
+            let shape = match &form {
+                Form::Refused(reason) => return Err(SendError::Misconfigured(reason.clone())),
+                Form::Plain => Shape::PLAIN,
+                Form::Grouped => Shape::GROUPED,
+                Form::Timed => Shape::TIMED,
+            };
+            // What was stored stays stored: a form tried next carries on after it.
+            let (sent, refused) = self.send_as(topic, &queue, rest, shape).await;
+            rest = &rest[sent.len()..];
+            ids.extend(sent);
+            match refused {
+                None => {
+                    if tried {
+                        self.types.learn_accepted(topic, &form);
                     }
-                    Err(Refused::Illegal(_)) => Err(self.types.refused_every_form(topic)),
-                    Err(Refused::Other(error)) => Err(error),
+                    return Ok(ids);
                 }
+                Some(Refused::Illegal(error)) => match self.types.next_try(topic, &form) {
+                    Some(next) => (form, tried) = (next, true),
+                    None if self.types.behind_proxy(topic) => {
+                        return Err(self.types.refused_every_form(topic))
+                    }
+                    None => return Err(error),
+                },
+                Some(Refused::Other(error)) => return Err(error),
             }
-            Err(Refused::Illegal(_)) if self.types.behind_proxy(topic) => {
-                Err(self.types.refused_every_form(topic))
-            }
-            Err(Refused::Illegal(error) | Refused::Other(error)) => Err(error),
-            Ok(ids) => Ok(ids),
         }
     }
 }
@@ -410,17 +419,20 @@ enum Refused {
 }
 
 impl RocketMqSink {
-    /// Sends `messages` to `queue`, with their keys as message groups if `grouped`, in as few
-    /// requests as that allows (see [`message::requests`]), each once the one before it is
-    /// stored.
+    /// Sends `messages` to `queue`, built as `shape` says, in as few requests as that allows
+    /// (see [`message::requests`]), each once the one before it is stored: the ids of the
+    /// messages stored (a prefix of `messages`), and why the others were not.
     async fn send_as(
         &self,
         topic: &str,
         queue: &MessageQueue,
         messages: &[&OutboundMessage],
-        grouped: bool,
-    ) -> Result<Vec<String>, Refused> {
-        let requests = message::requests(messages, topic, grouped).map_err(Refused::Other)?;
+        shape: Shape,
+    ) -> (Vec<String>, Option<Refused>) {
+        let requests = match message::requests(messages, topic, shape) {
+            Ok(requests) => requests,
+            Err(error) => return (Vec::new(), Some(Refused::Other(error))),
+        };
         let mut ids = Vec::with_capacity(messages.len());
         for (request, count) in requests {
             let (producer, queue) = (self.producer(), queue.clone());
@@ -432,15 +444,23 @@ impl RocketMqSink {
                         Request::Batch(batch) => producer.send_to_queue(batch, queue).await,
                     }
                 })
-                .await
-                .map_err(|e| Refused::Other(SendError::Retryable(e.to_string())))?;
+                .await;
+            let outcome = match outcome {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    return (
+                        ids,
+                        Some(Refused::Other(SendError::Retryable(e.to_string()))),
+                    )
+                }
+            };
             let illegal = matches!(&outcome, Err(e) if e.broker_response_code() == Some(13));
             match self.answer(topic, outcome, count).await {
                 Ok(sent) => ids.extend(sent),
-                Err(error) if illegal => return Err(Refused::Illegal(error)),
-                Err(error) => return Err(Refused::Other(error)),
+                Err(error) if illegal => return (ids, Some(Refused::Illegal(error))),
+                Err(error) => return (ids, Some(Refused::Other(error))),
             }
         }
-        Ok(ids)
+        (ids, None)
     }
 }

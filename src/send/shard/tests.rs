@@ -144,6 +144,7 @@ fn event(id: u64, key: &str, topic: &str) -> ShardEvent {
             tags: None,
             headers: vec![],
             payload: "{}".into(),
+            deliver_at_ms: None,
         },
         stamps: Default::default(),
     })

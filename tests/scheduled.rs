@@ -1,0 +1,146 @@
+//! Scheduled events (`deliver_at`, `NewEvent::deliver_at`): the relay sends them at once as
+//! RocketMQ 5 timer messages to a DELAY topic, and the broker hands them to consumers from their
+//! time on. Judged by what a consumer on the official Java 5.x client (gRPC, through the proxy)
+//! receives and when, beside the rows: each scheduled event no earlier than its time, one due in
+//! the past and an unscheduled one at once, one further ahead than the broker keeps timer
+//! messages FAILED with the reason, and scheduled events for a NORMAL topic waiting, named in
+//! `/readyz`, never FAILED.
+
+use crate::common;
+use crate::rocketmq5::{proxy, typed_topic};
+
+use common::http::{free_addr, wait_until_refused};
+use common::java_client::JavaConsumer;
+use common::relay::{
+    count_where, current_position, relay_fixture, seed_checkpoint, write_config_file, RelayProcess,
+};
+use common::TestDb;
+use mysql_async::prelude::*;
+use rocketmq_outbox::outbox::Status;
+use rocketmq_outbox::producer::{NewEvent, Outbox};
+use serde_json::json;
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_events_reach_consumers_no_earlier_than_their_time() {
+    common::init_logging();
+    let Some(proxy) = proxy() else { return };
+    let db = TestDb::migrated("scheduled").await;
+    let (delay, normal) = (typed_topic("DELAY"), typed_topic("NORMAL"));
+    let group = format!("scheduled_{}", std::process::id());
+    let consumer = JavaConsumer::start(
+        &proxy.grpc_addr(),
+        &delay,
+        &group,
+        8,
+        Duration::from_secs(120),
+    )
+    .await;
+
+    let (config, dir) = relay_fixture(&db).on(&proxy.addr()).build();
+    seed_checkpoint(&config, &current_position(&db).await);
+    let file = write_config_file(&config, dir.path());
+    let addr = free_addr();
+    let relay = RelayProcess::spawn_serving(&file, &addr, &dir.path().join("relay.log"), &[]);
+
+    // In one transaction, as business code writes them: six events due in 5-10 s on three keys,
+    // one due a minute ago, one with no time (a DELAY topic's: at once), one 4 days ahead, and
+    // a scheduled event for the NORMAL topic.
+    let now = SystemTime::now();
+    let mut events: Vec<(NewEvent, Option<SystemTime>)> = (0..6)
+        .map(|i| {
+            let at = now + Duration::from_millis(5_000 + 900 * i);
+            let event = NewEvent::new(&delay, format!("order-{}", i % 3), json!({"i": i}));
+            (event.deliver_at(at), Some(at))
+        })
+        .collect();
+    let past = now - Duration::from_secs(60);
+    events.push((
+        NewEvent::new(&delay, "order-past", json!({})).deliver_at(past),
+        Some(past),
+    ));
+    events.push((NewEvent::new(&delay, "order-now", json!({})), None));
+    let far = now + Duration::from_secs(4 * 86_400);
+    events.push((
+        NewEvent::new(&delay, "order-far", json!({})).deliver_at(far),
+        Some(far),
+    ));
+    let soon = now + Duration::from_secs(5);
+    events.push((
+        NewEvent::new(&normal, "order-n", json!({})).deliver_at(soon),
+        Some(soon),
+    ));
+    let due: Vec<Option<SystemTime>> = events.iter().map(|(_, at)| *at).collect();
+    let mut tx = db.pool.start_transaction(Default::default()).await.unwrap();
+    let ids = Outbox::default()
+        .enqueue_batch(&mut tx, events.into_iter().map(|(e, _)| e).collect())
+        .await
+        .expect("enqueue");
+    tx.commit().await.unwrap();
+    let committed = unix_ms(SystemTime::now());
+    let due: HashMap<String, Option<u64>> = (ids.iter())
+        .map(|id| id.to_string())
+        .zip(due.into_iter().map(|at| at.map(unix_ms)))
+        .collect();
+
+    let deliveries = consumer.deliveries().await;
+    eprintln!("DEBUG deliveries {deliveries:#?}");
+    eprintln!(
+        "DEBUG log {}",
+        std::fs::read_to_string(dir.path().join("relay.log")).unwrap_or_default()
+    );
+    let sent = format!("topic = '{delay}' AND status = {}", Status::Sent.code());
+    assert_eq!(
+        count_where(&db, &sent).await,
+        8,
+        "the DELAY topic's events SENT"
+    );
+    let far_id = ids[8].to_string();
+    let reason: Option<String> = db
+        .conn()
+        .await
+        .exec_first(
+            "SELECT last_error FROM outbox_event WHERE event_id = ? AND status = ?",
+            (&far_id, Status::Failed.code()),
+        )
+        .await
+        .unwrap()
+        .flatten();
+    let reason = reason.expect("the event 4 days ahead is FAILED");
+    assert!(reason.contains("outbox.max_delay"), "{reason}");
+
+    // Every event of the DELAY topic delivered, none before its time; the others at once.
+    assert_eq!(deliveries.len(), 8, "{deliveries:?}");
+    for d in &deliveries {
+        let at = due[&d.event_id];
+        match at {
+            Some(at) if at > committed => {
+                assert!(d.at_ms >= at, "{d:?} received {} ms early", at - d.at_ms);
+                assert_eq!(d.delivery_ms, Some(at), "{d:?}: its delivery time");
+            }
+            _ => assert!(
+                d.at_ms < committed + 5_000,
+                "{d:?}: due at once, received {} ms after the commit",
+                d.at_ms.saturating_sub(committed)
+            ),
+        }
+        println!(
+            "scheduled: {} due {:?}, received {:+} ms from due",
+            d.biz_key,
+            at.map(|at| at as i64 - committed as i64),
+            d.at_ms as i64 - at.unwrap_or(committed) as i64
+        );
+    }
+
+    // The NORMAL topic's scheduled event waits as a configuration error, named in /readyz.
+    let body = wait_until_refused(&addr, &normal).await;
+    assert!(body.contains("message.type DELAY"), "{body}");
+    let pending = format!("topic = '{normal}' AND status = {}", Status::Pending.code());
+    assert_eq!(count_where(&db, &pending).await, 1, "it waits, not FAILED");
+    drop(relay);
+}
