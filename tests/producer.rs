@@ -259,3 +259,48 @@ async fn events_go_to_the_configured_outbox_table() {
     assert_eq!(db.count("billing_outbox").await, 1);
     assert_eq!(db.count("outbox_event").await, 0);
 }
+
+#[tokio::test]
+async fn a_delivery_time_is_stored_as_the_same_instant_whatever_the_session_time_zone() {
+    use std::time::{Duration, UNIX_EPOCH};
+    let db = TestDb::migrated("producer_deliver_at").await;
+    let at = UNIX_EPOCH + Duration::from_millis(1_767_225_600_250); // 2026-01-01T00:00:00.250Z
+    let mut conn = db.conn().await;
+    let mut stored = Vec::new();
+    for zone in ["+00:00", "+05:30", "-08:00"] {
+        conn.query_drop(format!("SET time_zone = '{zone}'"))
+            .await
+            .unwrap();
+        let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
+        // A batch of a scheduled and an unscheduled event: the INSERT names the column once.
+        let ids = Outbox::default()
+            .enqueue_batch(&mut tx, vec![event("k").deliver_at(at), event("k")])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        for id in ids {
+            let unix: Option<Option<String>> = conn
+                .exec_first(
+                    "SELECT CAST(UNIX_TIMESTAMP(deliver_at) AS CHAR) FROM outbox_event \
+                     WHERE event_id = ?",
+                    (id.as_str(),),
+                )
+                .await
+                .unwrap();
+            stored.push(unix.flatten());
+        }
+    }
+    let scheduled = Some("1767225600.250".to_string());
+    assert_eq!(
+        stored,
+        [
+            scheduled.clone(),
+            None,
+            scheduled.clone(),
+            None,
+            scheduled,
+            None
+        ],
+        "the instant, in every session time zone; NULL for the unscheduled one"
+    );
+}

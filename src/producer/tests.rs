@@ -194,3 +194,23 @@ fn duplicate_key_errors_are_recognised() {
         EnqueueError::Database(_)
     ));
 }
+
+#[test]
+fn deliver_at_is_bound_as_unix_seconds_within_a_timestamps_range() {
+    use std::time::{Duration, UNIX_EPOCH};
+    let at = UNIX_EPOCH + Duration::from_millis(1_767_225_600_250);
+    let row = prepare(ok_event().deliver_at(at)).unwrap();
+    assert_eq!(row.deliver_at.as_deref(), Some("1767225600.250"));
+    assert_eq!(prepare(ok_event()).unwrap().deliver_at, None);
+    for bad in [
+        UNIX_EPOCH - Duration::from_secs(1),
+        UNIX_EPOCH + Duration::from_secs(i32::MAX as u64),
+    ] {
+        assert!(matches!(
+            prepare(ok_event().deliver_at(bad)),
+            Err(EnqueueError::Invalid(
+                crate::outbox::RuleViolation::InvalidDeliverAt { .. }
+            ))
+        ));
+    }
+}
