@@ -327,7 +327,8 @@ async fn nulls_in_columns_the_contract_says_are_not_null_fail_with_the_column_na
                next_retry_at DATETIME(3) NULL DEFAULT CURRENT_TIMESTAMP(3),
                lease_until DATETIME(3) NULL, owner VARCHAR(128) NULL, msg_id VARCHAR(128) NULL,
                sent_at DATETIME(3) NULL, last_error VARCHAR(1024) NULL,
-               created_at DATETIME(3) NULL DEFAULT CURRENT_TIMESTAMP(3)
+               created_at DATETIME(3) NULL DEFAULT CURRENT_TIMESTAMP(3),
+               deliver_at TIMESTAMP(3) NULL
              ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
         )
         .await
