@@ -21,7 +21,7 @@ use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-fn cluster(label: &str, options: RocketMqOptions) -> RocketMq {
+pub(crate) fn cluster(label: &str, options: RocketMqOptions) -> RocketMq {
     RocketMq::start_with(&scratch_dir(label).unwrap(), options).expect("cluster starts")
 }
 
@@ -40,7 +40,7 @@ fn two_groups(label: &str) -> RocketMq {
 /// A relay config on `cluster` whose retry policy is 1 s doubling to 4 s, so `max_retry` 30
 /// waits 1 + 2 + 4 × 28 = 115 s before an event is FAILED: a killed JVM broker's restart took
 /// over 27 s (the budget of 8 retries) with the suite running beside it on two cores.
-fn config_on(db: &TestDb, cluster: &RocketMq) -> (Config, tempfile::TempDir) {
+pub(crate) fn config_on(db: &TestDb, cluster: &RocketMq) -> (Config, tempfile::TempDir) {
     let (config, dir) = relay_fixture(db)
         .on(&cluster.namesrv_addr())
         .broker_retries(
@@ -67,7 +67,11 @@ async fn write(db: &TestDb, topic: &str, from: usize, count: usize, keys: usize)
 /// Every outbox row SENT, its `msg_id` the id of a message the cluster stored with its
 /// event_id, and each key's messages in commit order within every queue they reached. Returns
 /// the stored messages.
-async fn assert_delivered(db: &TestDb, cluster: &RocketMq, topic: &str) -> Vec<ReceivedMessage> {
+pub(crate) async fn assert_delivered(
+    db: &TestDb,
+    cluster: &RocketMq,
+    topic: &str,
+) -> Vec<ReceivedMessage> {
     let rows: Vec<(u64, String, String, i8, Option<String>)> = db
         .conn()
         .await
@@ -353,7 +357,7 @@ async fn a_killed_broker_group_keeps_every_key_on_its_queue_and_the_other_keys_f
 
 /// The queues (group, queue id) each key's messages were stored on, after checking that no
 /// key's are on two.
-fn assert_each_key_on_one_queue(
+pub(crate) fn assert_each_key_on_one_queue(
     stored: &[ReceivedMessage],
 ) -> BTreeMap<String, Vec<(String, i32)>> {
     let mut queues_of: BTreeMap<String, Vec<(String, i32)>> = BTreeMap::new();

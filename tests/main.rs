@@ -26,6 +26,7 @@ mod cluster;
 mod consumer;
 mod consumer_cli;
 mod consumer_protocol;
+mod controller;
 mod dashboard;
 mod dead_letters;
 mod failover;

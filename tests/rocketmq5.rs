@@ -344,9 +344,16 @@ async fn in_a_namespace_the_relay_and_the_consumer_library_use_the_brokers_names
         || async { seen.lock().unwrap().len() >= 40 },
     )
     .await;
-    let progress = rocketmq()
-        .mqadmin(&["consumerProgress", "-g", &format!("{namespace}%{group}")])
-        .expect("mqadmin consumerProgress");
+    // The consumer commits its offsets every few seconds: until then the broker has none.
+    let group_on_broker = format!("{namespace}%{group}");
+    let mut progress = String::new();
+    let asked = std::time::Instant::now();
+    while !progress.contains(&on_broker) && asked.elapsed() < Duration::from_secs(45) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        progress = rocketmq()
+            .mqadmin(&["consumerProgress", "-g", &group_on_broker])
+            .unwrap_or_else(|e| e.to_string());
+    }
     consumer.shutdown().await;
     let seen = seen.lock().unwrap().clone();
     assert!(seen.iter().all(|(t, _)| t == &topic), "{seen:?}");
@@ -354,7 +361,7 @@ async fn in_a_namespace_the_relay_and_the_consumer_library_use_the_brokers_names
     assert_eq!(events.len(), 40, "every event handled");
     assert!(
         progress.contains(&on_broker),
-        "the broker knows group {namespace}%{group} on {on_broker}:\n{progress}"
+        "the broker knows group {group_on_broker} on {on_broker}:\n{progress}"
     );
 }
 

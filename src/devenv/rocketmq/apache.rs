@@ -64,12 +64,35 @@ fn java(home: &Path, heap_mb: u32, flags: &[String]) -> io::Result<Command> {
     Ok(command)
 }
 
-/// The name server on `127.0.0.1:port`, its config written to `dir`; TLS only with `tls`.
-pub fn namesrv_command(dir: &Path, port: u16, tls: Option<&TlsFiles>) -> io::Result<Command> {
+/// The name server on `127.0.0.1:port`, its config written to `dir`; TLS only with `tls`; with
+/// `controller`, a RocketMQ 5 controller embedded in it, serving brokers on that port (its
+/// DLedger port: a single-node controller group, which elects masters but cannot itself fail
+/// over).
+pub fn namesrv_command(
+    dir: &Path,
+    port: u16,
+    tls: Option<&TlsFiles>,
+    controller: Option<u16>,
+) -> io::Result<Command> {
     let conf = dir.join("namesrv.properties");
-    std::fs::write(&conf, format!("listenPort={port}\nbindAddress=127.0.0.1\n"))?;
+    let mut properties = format!("listenPort={port}\nbindAddress=127.0.0.1\n");
+    if let Some(controller) = controller {
+        properties.push_str(&format!(
+            "enableControllerInNamesrv=true
+controllerDLegerGroup=outbox-test
+controllerDLegerPeers=n0-127.0.0.1:{controller}
+controllerDLegerSelfId=n0
+controllerStorePath={store}
+enableElectUncleanMaster=false
+notifyBrokerRoleChanged=true
+",
+            store = dir.join("controller").display()
+        ));
+    }
+    std::fs::write(&conf, properties)?;
     let flags = tls.map(TlsFiles::server_flags).unwrap_or_default();
-    let mut command = java(dir, 128, &flags)?;
+    let heap = if controller.is_some() { 256 } else { 128 };
+    let mut command = java(dir, heap, &flags)?;
     command
         .arg("org.apache.rocketmq.namesrv.NamesrvStartup")
         .arg("-c")
@@ -99,15 +122,22 @@ pub fn proxy_command(dir: &Path, conf: &Path) -> io::Result<Command> {
     Ok(command)
 }
 
+/// Where a broker registers: its name server and, in controller mode, its controller.
+#[derive(Debug, Clone, Copy)]
+pub struct Servers<'a> {
+    pub namesrv: &'a str,
+    pub controller: Option<&'a str>,
+}
+
 /// One broker of the cluster, its `broker.conf` written to its directory; TLS only with `tls`.
 pub fn broker_command(
     node: &BrokerNode,
-    namesrv: &str,
+    servers: Servers<'_>,
     options: &RocketMqOptions,
     tls: Option<&TlsFiles>,
 ) -> io::Result<Command> {
     let conf = node.dir.join("broker.conf");
-    std::fs::write(&conf, broker_conf(node, namesrv, options))?;
+    std::fs::write(&conf, broker_conf(node, servers, options))?;
     let mut flags = tls.map(TlsFiles::server_flags).unwrap_or_default();
     // The store's mlock and buffer cleaner use the JDK's internal buffer class, as the stock
     // scripts allow.
@@ -127,7 +157,8 @@ pub fn broker_command(
 
 /// The broker's properties: loopback only, small store files (the stock commit-log file is
 /// 1 GiB and the index ~400 MiB, each mapped per broker), the role of the node in its group.
-fn broker_conf(node: &BrokerNode, namesrv: &str, options: &RocketMqOptions) -> String {
+fn broker_conf(node: &BrokerNode, servers: Servers<'_>, options: &RocketMqOptions) -> String {
+    let namesrv = servers.namesrv;
     let store = node.dir.join("store");
     let store = store.display();
     let role = node.role.apache_name();
@@ -159,6 +190,14 @@ waitTimeMillsInSendQueue=1000
         ha_port = node.ha_port,
         auto_create = options.auto_create_topics,
     );
+    if let (super::BrokerRole::Elected, Some(controller)) = (node.role, servers.controller) {
+        // The controller assigns the id and the role; a send is SEND_OK once every replica in
+        // the sync state set holds it, so the one it promotes has every acknowledged message.
+        conf = conf.replace(&format!("brokerId={}\n", node.id), "brokerId=-1\n");
+        conf.push_str(&format!(
+            "enableControllerMode=true\ncontrollerAddr={controller}\nallAckInSyncStateSet=true\n"
+        ));
+    }
     if node.role == super::BrokerRole::SyncMaster {
         // 5.x acknowledges a SYNC_MASTER's send once `inSyncReplicas` copies hold it (1 by
         // default: the master alone). Two, as a master+slave pair means: a slave that is gone

@@ -96,6 +96,11 @@ pub struct RocketMqOptions {
     /// Each group is a `SYNC_MASTER` with one `SLAVE` (a master's `SEND_OK` then means the slave
     /// has the message too) instead of a lone `ASYNC_MASTER`.
     pub sync_slaves: bool,
+    /// RocketMQ 5's controller mode (Apache only): the name server embeds a controller, and each
+    /// group is two brokers whose master the controller elects, and replaces by the other when
+    /// it dies (automatic master switch). A send is `SEND_OK` once both hold it
+    /// (`allAckInSyncStateSet`).
+    pub controller: bool,
     /// Authentication and authorization on (ACL 2.0), with this super user (Apache only).
     pub acl: Option<AclAccount>,
     /// The name server and brokers accept TLS only (`tls.server.mode=enforcing`), with a
@@ -115,6 +120,7 @@ impl Default for RocketMqOptions {
             auto_create_topics: true,
             groups: 1,
             sync_slaves: false,
+            controller: false,
             acl: None,
             tls: false,
             keep_store: false,
@@ -128,6 +134,8 @@ pub enum BrokerRole {
     AsyncMaster,
     SyncMaster,
     Slave,
+    /// In a controller-mode group: master or slave as the controller decides.
+    Elected,
 }
 
 impl BrokerRole {
@@ -136,7 +144,8 @@ impl BrokerRole {
         match self {
             BrokerRole::AsyncMaster => "ASYNC_MASTER",
             BrokerRole::SyncMaster => "SYNC_MASTER",
-            BrokerRole::Slave => "SLAVE",
+            // Controller mode starts every broker as a slave; the controller promotes one.
+            BrokerRole::Slave | BrokerRole::Elected => "SLAVE",
         }
     }
 }
@@ -146,7 +155,8 @@ impl BrokerRole {
 pub struct BrokerNode {
     /// Its group (`brokerName`).
     pub group: String,
-    /// `brokerId`: 0 for the master, 1 for the slave.
+    /// `brokerId`: 0 for the master, 1 for the slave (in controller mode: its place in the
+    /// group, whichever is master; see [`RocketMq::master_of`]).
     pub id: u32,
     pub role: BrokerRole,
     /// Its config, store and logs.
@@ -182,6 +192,8 @@ pub struct RocketMq {
     root: PathBuf,
     /// The certificates of a TLS cluster.
     tls: Option<TlsFiles>,
+    /// The controller's address in controller mode (its DLedger port, in the name server).
+    controller_addr: Option<String>,
 }
 
 impl RocketMq {
@@ -196,9 +208,11 @@ impl RocketMq {
             Some(kind) => kind,
             None => BrokerKind::from_env()?,
         };
-        if (options.acl.is_some() || options.tls) && kind != BrokerKind::Apache {
+        if (options.acl.is_some() || options.tls || options.controller)
+            && kind != BrokerKind::Apache
+        {
             return Err(io::Error::other(
-                "ACL and TLS are set up only on the Apache broker",
+                "ACL, TLS and controller mode are set up only on the Apache broker",
             ));
         }
         std::fs::create_dir_all(root)?;
@@ -210,9 +224,13 @@ impl RocketMq {
         let namesrv_dir = root.join("namesrv");
         std::fs::create_dir_all(&namesrv_dir)?;
         let namesrv_port = free_port()?;
+        let controller_port = match options.controller {
+            true => Some(free_port()?),
+            false => None,
+        };
         let command = match kind {
             BrokerKind::Apache => {
-                apache::namesrv_command(&namesrv_dir, namesrv_port, tls.as_ref())?
+                apache::namesrv_command(&namesrv_dir, namesrv_port, tls.as_ref(), controller_port)?
             }
             BrokerKind::Rust => rust_broker::namesrv_command(&namesrv_dir, namesrv_port)?,
         };
@@ -226,6 +244,7 @@ impl RocketMq {
         )?;
         let mut this = Self {
             brokers: Vec::new(),
+            controller_addr: controller_port.map(|port| format!("127.0.0.1:{port}")),
             namesrv: Some(namesrv),
             namesrv_addr: format!("127.0.0.1:{namesrv_port}"),
             kind,
@@ -235,7 +254,9 @@ impl RocketMq {
         };
         for group in 0..options.groups.max(1) {
             let name = group_name(group);
-            let roles: &[BrokerRole] = if options.sync_slaves {
+            let roles: &[BrokerRole] = if options.controller {
+                &[BrokerRole::Elected, BrokerRole::Elected]
+            } else if options.sync_slaves {
                 &[BrokerRole::SyncMaster, BrokerRole::Slave]
             } else {
                 &[BrokerRole::AsyncMaster]
@@ -279,6 +300,7 @@ impl RocketMq {
             },
             root: root.to_path_buf(),
             tls: None,
+            controller_addr: None,
         }
     }
 
@@ -414,12 +436,19 @@ impl RocketMq {
     fn spawn_broker_at(&mut self, index: usize) -> io::Result<bool> {
         let namesrv = self.namesrv_addr();
         let (kind, options, tls) = (self.kind, self.options.clone(), self.tls.clone());
+        let controller = self.controller_addr.clone();
         let node = self.node(index);
         if node.is_running() {
             return Ok(false);
         }
         let command: Command = match kind {
-            BrokerKind::Apache => apache::broker_command(node, &namesrv, &options, tls.as_ref())?,
+            BrokerKind::Apache => {
+                let servers = apache::Servers {
+                    namesrv: &namesrv,
+                    controller: controller.as_deref(),
+                };
+                apache::broker_command(node, servers, &options, tls.as_ref())?
+            }
             BrokerKind::Rust => rust_broker::broker_command(node, &namesrv, &options)?,
         };
         let log = node.dir.join("broker.out");
@@ -429,6 +458,9 @@ impl RocketMq {
     }
 
     fn wait_until_usable(&mut self, index: usize) -> io::Result<()> {
+        if self.options.controller {
+            return self.wait_until_elected(index);
+        }
         let namesrv = self.namesrv_addr();
         let security = self.client_security();
         let (group, id) = (self.brokers[index].group.clone(), self.brokers[index].id);
@@ -455,6 +487,46 @@ impl RocketMq {
             }
         });
         waited.map_err(|e| io::Error::new(e.kind(), format!("{e}\nlast probe failure: {last}")))
+    }
+
+    /// Controller mode: waits until broker `index` is registered in its group, the group has an
+    /// elected master, and (both brokers running) a probe message is `SEND_OK`.
+    fn wait_until_elected(&mut self, index: usize) -> io::Result<()> {
+        let namesrv = self.namesrv_addr();
+        let security = self.client_security();
+        let group = self.brokers[index].group.clone();
+        let addr = self.brokers[index].addr();
+        let members = (self.brokers.iter_mut())
+            .filter(|b| b.group == group)
+            .map(|b| b.is_running() as usize)
+            .sum();
+        let node = &mut self.brokers[index];
+        let process = node.process.as_mut().expect("just started");
+        let probe = probe::Probe::new(&namesrv, security)?;
+        let mut last = String::from("no attempt finished yet");
+        let waited =
+            wait_until_ready(
+                process,
+                BROKER_START_TIMEOUT,
+                "RocketMQ broker",
+                || match probe.elected_group_usable(&group, &addr, members) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        last = e;
+                        std::thread::sleep(Duration::from_millis(300));
+                        false
+                    }
+                },
+            );
+        waited.map_err(|e| io::Error::new(e.kind(), format!("{e}\nlast probe failure: {last}")))
+    }
+
+    /// Controller mode: the index of the broker of `group` the name server lists as its master
+    /// now, if any.
+    pub fn master_of(&self, group: &str) -> io::Result<Option<usize>> {
+        let probe = probe::Probe::new(&self.namesrv_addr, self.client_security())?;
+        let master = probe.master_addr(group).map_err(io::Error::other)?;
+        Ok(master.and_then(|addr| self.brokers.iter().position(|b| b.addr() == addr)))
     }
 
     /// Creates (or updates) `topic` with `queues` read and write queues on every master the

@@ -65,21 +65,46 @@ impl Probe {
             let Some(master) = addrs.and_then(|a| a.get(&0)) else {
                 return Err(format!("{group}'s master is not registered yet"));
             };
-            let topic = probe_topic(&group);
-            create_on(&runtime, &namesrv, &acl, master, &topic, 1).await?;
-            let producer = admin_producer(&runtime, &namesrv, &acl).await?;
-            let probe = Message::builder()
-                .topic(topic.as_str())
-                .body_slice(b"probe")
-                .build_unchecked();
-            let answer = producer.send_with_timeout(probe, 2_000).await;
-            let mut shutdown = producer;
-            shutdown.shutdown().await;
-            match answer {
-                Ok(Some(sent)) if sent.send_status == SendStatus::SendOk => Ok(()),
-                Ok(other) => Err(format!("probe send answered {other:?}")),
-                Err(e) => Err(format!("probe send: {e}")),
+            send_probe(&runtime, &namesrv, &acl, master, &group).await
+        };
+        self.block_on_for(Duration::from_secs(10), attempt)
+    }
+
+    /// Controller mode: Ok once the broker at `addr` is registered in `group`, the group has an
+    /// elected master (id 0), `members` brokers are registered (those running), and a probe
+    /// message sent through the route came back `SEND_OK`.
+    pub(super) fn elected_group_usable(
+        &self,
+        group: &str,
+        addr: &str,
+        members: usize,
+    ) -> Result<(), String> {
+        let (runtime, namesrv, acl) = (self.runtime(), self.namesrv.clone(), self.acl.clone());
+        let (group, addr) = (group.to_string(), addr.to_string());
+        let attempt = async move {
+            let view = cluster_view(&runtime, &namesrv, &acl).await?;
+            let addrs = view.get(&group).cloned().unwrap_or_default();
+            if !addrs.values().any(|a| *a == addr) {
+                return Err(format!("{addr} is not registered in {group} yet"));
             }
+            let Some(master) = addrs.get(&0) else {
+                return Err(format!("{group} has no elected master yet: {addrs:?}"));
+            };
+            if addrs.len() < members {
+                return Err(format!("{group}: {} of {members} registered", addrs.len()));
+            }
+            send_probe(&runtime, &namesrv, &acl, master, &group).await
+        };
+        self.block_on_for(Duration::from_secs(10), attempt)
+    }
+
+    /// The address the name server lists as `group`'s master (id 0), if any.
+    pub(super) fn master_addr(&self, group: &str) -> Result<Option<String>, String> {
+        let (runtime, namesrv, acl) = (self.runtime(), self.namesrv.clone(), self.acl.clone());
+        let group = group.to_string();
+        let attempt = async move {
+            let view = cluster_view(&runtime, &namesrv, &acl).await?;
+            Ok(view.get(&group).and_then(|addrs| addrs.get(&0)).cloned())
         };
         self.block_on_for(Duration::from_secs(10), attempt)
     }
@@ -195,6 +220,32 @@ async fn cluster_view(
             (name.to_string(), addrs)
         })
         .collect())
+}
+
+/// Ok if a probe message to `group`'s probe topic (created on its master at `master`) is
+/// `SEND_OK`.
+async fn send_probe(
+    runtime: &Arc<ClientRuntime>,
+    namesrv: &str,
+    acl: &ClientSecurity,
+    master: &str,
+    group: &str,
+) -> Result<(), String> {
+    let topic = probe_topic(group);
+    create_on(runtime, namesrv, acl, master, &topic, 1).await?;
+    let producer = admin_producer(runtime, namesrv, acl).await?;
+    let probe = Message::builder()
+        .topic(topic.as_str())
+        .body_slice(b"probe")
+        .build_unchecked();
+    let answer = producer.send_with_timeout(probe, 2_000).await;
+    let mut shutdown = producer;
+    shutdown.shutdown().await;
+    match answer {
+        Ok(Some(sent)) if sent.send_status == SendStatus::SendOk => Ok(()),
+        Ok(other) => Err(format!("probe send answered {other:?}")),
+        Err(e) => Err(format!("probe send: {e}")),
+    }
 }
 
 /// UPDATE_AND_CREATE_TOPIC on the broker at `addr`.
