@@ -4,7 +4,8 @@
 //! receives and when, beside the rows: each scheduled event no earlier than its time, one due in
 //! the past and an unscheduled one at once, one further ahead than the broker keeps timer
 //! messages FAILED with the reason, and scheduled events for a NORMAL topic waiting, named in
-//! `/readyz`, never FAILED.
+//! `/readyz`, never FAILED. Then a scheduled event straight to the broker, and the broker's own
+//! store: every message of the DELAY topic stored there no earlier than its time.
 
 use crate::common;
 use crate::rocketmq5::{proxy, typed_topic};
@@ -14,10 +15,15 @@ use common::java_client::JavaConsumer;
 use common::relay::{
     count_where, current_position, relay_fixture, seed_checkpoint, write_config_file, RelayProcess,
 };
+use common::rocketmq::rocketmq;
 use common::TestDb;
 use mysql_async::prelude::*;
+use rocketmq_outbox::config::RocketMqConfig;
+use rocketmq_outbox::devenv::TopicReader;
 use rocketmq_outbox::outbox::Status;
 use rocketmq_outbox::producer::{NewEvent, Outbox};
+use rocketmq_outbox::send::{RocketMqSink, Sink};
+use rocketmq_outbox::test_utils::sample_message;
 use serde_json::json;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -89,11 +95,6 @@ async fn scheduled_events_reach_consumers_no_earlier_than_their_time() {
         .collect();
 
     let deliveries = consumer.deliveries().await;
-    eprintln!("DEBUG deliveries {deliveries:#?}");
-    eprintln!(
-        "DEBUG log {}",
-        std::fs::read_to_string(dir.path().join("relay.log")).unwrap_or_default()
-    );
     let sent = format!("topic = '{delay}' AND status = {}", Status::Sent.code());
     assert_eq!(
         count_where(&db, &sent).await,
@@ -143,4 +144,57 @@ async fn scheduled_events_reach_consumers_no_earlier_than_their_time() {
     let pending = format!("topic = '{normal}' AND status = {}", Status::Pending.code());
     assert_eq!(count_where(&db, &pending).await, 1, "it waits, not FAILED");
     drop(relay);
+
+    // Straight to the broker too (no proxy): a scheduled event due 3 s from now.
+    let straight = RocketMqSink::start(&RocketMqConfig {
+        namesrv_addr: Some(rocketmq().namesrv_addr()),
+        producer_group: format!("scheduled_straight_{}", std::process::id()),
+        ..RocketMqConfig::default()
+    })
+    .await
+    .expect("sink");
+    let mut event = sample_message(&delay, 0);
+    let straight_due = unix_ms(SystemTime::now()) + 3_000;
+    event.deliver_at_ms = Some(straight_due);
+    let straight_id = straight.send(&delay, 0, &[&event]).await.expect("sent")[0].clone();
+    straight.shutdown().await;
+
+    // The broker's own store: every event of the DELAY topic stored in it no earlier than its
+    // time, under the msg_id its row was marked SENT with (or its send returned).
+    let marked: Vec<(String, String)> = db
+        .conn()
+        .await
+        .exec(
+            "SELECT event_id, msg_id FROM outbox_event WHERE topic = ? AND status = ?",
+            (&delay, Status::Sent.code()),
+        )
+        .await
+        .unwrap();
+    let mut expected: HashMap<String, (String, u64)> = (marked.into_iter())
+        .map(|(event_id, msg_id)| {
+            let at = due[&event_id].unwrap_or(committed);
+            (event_id, (msg_id, at))
+        })
+        .collect();
+    expected.insert(event.event_id.clone(), (straight_id, straight_due));
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &delay)
+        .await
+        .expect("reader");
+    let stored = reader
+        .read_at_least(expected.len(), Duration::from_secs(60))
+        .await
+        .expect("the DELAY topic's messages");
+    reader.close().await;
+    assert_eq!(stored.len(), expected.len(), "each stored once");
+    for m in &stored {
+        let (msg_id, at) = &expected[&m.properties["event_id"]];
+        assert_eq!(&m.msg_id, msg_id, "{m:?}");
+        if *at > committed {
+            assert!(
+                m.store_timestamp as u64 >= *at,
+                "{m:?} stored {} ms before its time",
+                at - m.store_timestamp as u64
+            );
+        }
+    }
 }
