@@ -1,7 +1,8 @@
 //! Dead letters watched: a consumer group whose handler keeps asking for a retry gets its
 //! events moved by the broker to `%DLQ%<group>`; a relay told to watch that group
 //! (`rocketmq.dead_letter_groups`) exports how many arrived there, and `status` names the group.
-//! Judged by what the broker stored in the dead-letter queue.
+//! Judged by what the broker stored in the dead-letter queue. Through a RocketMQ 5 proxy, which
+//! lists no brokers to ask, `status` says the figures are unknown and why.
 
 use crate::common;
 
@@ -110,4 +111,21 @@ async fn events_a_consumer_gives_up_on_are_counted_from_the_dead_letter_queue_an
         "status names the group:\n{printed}"
     );
     drop(relay);
+
+    // Through a RocketMQ 5 proxy (no brokers listed to ask) the figures are unknown, and said
+    // so, never a silent 0.
+    if let Some(proxy) = crate::rocketmq5::proxy() {
+        config.rocketmq.namesrv_addr = Some(proxy.addr());
+        let file = write_config_file(&config, dir.path());
+        let status = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["-c", file.to_str().unwrap(), "status"])
+            .output()
+            .expect("outbox-relay status");
+        let printed = String::from_utf8_lossy(&status.stdout);
+        assert!(
+            printed.contains("DLQ         dead-letter queues unknown")
+                && printed.contains("probably a RocketMQ 5 proxy"),
+            "status through the proxy:\n{printed}"
+        );
+    }
 }

@@ -8,11 +8,12 @@
 //! Guarantee: the figures are the broker's (the queue offsets of every master serving the DLQ
 //! topic, as `mqadmin topicStatus` prints them), read with the relay's own account, TLS and
 //! namespace; a group nothing was dead-lettered for yet (the broker creates its DLQ topic with
-//! the first one) reads as 0; a read that fails is logged and counted, never shown as 0.
+//! the first one) reads as 0; a read that fails is logged and counted, never shown as 0 — nor
+//! one through a RocketMQ 5 proxy, which lists no brokers to ask.
 
 use crate::config::RocketMqConfig;
 use crate::rocketmq_client::{is_missing_topic, ClientHost, ClientSecurity};
-use rocketmq_client_rust::TopicAdmin;
+use rocketmq_client_rust::{RouteAdmin, TopicAdmin};
 use serde::Serialize;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -42,12 +43,23 @@ pub async fn read(
     let host = ClientHost::on_current_runtime("outbox-dlq")?;
     let mut admin = security.admin(host.client_runtime());
     admin.set_namesrv_addr(namesrv.as_str());
+    let namesrv = namesrv.clone();
     let topics: Vec<(String, String)> = (groups.iter())
         .map(|group| (group.clone(), config.in_namespace(&format!("%DLQ%{group}"))))
         .collect();
     let read = host
         .run(async move {
             admin.start().await?;
+            // A RocketMQ 5 proxy routes topics to itself and answers no cluster request: asked
+            // through it, a DLQ's statistics would read as empty, a silent 0.
+            if let Err(e) = admin.examine_broker_cluster_info().await {
+                admin.shutdown().await;
+                return Err(anyhow::anyhow!(
+                    "dead letters are read from the brokers, and {namesrv} lists none ({e}): it \
+                     is probably a RocketMQ 5 proxy; give rocketmq.namesrv_addr the name servers \
+                     to watch rocketmq.dead_letter_groups"
+                ));
+            }
             let mut queues = Vec::with_capacity(topics.len());
             for (group, topic) in topics {
                 let stats = admin.examine_topic_stats(topic.as_str().into(), None).await;
