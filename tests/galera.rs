@@ -26,14 +26,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Connects to `database` on node `n` over TCP (as `root@127.0.0.1`, which only replication
-/// created on node 2), reading causally: a read waits until the node has applied every write
-/// the cluster committed before it (`wsrep_sync_wait`).
+/// created on node 2), causally: a read or a write waits until the node has applied every write
+/// the cluster committed before it (`wsrep_sync_wait = 15`). Writes too: an INSERT on node 2
+/// that ran before node 2 applied node 1's latest took an AUTO_INCREMENT id below it, and the
+/// rows' id order was not the order they were written in (seen in CI under load).
 async fn connect(cluster: &GaleraCluster, n: usize, database: &str) -> Conn {
     let url = cluster.node(n).url(database);
     let mut conn = Conn::from_url(url.as_str())
         .await
         .unwrap_or_else(|e| panic!("node {n}: connect to {url}: {e}"));
-    conn.query_drop("SET SESSION wsrep_sync_wait = 1")
+    conn.query_drop("SET SESSION wsrep_sync_wait = 15")
         .await
         .unwrap();
     conn
