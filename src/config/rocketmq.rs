@@ -73,7 +73,7 @@ impl RocketMqConfig {
     /// `name` (a topic or a consumer group) as the broker names it in `namespace` (see
     /// [`crate::rocketmq_client::namespace`]).
     #[cfg(feature = "consumer")]
-    pub fn in_namespace(&self, name: &str) -> String {
+    pub fn in_namespace<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
         crate::rocketmq_client::namespace::inside(self.namespace.as_deref(), name)
     }
 

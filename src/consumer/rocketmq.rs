@@ -168,7 +168,7 @@ impl IdempotentPushConsumer {
         let mut builder = options
             .security
             .push_consumer_builder(builder)
-            .consumer_group(namespace::inside(namespace.as_deref(), &group))
+            .consumer_group(namespace::inside(namespace.as_deref(), &group).into_owned())
             .name_server_addr(options.namesrv_addr.clone())
             .consume_message_batch_max_size(1)
             // Let in-flight deliveries finish (and their offsets be committed) on shutdown; the
@@ -195,7 +195,7 @@ impl IdempotentPushConsumer {
                 namespace.clone(),
             )),
         }
-        let sub_topic = namespace::inside(namespace.as_deref(), &options.topic);
+        let sub_topic = namespace::inside(namespace.as_deref(), &options.topic).into_owned();
         let expression = options.expression.clone();
         let (consumer, started) = host
             .run(async move {

@@ -43,9 +43,13 @@ pub async fn read(
     let host = ClientHost::on_current_runtime("outbox-dlq")?;
     let mut admin = security.admin(host.client_runtime());
     admin.set_namesrv_addr(namesrv.as_str());
-    let namesrv = namesrv.clone();
     let topics: Vec<(String, String)> = (groups.iter())
-        .map(|group| (group.clone(), config.in_namespace(&format!("%DLQ%{group}"))))
+        .map(|group| {
+            (
+                group.clone(),
+                config.in_namespace(&format!("%DLQ%{group}")).into_owned(),
+            )
+        })
         .collect();
     let read = host
         .run(async move {

@@ -95,7 +95,9 @@ pub fn message_from_text(row: RowText, limits: RowLimits) -> Result<OutboundMess
     })
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the Unix epoch, now (system clock): what `deliver_at` and a timer message's
+/// `TIMER_DELIVER_MS` count in.
+pub(crate) fn now_ms() -> u64 {
     let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     since_epoch.map_or(0, |d| d.as_millis() as u64)
 }

@@ -6,12 +6,16 @@
 //! the names users wrote while the broker sees its own.
 
 use rocketmq_protocol::protocol::namespace_util::NamespaceUtil;
+use std::borrow::Cow;
 
-/// `name` (a topic or consumer group) as the broker names it in `namespace` (none: unchanged).
-pub fn inside(namespace: Option<&str>, name: &str) -> String {
+/// `name` (a topic or consumer group) as the broker names it in `namespace` (none: unchanged,
+/// and not copied: the sink asks this for every send).
+pub fn inside<'a>(namespace: Option<&str>, name: &'a str) -> Cow<'a, str> {
     match namespace {
-        Some(namespace) => NamespaceUtil::wrap_namespace(namespace, name.to_string()).to_string(),
-        None => name.to_string(),
+        Some(namespace) => {
+            Cow::Owned(NamespaceUtil::wrap_namespace(namespace, name.to_string()).to_string())
+        }
+        None => Cow::Borrowed(name),
     }
 }
 

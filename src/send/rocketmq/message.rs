@@ -7,6 +7,7 @@
 //! at its `deliver_at` (`TIMER_DELIVER_MS`; at once without one), sent in a request of its own.
 
 use super::SendError;
+use crate::outbox::message::now_ms;
 use crate::outbox::OutboundMessage;
 use rocketmq_client_rust::{SendResult, SendStatus};
 use rocketmq_model::common::message::message_batch::MessageBatch;
@@ -142,11 +143,6 @@ pub(super) fn build_message(
         );
     }
     Ok(message)
-}
-
-fn now_ms() -> u64 {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    since_epoch.map_or(0, |d| d.as_millis() as u64)
 }
 
 /// One batch request for `messages`, each with its own id (`UNIQ_KEY`) and **no id of the batch

@@ -112,7 +112,7 @@ impl RocketMqSink {
             rebuilding: AtomicBool::new(false),
             types: TopicTypes::new(
                 (config.topic_types.iter())
-                    .map(|(topic, kind)| (config.in_namespace(topic), *kind))
+                    .map(|(topic, kind)| (config.in_namespace(topic).into_owned(), *kind))
                     .collect(),
             ),
         })
@@ -343,7 +343,7 @@ impl Sink for RocketMqSink {
     fn queue_group(&self, topic: &str, queue: usize) -> Option<String> {
         let topic = self.config.in_namespace(topic);
         let routes = self.routes.lock().expect("not poisoned");
-        let (queues, _) = routes.get(&topic)?;
+        let (queues, _) = routes.get(topic.as_ref())?;
         Some(queues.list.get(queue)?.broker_name().to_string())
     }
 
