@@ -125,7 +125,8 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # FAILED rule, bad input, the sweeper, the producer API, migrations, daily partitions, the
   # operator's /metrics and /readyz through a broker outage, the switch-over from the article's
   # polling relay, a split primary (the old leader fenced by the promoted replica's epoch), and
-  # the image's release binary. The suite's modules in one run, then the soak, each timed.
+  # the image's release binary; scheduled events (deliver_at from MySQL's binlog, through the
+  # proxy). The suite's modules in one run, then the soak, each timed.
   echo "== relay tests against Apache RocketMQ (Java) and Oracle MySQL"
   started=$SECONDS
   start_servers apache mysql
@@ -133,7 +134,7 @@ if [ "$WITH_MYSQL" = 1 ]; then
   modules=(relay relay_faults relay_resume failover leader purged_binlog row_image poll poll_processes
     marker memory_broker bad_input bad_input_access relay_checks sweeper producer migrate operate
     operate_status_replay partitions tls xa binlog_variants metrics switch_over split_primary
-    isolation)
+    isolation scheduled)
   # (The cluster tests run in the first phase only: each starts a cluster of its own, and in
   # this phase, beside the MySQL tests, a two-group cluster missed its 120 s start once. By
   # hand they pass on MySQL too: OUTBOX_TEST_DB=mysql cargo test --test suite -- cluster::)

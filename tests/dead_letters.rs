@@ -44,6 +44,15 @@ fn dlq_received(addr: &str, group: &str) -> Option<u64> {
         .and_then(|value| value.trim().parse().ok())
 }
 
+/// What `outbox-relay -c FILE status` prints.
+fn status(file: &std::path::Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["-c", file.to_str().unwrap(), "status"])
+        .output()
+        .expect("outbox-relay status");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_a_consumer_gives_up_on_are_counted_from_the_dead_letter_queue_and_named() {
     common::init_logging();
@@ -99,11 +108,7 @@ async fn events_a_consumer_gives_up_on_are_counted_from_the_dead_letter_queue_an
         .collect();
     assert_eq!((stored.len(), ids.len()), (3, 3), "{dlq}: {stored:?}");
 
-    let status = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["-c", file.to_str().unwrap(), "status"])
-        .output()
-        .expect("outbox-relay status");
-    let printed = String::from_utf8_lossy(&status.stdout);
+    let printed = status(&file);
     assert!(
         printed.contains(&format!(
             "DLQ         group {group}: 3 stored, 3 ever ({dlq})"
@@ -116,12 +121,7 @@ async fn events_a_consumer_gives_up_on_are_counted_from_the_dead_letter_queue_an
     // so, never a silent 0.
     if let Some(proxy) = crate::rocketmq5::proxy() {
         config.rocketmq.namesrv_addr = Some(proxy.addr());
-        let file = write_config_file(&config, dir.path());
-        let status = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["-c", file.to_str().unwrap(), "status"])
-            .output()
-            .expect("outbox-relay status");
-        let printed = String::from_utf8_lossy(&status.stdout);
+        let printed = status(&write_config_file(&config, dir.path()));
         assert!(
             printed.contains("DLQ         dead-letter queues unknown")
                 && printed.contains("probably a RocketMQ 5 proxy"),
