@@ -20,7 +20,7 @@ WORKDIR /src
 # Only what the build reads (.dockerignore keeps target/ and .git out of the context).
 COPY Cargo.toml Cargo.lock ./
 COPY src src
-COPY migrations migrations
+COPY crates crates
 COPY bench bench
 COPY tests tests
 # `outbox-relay --version` names this commit (the context has no .git to ask).
@@ -31,12 +31,29 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bin outbox-relay \
     && install -m 0755 target/release/outbox-relay /usr/local/bin/outbox-relay
 
+# The demo producer of docker-compose.yml (`outbox-dev demo`): development tooling, never in the
+# relay's image. Built only for `--target demo`.
+FROM build AS dev-build
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p outbox-dev \
+    && install -m 0755 target/release/outbox-dev /usr/local/bin/outbox-dev
+
+FROM debian:bookworm-slim AS demo
+COPY deploy/image/runtime-setup.sh /tmp/runtime-setup.sh
+RUN sh /tmp/runtime-setup.sh && rm /tmp/runtime-setup.sh
+COPY --from=dev-build /usr/local/bin/outbox-dev /usr/local/bin/outbox-dev
+USER 10001:10001
+ENV OUTBOX_RELAY_CONFIG=/etc/outbox-relay/relay.toml
+ENTRYPOINT ["/usr/local/bin/outbox-dev"]
+
+# The relay's image (the default target).
 FROM debian:bookworm-slim AS runtime
 # ca-certificates, the non-root user 10001 and the state directory: one script, which CI runs too.
 COPY deploy/image/runtime-setup.sh /tmp/runtime-setup.sh
 RUN sh /tmp/runtime-setup.sh && rm /tmp/runtime-setup.sh
 COPY --from=build /usr/local/bin/outbox-relay /usr/local/bin/outbox-relay
-COPY migrations /usr/share/outbox-relay/migrations
+COPY crates/producer/migrations /usr/share/outbox-relay/migrations
 USER 10001:10001
 WORKDIR /var/lib/outbox-relay
 ENV OUTBOX_RELAY_CONFIG=/etc/outbox-relay/relay.toml \

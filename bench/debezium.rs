@@ -14,8 +14,8 @@
 //! sent nothing is skipped by the next start (the bench sends a probe first); a failed send
 //! ends the process with exit code 0 (the bench treats any exit as a failure).
 
-use rocketmq_outbox::devenv::process::ServerProcess;
-use rocketmq_outbox::devenv::{cache_dir, DatabaseKind};
+use outbox_devenv::process::ServerProcess;
+use outbox_devenv::{cache_dir, DatabaseKind};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -96,7 +96,7 @@ impl DebeziumChild {
             DatabaseKind::MariaDb => "io.debezium.connector.mariadb.MariaDbConnector",
             DatabaseKind::MySql => "io.debezium.connector.mysql.MySqlConnector",
         };
-        let http_port = rocketmq_outbox::devenv::process::free_port().unwrap();
+        let http_port = outbox_devenv::process::free_port().unwrap();
         let mut properties = std::fs::read_to_string(PROPERTIES).unwrap();
         // For experiments with Debezium's own knobs (e.g. `debezium.source.poll.interval.ms=10`);
         // the report names them.

@@ -46,11 +46,11 @@ mod stages;
 mod workload;
 
 use ceiling::Sample;
+use outbox_devenv::{scratch_dir, BrokerKind, Database, DatabaseKind, SqlServer};
+use outbox_devenv::{RocketMq, RocketMqOptions};
 use procs::Watched;
 use report::{MarkCeiling, Report};
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::{scratch_dir, BrokerKind, Database, DatabaseKind, SqlServer};
-use rocketmq_outbox::devenv::{RocketMq, RocketMqOptions};
 use runs::{Bench, System};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -392,7 +392,7 @@ async fn versions(database: &Database, rocketmq: &RocketMq, peers: bool) -> Stri
     let broker = match rocketmq.kind() {
         BrokerKind::Apache => format!(
             "Apache RocketMQ {}",
-            rocketmq_outbox::devenv::rocketmq::apache::APACHE_ROCKETMQ_VERSION
+            outbox_devenv::rocketmq::apache::APACHE_ROCKETMQ_VERSION
         ),
         BrokerKind::Rust => "rocketmq-rust".to_string(),
     };

@@ -10,9 +10,9 @@ use crate::report::{DrainResult, LatencyResult};
 use crate::stages::StageSplit;
 use crate::workload::{self, RelayChild};
 use mysql_async::prelude::*;
+use outbox_devenv::{Database, RocketMq, SqlServer, TopicReader};
 use rocketmq_outbox::binlog::BinlogPosition;
 use rocketmq_outbox::config::{Config, RelayMode};
-use rocketmq_outbox::devenv::{Database, RocketMq, SqlServer, TopicReader};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -406,8 +406,8 @@ impl Bench {
     /// The database server's role in the CPU split.
     pub fn database_role(&self) -> &'static str {
         match self.database.kind() {
-            rocketmq_outbox::devenv::DatabaseKind::MariaDb => "mariadbd",
-            rocketmq_outbox::devenv::DatabaseKind::MySql => "mysqld",
+            outbox_devenv::DatabaseKind::MariaDb => "mariadbd",
+            outbox_devenv::DatabaseKind::MySql => "mysqld",
         }
     }
 

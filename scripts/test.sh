@@ -12,7 +12,7 @@
 #                                OUTBOX_TEST_DB=mysql against MySQL instead of MariaDB)
 #
 # Installs what is missing (scripts/setup.sh), then starts ONE SQL server and ONE RocketMQ
-# cluster (`outbox-relay dev servers`) that the test binaries of a phase share: two cores
+# cluster (`outbox-dev servers`) that the test binaries of a phase share: two cores
 # cannot afford a JVM broker per binary. Two binaries: `suite` (tests/main.rs, every
 # integration test as a module; a filter such as `relay_faults::` picks a module) and `soak`.
 # Tests that kill, freeze or reconfigure a server start their own. A test binary run alone
@@ -60,10 +60,15 @@ SETUP=()
 [ "$WITH_MYSQL" = 1 ] && SETUP+=(--mysql --image)
 scripts/setup.sh "${SETUP[@]}"
 
+# A full run tests every crate of the workspace (the relay, the producer and consumer libraries,
+# the dev servers); with ARGS, the relay's package (`--test suite`, `--lib`, ...).
+SCOPE=()
+[ $# -eq 0 ] && SCOPE=(--workspace)
 echo "== building the tests"
-cargo test "${FEATURES[@]}" --no-run "$@"
-cargo build "${FEATURES[@]}" --quiet
-BIN="${CARGO_TARGET_DIR:-target}/debug/outbox-relay"
+cargo test "${FEATURES[@]}" "${SCOPE[@]}" --no-run "$@"
+# The relay the tests start and `outbox-dev`, which starts the shared servers.
+cargo build "${FEATURES[@]}" --workspace --bins --quiet
+DEV_BIN="${CARGO_TARGET_DIR:-target}/debug/outbox-dev"
 if [ "$WITH_MYSQL" = 1 ]; then
   # The image's binary (tests/image.rs runs it from the image's root filesystem): a release
   # build, without the test-only fault hooks. Minutes the first time, then cached.
@@ -86,7 +91,7 @@ trap 'stop_servers; stop_rust_broker_build' EXIT
 start_servers() {
   local env_file
   env_file="$(mktemp -u "${TMPDIR:-/tmp}/outbox-test-servers.XXXXXX")"
-  OUTBOX_BROKER="$1" OUTBOX_TEST_DB="$2" "$BIN" dev servers --env-file "$env_file" &
+  OUTBOX_BROKER="$1" OUTBOX_TEST_DB="$2" "$DEV_BIN" servers --env-file "$env_file" &
   SERVERS_PID=$!
   for _ in $(seq 1 600); do
     [ -f "$env_file" ] && break
@@ -105,7 +110,7 @@ echo "== tests against Apache RocketMQ (Java) and $FIRST_DB"
 started=$SECONDS
 start_servers apache "$FIRST_DB"
 # Every binary runs even if one fails (a soak failure no longer hides the suite's results).
-cargo test "${FEATURES[@]}" --no-fail-fast "$@"
+cargo test "${FEATURES[@]}" "${SCOPE[@]}" --no-fail-fast "$@"
 say "Apache RocketMQ and $FIRST_DB: $((SECONDS - started)) s"
 # The image's release binary from a minimal root filesystem (tests/image.rs), on each server.
 image_test() {

@@ -55,12 +55,6 @@ impl Deployment {
     }
 }
 
-/// Two rustls crypto providers are compiled in (ours and a dependency's): picks one for the
-/// process before any TLS config is built (MySQL's or RocketMQ's); later calls do nothing.
-pub(crate) fn choose_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// The TLS options of `mysql.tls` / `mysql.tls_ca` (`None`: leave the URL's own settings).
 fn ssl_opts(mode: TlsMode, ca: Option<&std::path::Path>) -> anyhow::Result<Option<SslOpts>> {
     let with_ca = |ssl: SslOpts| -> anyhow::Result<SslOpts> {
@@ -78,7 +72,7 @@ fn ssl_opts(mode: TlsMode, ca: Option<&std::path::Path>) -> anyhow::Result<Optio
         })
     };
     if mode != TlsMode::Disabled {
-        choose_tls_provider();
+        crate::rocketmq_client::choose_tls_provider();
     }
     Ok(match mode {
         TlsMode::Disabled => None,

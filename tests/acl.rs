@@ -27,12 +27,12 @@ use common::relay::{
 };
 use common::{wait_until, TestDb};
 use mysql_async::prelude::*;
-use rocketmq_outbox::config::{Config, Secret};
-use rocketmq_outbox::consumer::{IdempotentProcessor, IdempotentPushConsumer, PushConsumerOptions};
-use rocketmq_outbox::devenv::rocketmq::apache::printed_message_ids;
-use rocketmq_outbox::devenv::{
+use outbox_devenv::rocketmq::apache::printed_message_ids;
+use outbox_devenv::{
     scratch_dir, AclAccount, BrokerKind, ClientHost, RocketMq, RocketMqOptions, TopicReader,
 };
+use rocketmq_outbox::config::{Config, Secret};
+use rocketmq_outbox::consumer::{IdempotentProcessor, IdempotentPushConsumer, PushConsumerOptions};
 use rocketmq_outbox::outbox::status::codes::SENT;
 use rocketmq_outbox::outbox::OutboundMessage;
 use rocketmq_outbox::send::{RocketMqSink, SendError, Sink};

@@ -13,8 +13,8 @@ use common::relay::{relay_config, write_config_file};
 use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;
+use outbox_devenv::SqlServer;
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::SqlServer;
 use rocketmq_outbox::pipeline::RunOptions;
 use rocketmq_outbox::relay::RelayHandle;
 use rows::{enqueue, start_relay_from_now, wait_statuses, SENT};
@@ -288,7 +288,7 @@ async fn the_mysql_password_never_appears_in_output_or_debug_logs() {
     assert!(text.contains("DEBUG"), "debug logs were captured: {text}");
 
     // Connection errors: a closed port, a wrong password, a URL that does not parse.
-    let port = rocketmq_outbox::devenv::process::free_port().unwrap();
+    let port = outbox_devenv::process::free_port().unwrap();
     let closed = url.replace(
         &format!(":{}/", common::database().port()),
         &format!(":{port}/"),

@@ -13,7 +13,7 @@ use common::rocketmq::new_topic;
 use common::{database, TestDb};
 use mysql_async::prelude::*;
 use mysql_async::{TxOpts, Value};
-use rocketmq_outbox::devenv::SqlServer;
+use outbox_devenv::SqlServer;
 use rocketmq_outbox::producer::{NewEvent, Outbox};
 use rows::{
     assert_sent, enqueue, insert_row, messages_by_event, start_relay_from_now, state,

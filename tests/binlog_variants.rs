@@ -12,8 +12,8 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::{database, TestDb};
 use mysql_async::prelude::*;
+use outbox_devenv::{DatabaseKind, TopicReader};
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::{DatabaseKind, TopicReader};
 use rocketmq_outbox::producer::{NewEvent, Outbox};
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -8,6 +8,8 @@
 
 use std::time::{Duration, Instant};
 
+use outbox_devenv::rocketmq::ClientHost;
+use outbox_devenv::{ReceivedMessage, RocketMq, TopicReader};
 use rocketmq_client_rust::{
     ClientError, DefaultMQProducer, JavaHashCode, MessageQueueSelector, SelectMessageQueueByHash,
     SendResult, SendStatus,
@@ -15,8 +17,6 @@ use rocketmq_client_rust::{
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
-use rocketmq_outbox::devenv::rocketmq::ClientHost;
-use rocketmq_outbox::devenv::{ReceivedMessage, RocketMq, TopicReader};
 
 const TOPIC: &str = "outbox_relay_broker_test";
 const QUEUES: u32 = 8;
@@ -308,8 +308,8 @@ async fn broker_send_read_stop_restart() {
 /// How each failure the relay must tell apart shows up in `ClientError`.
 #[tokio::test]
 async fn send_errors_are_classifiable() {
+    use outbox_devenv::rocketmq::RocketMqOptions;
     use rocketmq_client_rust::MQClientException;
-    use rocketmq_outbox::devenv::rocketmq::RocketMqOptions;
 
     let root = tempfile::tempdir().expect("tempdir");
     // Like production: no auto-created topics.

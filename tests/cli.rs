@@ -2,7 +2,7 @@
 
 use crate::common;
 
-use rocketmq_outbox::devenv::SqlServer;
+use outbox_devenv::SqlServer;
 use std::io::Write;
 use std::process::{Command, Output};
 
@@ -146,7 +146,11 @@ fn demo_enqueues_events_in_business_transactions() {
     assert!(outbox_relay(&["--mysql-url", &url, "migrate"])
         .status
         .success());
-    let out = outbox_relay(&["--mysql-url", &url, "demo", "--events", "2"]);
+    let out = Command::new(common::outbox_dev())
+        .args(["--mysql-url", &url, "demo", "--events", "2"])
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .output()
+        .expect("run outbox-dev");
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(

@@ -11,10 +11,8 @@ use common::relay::{
 };
 use common::TestDb;
 use mysql_async::prelude::*;
+use outbox_devenv::{scratch_dir, ReceivedMessage, RocketMq, RocketMqOptions, TopicReader};
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::{
-    scratch_dir, ReceivedMessage, RocketMq, RocketMqOptions, TopicReader,
-};
 use rocketmq_outbox::outbox::status::codes::{FAILED, SENT};
 use rocketmq_outbox::producer::NewEvent;
 use serde_json::json;

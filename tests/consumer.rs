@@ -10,11 +10,11 @@ use common::ledger::{ledger_db, wait_for_lock_wait, Failure, Ledger};
 use common::rocketmq::{new_topic, rocketmq, ContractMessage, TestProducer};
 use common::TestDb;
 use mysql_async::prelude::*;
+use outbox_devenv::ClientHost;
 use rocketmq_outbox::consumer::{
     ConsumeCounts, ConsumedEvent, Disposition, IdempotentProcessor, IdempotentPushConsumer,
     ListenerMode, PushConsumerOptions,
 };
-use rocketmq_outbox::devenv::ClientHost;
 use rocketmq_outbox::test_utils::wait_notified;
 use serde_json::json;
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-//! `outbox-relay consume`, the example consumer, end to end: `outbox-relay demo` writes orders
+//! `outbox-relay consume`, the example consumer, end to end: `outbox-dev demo` writes orders
 //! and outbox rows, this test publishes the rows per the message contract (as the relay would,
 //! plus a resend and a bad event), and `consume` settles each order exactly once.
 
@@ -14,20 +14,30 @@ use std::time::{Duration, Instant};
 
 /// Runs `outbox-relay` with `args`; kills it and fails after `timeout`.
 fn outbox_relay(args: &[&str], timeout: Duration) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    run_binary(
+        std::path::Path::new(env!("CARGO_BIN_EXE_outbox-relay")),
+        args,
+        timeout,
+    )
+}
+
+/// Runs `binary` with `args`; kills it and fails after `timeout`.
+fn run_binary(binary: &std::path::Path, args: &[&str], timeout: Duration) -> Output {
+    let mut child = Command::new(binary)
         .args(args)
         .env_remove("OUTBOX_RELAY_CONFIG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("run outbox-relay");
+        .unwrap_or_else(|e| panic!("run {}: {e}", binary.display()));
     let deadline = Instant::now() + timeout;
     while child.try_wait().expect("wait").is_none() {
         if Instant::now() > deadline {
             child.kill().expect("kill");
             let out = child.wait_with_output().expect("output");
             panic!(
-                "outbox-relay {args:?} did not finish within {timeout:?}\nstdout:\n{}\nstderr:\n{}",
+                "{} {args:?} did not finish within {timeout:?}\nstdout:\n{}\nstderr:\n{}",
+                binary.display(),
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
@@ -85,7 +95,8 @@ async fn consume_settles_each_demo_order_once_and_prints_every_outcome() {
     .unwrap();
     let config = config.path().to_str().unwrap().to_string();
 
-    let demo = outbox_relay(
+    let demo = run_binary(
+        &common::outbox_dev(),
         &["-c", &config, "demo", "--events", "3", "--topic", &topic],
         Duration::from_secs(60),
     );

@@ -11,8 +11,8 @@ use crate::isolation::SteadyLoad;
 
 use common::relay::{current_position, seed_checkpoint, wait_until_sent, RunningRelay};
 use common::TestDb;
-use rocketmq_outbox::devenv::rocketmq::BrokerKind;
-use rocketmq_outbox::devenv::RocketMqOptions;
+use outbox_devenv::rocketmq::BrokerKind;
+use outbox_devenv::RocketMqOptions;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 

@@ -13,11 +13,11 @@ use common::relay::{
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
+use outbox_devenv::{ClientHost, TopicReader};
 use rocketmq_outbox::consumer::{
     ConsumedEvent, Handler, IdempotentProcessor, IdempotentPushConsumer, Outcome,
     PushConsumerOptions,
 };
-use rocketmq_outbox::devenv::{ClientHost, TopicReader};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

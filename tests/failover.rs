@@ -13,8 +13,8 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
+use outbox_devenv::{ReceivedMessage, TopicReader};
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::{ReceivedMessage, TopicReader};
 use rocketmq_outbox::producer::NewEvent;
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -19,7 +19,7 @@ use common::relay::{
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
-use rocketmq_outbox::devenv::{cache_dir, scratch_dir};
+use outbox_devenv::{cache_dir, scratch_dir};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,7 +72,7 @@ impl ImageRoot {
         std::fs::copy(&binary, root.path(IMAGE_BINARY)).unwrap();
         std::fs::create_dir_all(root.path(IMAGE_MIGRATIONS)).unwrap();
         for file in
-            std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations")).unwrap()
+            std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/producer/migrations")).unwrap()
         {
             let file = file.unwrap().path();
             std::fs::copy(
@@ -176,7 +176,7 @@ fn the_dockerfile_installs_what_this_test_runs() {
         "deploy/image/runtime-setup.sh",
         &format!("USER {IMAGE_USER}"),
         &format!("/usr/local/bin/outbox-relay {IMAGE_BINARY}"),
-        &format!("COPY migrations {IMAGE_MIGRATIONS}"),
+        &format!("COPY crates/producer/migrations {IMAGE_MIGRATIONS}"),
         &format!("ENTRYPOINT [\"{IMAGE_BINARY}\"]"),
     ] {
         assert!(

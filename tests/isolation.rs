@@ -11,9 +11,9 @@ use crate::common::relay::{
 use crate::common::rocketmq::{new_topic, rocketmq};
 use crate::common::TestDb;
 use mysql_async::prelude::*;
+use outbox_devenv::rocketmq::CLUSTER_NAME;
+use outbox_devenv::TopicReader;
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::rocketmq::CLUSTER_NAME;
-use rocketmq_outbox::devenv::TopicReader;
 use rocketmq_outbox::outbox::Status;
 use rocketmq_outbox::producer::{NewEvent, Outbox};
 use serde_json::json;
@@ -258,7 +258,7 @@ struct Fault<'a> {
     name: &'static str,
     namesrv: String,
     /// The account stored messages are read as, on a cluster with ACL.
-    reader: Option<rocketmq_outbox::devenv::AclAccount>,
+    reader: Option<outbox_devenv::AclAccount>,
     /// Turns the fault on (`true`) or off.
     set: Box<dyn Fn(bool) + 'a>,
 }

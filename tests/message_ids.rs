@@ -5,9 +5,9 @@
 use crate::common;
 
 use common::rocketmq::{new_topic, rocketmq};
+use outbox_devenv::rocketmq::apache::printed_message_ids;
+use outbox_devenv::TopicReader;
 use rocketmq_outbox::config::RocketMqConfig;
-use rocketmq_outbox::devenv::rocketmq::apache::printed_message_ids;
-use rocketmq_outbox::devenv::TopicReader;
 use rocketmq_outbox::outbox::OutboundMessage;
 use rocketmq_outbox::send::{RocketMqSink, Sink};
 use rocketmq_outbox::test_utils::sample_message;

@@ -9,7 +9,7 @@ use common::relay::{
     relay_config_on, wait_for, wait_until_sent, write_config_file, write_events, RelayProcess,
 };
 use common::TestDb;
-use rocketmq_outbox::devenv::{scratch_dir, RocketMq, RocketMqOptions};
+use outbox_devenv::{scratch_dir, RocketMq, RocketMqOptions};
 use std::time::Duration;
 
 /// The value of the sample starting with `series` (name and labels) in a Prometheus text body.

@@ -23,12 +23,12 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
+use outbox_devenv::SqlServer;
+use outbox_devenv::{scratch_dir, MySql, MySqlOptions};
 use rocketmq_outbox::binlog::reader::server_position;
 use rocketmq_outbox::binlog::{BinlogPosition, ServerFlavor};
 use rocketmq_outbox::checkpoint::{CheckpointStore, SledStore};
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::SqlServer;
-use rocketmq_outbox::devenv::{scratch_dir, MySql, MySqlOptions};
 use std::time::Duration;
 
 /// A MySQL without GTIDs (with `binlog_transaction_compression` if `compressed`), or `None`

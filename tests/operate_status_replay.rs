@@ -13,8 +13,8 @@ use common::relay::{
 use common::rocketmq::new_topic;
 use common::{database, TestDb};
 use mysql_async::prelude::*;
+use outbox_devenv::DatabaseKind;
 use rocketmq_outbox::binlog::BinlogPosition;
-use rocketmq_outbox::devenv::DatabaseKind;
 use rocketmq_outbox::outbox::status::codes::{FAILED, SENDING};
 use rocketmq_outbox::producer::NewEvent;
 use serde_json::{json, Value};

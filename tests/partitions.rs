@@ -18,7 +18,7 @@ use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use helpers::*;
 use mysql_async::prelude::*;
-use rocketmq_outbox::devenv::TopicReader;
+use outbox_devenv::TopicReader;
 use rocketmq_outbox::operate::partitions::{self, Convert, ConvertOutcome};
 use rocketmq_outbox::operate::{Action, Compensation, Selection};
 use rocketmq_outbox::outbox::status::codes::PENDING;

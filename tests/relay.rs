@@ -9,7 +9,7 @@ use common::relay::{
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
-use rocketmq_outbox::devenv::TopicReader;
+use outbox_devenv::TopicReader;
 use std::collections::HashSet;
 use std::time::Duration;
 

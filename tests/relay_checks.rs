@@ -76,7 +76,7 @@ async fn start_up_checks_name_what_to_change() {
             "binlog_row_metadata=FULL",
         ),
     ];
-    if server.kind() == rocketmq_outbox::devenv::DatabaseKind::MySql {
+    if server.kind() == outbox_devenv::DatabaseKind::MySql {
         settings.push((
             "binlog_row_value_options = 'PARTIAL_JSON'",
             "binlog_row_value_options = ''",

@@ -18,13 +18,13 @@ use common::relay::{
 use common::rocketmq::{rocketmq, TEST_QUEUES};
 use common::TestDb;
 use mysql_async::prelude::*;
+use outbox_devenv::rocketmq::{BrokerKind, CLUSTER_NAME};
+use outbox_devenv::{ClientHost, Proxy, ReceivedMessage, TopicReader};
 use rocketmq_outbox::config::RocketMqConfig;
 use rocketmq_outbox::consumer::{
     ConsumedEvent, Disposition, Handler, IdempotentProcessor, IdempotentPushConsumer, Outcome,
     PushConsumerOptions,
 };
-use rocketmq_outbox::devenv::rocketmq::{BrokerKind, CLUSTER_NAME};
-use rocketmq_outbox::devenv::{ClientHost, Proxy, ReceivedMessage, TopicReader};
 use rocketmq_outbox::outbox::OutboundMessage;
 use rocketmq_outbox::outbox::Status;
 use rocketmq_outbox::send::{RocketMqSink, SendError, Sink};

@@ -18,8 +18,8 @@ use common::relay::{
 use common::rocketmq::rocketmq;
 use common::TestDb;
 use mysql_async::prelude::*;
+use outbox_devenv::TopicReader;
 use rocketmq_outbox::config::RocketMqConfig;
-use rocketmq_outbox::devenv::TopicReader;
 use rocketmq_outbox::outbox::Status;
 use rocketmq_outbox::producer::{NewEvent, Outbox};
 use rocketmq_outbox::send::{RocketMqSink, Sink};

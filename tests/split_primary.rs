@@ -16,7 +16,7 @@ use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
-use rocketmq_outbox::devenv::{scratch_dir, Database, DatabaseKind, DatabaseOptions, SqlServer};
+use outbox_devenv::{scratch_dir, Database, DatabaseKind, DatabaseOptions, SqlServer};
 use rocketmq_outbox::outbox::status::codes::SENT;
 use rocketmq_outbox::producer::NewEvent;
 use serde_json::json;

@@ -14,7 +14,7 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq, ContractMessage, TestProducer};
 use common::TestDb;
 use mysql_async::prelude::*;
-use rocketmq_outbox::devenv::topic_reader::{ReceivedMessage, TopicReader};
+use outbox_devenv::topic_reader::{ReceivedMessage, TopicReader};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

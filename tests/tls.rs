@@ -13,10 +13,8 @@ use common::relay::{
 };
 use common::rocketmq::new_topic;
 use mysql_async::prelude::*;
+use outbox_devenv::{scratch_dir, Database, DatabaseKind, DatabaseOptions, ServerTls, SqlServer};
 use rocketmq_outbox::config::TlsMode;
-use rocketmq_outbox::devenv::{
-    scratch_dir, Database, DatabaseKind, DatabaseOptions, ServerTls, SqlServer,
-};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

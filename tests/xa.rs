@@ -15,9 +15,9 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::{database, TestDb};
 use mysql_async::prelude::*;
+use outbox_devenv::{DatabaseKind, TopicReader};
 use rocketmq_outbox::binlog::BinlogPosition;
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::{DatabaseKind, TopicReader};
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -4,8 +4,6 @@ mod cleanup;
 mod compensate;
 mod config_cmd;
 mod consume;
-mod demo;
-mod dev;
 mod migrate;
 mod partitions;
 mod reconcile;
@@ -126,10 +124,6 @@ pub enum Command {
     Migrate(migrate::MigrateArgs),
     /// Check or print the effective configuration (passwords masked).
     Config(config_cmd::ConfigArgs),
-    /// Enqueue sample events with the producer API, as business code would.
-    Demo(demo::DemoArgs),
-    /// Local MariaDB + RocketMQ for development (`dev up`).
-    Dev(dev::DevArgs),
     /// Example idempotent consumer: settles the demo's OrderPaid events, prints each outcome.
     Consume(consume::ConsumeArgs),
     /// Delete SENT rows older than a retention, by primary key in small batches.
@@ -158,8 +152,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run::run(&cli.global, args).await,
         Command::Migrate(args) => migrate::run(&cli.global, args).await,
         Command::Config(args) => config_cmd::run(&cli.global, args),
-        Command::Demo(args) => demo::run(&cli.global, args).await,
-        Command::Dev(args) => dev::run(&cli.global, args).await,
         Command::Consume(args) => consume::run(&cli.global, args).await,
         Command::Cleanup(args) => cleanup::run(&cli.global, args).await,
         Command::Retry(args) => compensate::run(&cli.global, Action::Retry, args).await,

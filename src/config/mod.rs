@@ -4,13 +4,10 @@
 //! Guarantee: an unknown key (in the file or in an `OUTBOX_RELAY_…` variable) and a missing
 //! required value are errors that name the key; nothing is silently ignored.
 
-mod rocketmq;
-mod secret;
-mod topic_type;
-
-pub use rocketmq::RocketMqConfig;
-pub use secret::{Credentials, Secret};
-pub use topic_type::TopicType;
+// The broker settings the relay shares with the consumer library, and the error both report.
+pub use rocketmq_outbox_consumer::config::{
+    ConfigError, Credentials, RocketMqConfig, Secret, TopicType,
+};
 
 use crate::outbox::TableName;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -31,24 +28,6 @@ const RAW_ENV_KEYS: &[&str] = &[
     "rocketmq.secret_key",
     "rocketmq.namespace",
 ];
-
-/// A configuration problem, phrased so the user knows what to change.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("invalid configuration: {0}")]
-    Invalid(String),
-    #[error(
-        "missing required setting `{key}`: set it in the config file, \
-         with {env}, or with {flag}"
-    )]
-    Missing {
-        key: &'static str,
-        env: String,
-        flag: &'static str,
-    },
-    #[error("config file {path} not found; pass an existing file with --config or omit it")]
-    FileNotFound { path: PathBuf },
-}
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -418,6 +397,15 @@ impl Config {
             return invalid("`outbox.max_payload_bytes` must be at least 1".into());
         }
         self.rocketmq.validate()
+    }
+
+    /// The producer API for the first outbox table of this configuration (what `outbox-dev
+    /// demo` and business code configured like the relay write with).
+    pub fn producer(&self) -> crate::producer::Outbox {
+        crate::producer::Outbox::new(
+            self.outbox_tables().remove(0),
+            self.outbox.max_payload_bytes,
+        )
     }
 
     /// `mysql.url`, or an error saying how to set it.

@@ -1,4 +1,4 @@
-//! The relay as a process: [`RelayHandle`] starts what `outbox-relay run` (and `dev up`, the
+//! The relay as a process: [`RelayHandle`] starts what `outbox-relay run` (and `outbox-dev up`, the
 //! tests and the benchmark) runs around the pipeline of [`crate::pipeline`]: the RocketMQ sink,
 //! the sled checkpoint store, the outbox tables' metrics and the periodic cleanup; it stops them
 //! in order (drain, final checkpoint, sink shutdown). [`dry_run`] is `run --dry-run`.
@@ -96,7 +96,7 @@ async fn check_tables(deployment: &Deployment) -> anyhow::Result<()> {
 }
 
 /// A relay running on the current Tokio runtime with the RocketMQ sink and the sled store in
-/// `relay.checkpoint_dir`: what `outbox-relay run`, `dev up`, the tests and the benchmark start.
+/// `relay.checkpoint_dir`: what `outbox-relay run`, `outbox-dev up`, the tests and the benchmark start.
 pub struct RelayHandle {
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<RunSummary>>,

@@ -2,7 +2,7 @@
 //! consumer: `tests/java/FifoConsumer.java`, run by the JDK's single-file source launcher on the
 //! jars `scripts/setup.sh` fetches into `<cache>/rocketmq-client-java/lib`.
 
-use rocketmq_outbox::devenv::cache_dir;
+use outbox_devenv::cache_dir;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;

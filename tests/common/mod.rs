@@ -14,11 +14,25 @@ pub mod rows;
 
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Pool};
+use outbox_devenv::SqlServer;
+use outbox_devenv::{scratch_dir, Database, DatabaseKind};
 use rocketmq_outbox::config::Config;
-use rocketmq_outbox::devenv::SqlServer;
-use rocketmq_outbox::devenv::{scratch_dir, Database, DatabaseKind};
 use rocketmq_outbox::outbox::TableName;
 use std::sync::OnceLock;
+
+/// The development binary `outbox-dev` (`demo`, `up`, `servers`), built beside the relay by
+/// `cargo build --workspace` (scripts/test.sh does). A test run without it says how to build it.
+pub fn outbox_dev() -> std::path::PathBuf {
+    let relay = std::path::Path::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let dev = relay.with_file_name("outbox-dev");
+    assert!(
+        dev.is_file(),
+        "{} is missing: build it with `cargo build --workspace --features failpoints` \
+         (scripts/test.sh does)",
+        dev.display()
+    );
+    dev
+}
 
 /// The binary's SQL server, of `$OUTBOX_TEST_DB`'s kind. Tests must not stop it, nor change
 /// what every client of it sees (global settings, purged binlogs): such a test takes
@@ -26,7 +40,7 @@ use std::sync::OnceLock;
 pub fn database() -> &'static Database {
     static SERVER: OnceLock<Database> = OnceLock::new();
     SERVER.get_or_init(|| {
-        if let Some(shared) = rocketmq_outbox::devenv::shared::database() {
+        if let Some(shared) = outbox_devenv::shared::database() {
             return shared;
         }
         own_database("shared")

@@ -1,11 +1,11 @@
 //! Broker fixtures for consumer tests: one real RocketMQ per test binary, a topic per test, and
 //! a producer that publishes messages the way the relay does (the message contract).
 
+use outbox_devenv::{scratch_dir, ClientHost, RocketMq, RocketMqOptions};
 use rocketmq_client_rust::{DefaultMQProducer, SendResult, SendStatus};
 use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
 use rocketmq_model::common::message::MessageTrait;
-use rocketmq_outbox::devenv::{scratch_dir, ClientHost, RocketMq, RocketMqOptions};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
@@ -17,7 +17,7 @@ pub const TEST_QUEUES: u32 = 4;
 pub fn rocketmq() -> &'static RocketMq {
     static SERVER: OnceLock<RocketMq> = OnceLock::new();
     SERVER.get_or_init(|| {
-        if let Some(shared) = rocketmq_outbox::devenv::shared::rocketmq() {
+        if let Some(shared) = outbox_devenv::shared::rocketmq() {
             return shared;
         }
         let dir = scratch_dir("rocketmq").expect("scratch dir");
@@ -143,7 +143,7 @@ impl TestProducer {
                 match queue {
                     None => producer.send(message).await,
                     Some(queue) => {
-                        let broker = rocketmq_outbox::devenv::rocketmq::BROKER_NAME;
+                        let broker = outbox_devenv::rocketmq::BROKER_NAME;
                         let mq = MessageQueue::from_parts(topic, broker, queue);
                         producer.send_to_queue(message, mq).await
                     }

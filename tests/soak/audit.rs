@@ -361,7 +361,7 @@ pub async fn audit(
 /// not through the consumer group).
 async fn stored_event_ids(servers: &Servers) -> HashSet<String> {
     let read = async {
-        let mut reader = rocketmq_outbox::devenv::TopicReader::new(&servers.namesrv_addr(), TOPIC)
+        let mut reader = outbox_devenv::TopicReader::new(&servers.namesrv_addr(), TOPIC)
             .await
             .ok()?;
         let messages = reader.read_all_for(Duration::from_secs(3)).await.ok();

@@ -4,11 +4,11 @@
 
 use mysql_async::prelude::*;
 use mysql_async::{Pool, Transaction};
+use outbox_devenv::ClientHost;
 use rocketmq_outbox::consumer::{
     ConsumedEvent, Disposition, Handler, IdempotentProcessor, IdempotentPushConsumer, ListenerMode,
     Outcome, PushConsumerOptions,
 };
-use rocketmq_outbox::devenv::ClientHost;
 use std::sync::{Arc, Mutex};
 
 pub const GROUP: &str = "soak_consumer";

@@ -187,8 +187,8 @@ pub async fn check_side_topic(servers: &Servers) -> Vec<String> {
 async fn read_side_topic(
     servers: &Servers,
     at_least: usize,
-) -> Result<Vec<rocketmq_outbox::devenv::ReceivedMessage>, String> {
-    let mut reader = rocketmq_outbox::devenv::TopicReader::new(&servers.namesrv_addr(), SIDE_TOPIC)
+) -> Result<Vec<outbox_devenv::ReceivedMessage>, String> {
+    let mut reader = outbox_devenv::TopicReader::new(&servers.namesrv_addr(), SIDE_TOPIC)
         .await
         .map_err(|e| e.to_string())?;
     let messages = reader

@@ -174,7 +174,7 @@ impl Relays {
                     "--- relay {} ({}):\n{}",
                     i.id,
                     i.log_file.display(),
-                    rocketmq_outbox::devenv::process::log_tail(&i.log_file, lines)
+                    outbox_devenv::process::log_tail(&i.log_file, lines)
                 )
             })
             .collect::<Vec<_>>()

@@ -6,8 +6,8 @@
 
 use mysql_async::prelude::*;
 use mysql_async::{Opts, Pool};
-use rocketmq_outbox::devenv::SqlServer;
-use rocketmq_outbox::devenv::{
+use outbox_devenv::SqlServer;
+use outbox_devenv::{
     scratch_dir, Database, DatabaseKind, DatabaseOptions, RocketMq, RocketMqOptions,
 };
 use rocketmq_outbox::outbox::status::codes::{PENDING, SENDING};
