@@ -63,10 +63,16 @@ enum Command {
     Demo(demo::DemoArgs),
 }
 
-/// `RUST_LOG` overrides this; the RocketMQ client is chatty at `info`.
+/// `RUST_LOG` overrides this. The RocketMQ client is chatty at `info`; and the pull consumer that
+/// shows the events arriving (`outbox_devenv::TopicReader`) long-polls every queue in the
+/// background, where the broker holds a pull longer than the client waits: each such pull logs a
+/// transport WARN and a pull ERROR although nothing is wrong. Those two are off here (the relay
+/// running inside `up` reports its own send failures under `rocketmq_outbox`).
 const DEFAULT_LOG_FILTER: &str =
     "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,rocketmq_remoting=warn,\
-     rocketmq_client_rust::factory::route_update=error";
+     rocketmq_client_rust::factory::route_update=error,\
+     rocketmq_client_rust::consumer::consumer_impl::default_lite_pull_consumer_impl=off,\
+     rocketmq_transport::clients::rocketmq_tokio_client::request=error";
 
 #[tokio::main]
 async fn main() -> ExitCode {

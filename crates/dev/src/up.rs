@@ -184,7 +184,7 @@ pub async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
     println!("RocketMQ  namesrv {}", rocketmq.namesrv_addr());
     println!("config    {}", config_path.display());
     println!(
-        "try       cargo run -- -c {} demo --events 5",
+        "try       cargo run -p outbox-dev -- -c {} demo --events 5",
         config_path.display()
     );
     println!(
