@@ -10,7 +10,10 @@
 #     missing), every rendered object against the Kubernetes schemas of the oldest and newest
 #     version we support (kubernetes-validate --strict), the ServiceMonitor and the PrometheusRule
 #     (the rules above) against the Prometheus Operator's CRDs, the dashboard ConfigMap's JSON,
-#     and the chart's relay.toml through `outbox-relay config check`.
+#     and the chart's relay.toml through `outbox-relay config check`; the StatefulSet gives each
+#     pod its own MySQL server_id (3 replicas: the env expanded per ordinal as the kubelet
+#     does, the ids distinct, each read back through `outbox-relay config show`) and keeps the
+#     checkpoint on a PersistentVolumeClaim by default (an emptyDir only when asked).
 #
 #   scripts/deploy-check.sh [OUTBOX_RELAY_BINARY]     (default: target/debug/outbox-relay)
 #
@@ -111,38 +114,65 @@ check_chart() {
   local chart=deploy/helm/outbox-relay
   local required=(--set mysql.url=mysql://outbox_relay:secret@mysql.db:3306/app
     --set rocketmq.namesrvAddr=rocketmq-namesrv.mq:9876)
+  # The chart needs Kubernetes 1.28+ (Chart.yaml's kubeVersion); `helm template` assumes an old
+  # cluster unless told: render for the oldest version we support.
+  local template=("$HELM" template relay "$chart" --kube-version "${KUBERNETES_VERSIONS[0]}")
   say "Helm chart: helm $HELM_VERSION lint and template"
   "$HELM" lint --strict "$chart" "${required[@]}"
-  # Each required value, when missing, is refused by name.
+  # Values the chart must refuse, with an error that says why (grep -E pattern).
   refuses() {
-    local missing="$1"; shift
-    if "$HELM" template relay "$chart" "$@" >/dev/null 2>"$WORK/missing.err"; then
-      say "the chart rendered without $missing: it must refuse"; exit 1
+    local why="$1" pattern="$2"; shift 2
+    if "$@" >/dev/null 2>"$WORK/refused.err"; then
+      say "the chart rendered $why: it must refuse"; exit 1
     fi
-    grep -q "$missing is required" "$WORK/missing.err" || {
-      cat "$WORK/missing.err" >&2; say "the chart's error does not name $missing"; exit 1; }
+    grep -Eq "$pattern" "$WORK/refused.err" || {
+      cat "$WORK/refused.err" >&2; say "the chart's error for $why does not say /$pattern/"; exit 1; }
   }
-  refuses mysql.url "${required[2]}" "${required[3]}"
-  refuses rocketmq.namesrvAddr "${required[0]}" "${required[1]}"
-  "$HELM" template relay "$chart" "${required[@]}" >"$WORK/default.yaml"
-  "$HELM" template relay "$chart" "${required[@]}" --set metrics.serviceMonitor.enabled=true \
+  # Each required value, when missing, is refused by name.
+  refuses "without mysql.url" "mysql.url is required" "${template[@]}" "${required[2]}" "${required[3]}"
+  refuses "without rocketmq.namesrvAddr" "rocketmq.namesrvAddr is required" \
+    "${template[@]}" "${required[0]}" "${required[1]}"
+  # Nothing that would give pods one server_id: the old single mysql.serverId, an id past
+  # MySQL's range, a cluster without the pod-index label (before 1.28).
+  refuses "with the removed mysql.serverId" "mysql.serverId is gone" \
+    "${template[@]}" "${required[@]}" --set mysql.serverId=4207001
+  refuses "with server_ids past 4294967295" "above MySQL's 4294967295" \
+    "${template[@]}" "${required[@]}" --set mysql.serverIdPrefix=42949673 --set replicaCount=3
+  refuses "for Kubernetes 1.27" "incompatible with Kubernetes" \
+    "$HELM" template relay "$chart" "${required[@]}" --kube-version 1.27.0
+  "${template[@]}" "${required[@]}" >"$WORK/default.yaml"
+  "${template[@]}" "${required[@]}" --set replicaCount=3 --set persistence.storageClass=fast-ssd \
+    --set metrics.serviceMonitor.enabled=true \
     --set prometheusRule.enabled=true --set grafanaDashboard.enabled=true \
     --set mysql.existingSecret=relay-mysql --set-string extraConfig=$'[cleanup]\nenabled = true' \
     >"$WORK/full.yaml"
-  local rendered copies
-  for rendered in "$WORK/default.yaml" "$WORK/full.yaml"; do
-    # The full render has the PrometheusRule and the dashboard ConfigMap; the default neither.
+  "${template[@]}" "${required[@]}" --set persistence.enabled=false >"$WORK/emptydir.yaml"
+  local rendered copies storage pod id
+  for rendered in "$WORK/default.yaml" "$WORK/full.yaml" "$WORK/emptydir.yaml"; do
+    # The full render has the PrometheusRule and the dashboard ConfigMap; the others neither.
     copies=0; [ "$rendered" = "$WORK/full.yaml" ] && copies=2
+    storage=pvc; [ "$rendered" = "$WORK/emptydir.yaml" ] && storage=emptydir
     for version in "${KUBERNETES_VERSIONS[@]}"; do
       say "$(basename "$rendered"): Kubernetes $version schemas (strict)"
       "$VENV/bin/kubernetes-validate" --strict --quiet -k "$version" "$rendered"
     done
     "$VENV/bin/python" scripts/deploy_check.py crds "$OPERATOR_CRDS" "$rendered"
     "$VENV/bin/python" scripts/deploy_check.py chart-copies "$rendered" "$copies"
+    "$VENV/bin/python" scripts/deploy_check.py statefulset "$rendered" "$storage" "$WORK/server-ids.txt"
     "$VENV/bin/python" scripts/deploy_check.py relay-config "$rendered" "$WORK/relay.toml"
     say "$(basename "$rendered"): the chart's relay.toml, as the relay reads it"
     OUTBOX_RELAY_MYSQL__URL=mysql://outbox_relay:secret@mysql.db:3306/app \
       "$BIN" -c "$WORK/relay.toml" config check
+    # Each pod's server_id, as the kubelet gives it, is the one the relay then uses.
+    while read -r pod id; do
+      OUTBOX_RELAY_MYSQL__URL=mysql://outbox_relay:secret@mysql.db:3306/app \
+        OUTBOX_RELAY_MYSQL__SERVER_ID="$id" "$BIN" -c "$WORK/relay.toml" config show \
+        >"$WORK/effective.toml"
+      grep -qx "server_id = $id" "$WORK/effective.toml" || {
+        grep -n server_id "$WORK/effective.toml" >&2
+        say "$pod: the relay does not read OUTBOX_RELAY_MYSQL__SERVER_ID=$id as its server_id"; exit 1; }
+    done <"$WORK/server-ids.txt"
+    say "$(basename "$rendered"): the relay reads each pod's server_id: $(cut -d' ' -f2 "$WORK/server-ids.txt" | paste -sd' ')"
   done
 }
 

@@ -13,6 +13,15 @@
   deploy_check.py relay-config RENDERED.yaml OUT.toml
       writes the relay.toml of the chart's ConfigMap to OUT.toml (scripts/deploy-check.sh then
       runs `outbox-relay config check` on it).
+  deploy_check.py statefulset RENDERED.yaml pvc|emptydir OUT.txt
+      the relay runs as one StatefulSet whose pods each get their own MySQL server_id: the
+      container's environment is expanded as the kubelet does (fieldRefs of the pod's name and
+      ordinal label, then `$(VAR)` references) for every ordinal below spec.replicas, and the
+      resulting OUTBOX_RELAY_MYSQL__SERVER_ID values must be distinct whole numbers within
+      MySQL's 1..4294967295, none equal to another pod's id + 1 (`replay`'s default reader);
+      the checkpoint directory must be on the volume claim template `state` (pvc) or on an
+      emptyDir (emptydir). Writes "POD SERVER_ID" lines to OUT.txt (deploy-check.sh then has
+      the relay read each id).
 
 Exits 1 with every problem found, naming the file, the object and the path in it.
 """
@@ -127,17 +136,143 @@ def extract_relay_config(rendered_path, out_path):
     return 0
 
 
+STATE_DIR = "/var/lib/outbox-relay"
+SERVER_ID_ENV = "OUTBOX_RELAY_MYSQL__SERVER_ID"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+MAX_SERVER_ID = 2**32 - 1
+
+
+def expand_env(env, pod_name, ordinal):
+    """The container's environment as the kubelet makes it for the pod `pod_name` of ordinal
+    `ordinal`: values, the fieldRefs a StatefulSet's pod can resolve, and `$(VAR)` references to
+    variables defined earlier (`$$` escapes; an undefined reference stays as written). Variables
+    from Secrets and ConfigMaps are "<secret>": the chart never derives anything from them."""
+    fields = {
+        "metadata.name": pod_name,
+        f"metadata.labels['{POD_INDEX_LABEL}']": str(ordinal),
+    }
+    resolved = {}
+    for var in env:
+        if "value" in var:
+            raw, out, i = var["value"], "", 0
+            while i < len(raw):
+                if raw.startswith("$$", i):
+                    out, i = out + "$", i + 2
+                elif raw.startswith("$(", i) and ")" in raw[i:]:
+                    end = raw.index(")", i)
+                    name = raw[i + 2:end]
+                    out += resolved.get(name, raw[i:end + 1])
+                    i = end + 1
+                else:
+                    out, i = out + raw[i], i + 1
+            resolved[var["name"]] = out
+        elif "fieldRef" in (var.get("valueFrom") or {}):
+            path = var["valueFrom"]["fieldRef"]["fieldPath"]
+            if path not in fields:
+                raise ValueError(f"env {var['name']}: fieldRef {path} is not one this check knows")
+            resolved[var["name"]] = fields[path]
+        else:
+            resolved[var["name"]] = "<secret>"
+    return resolved
+
+
+def check_statefulset(rendered_path, storage, out_path):
+    docs = load_all(rendered_path)
+    failed = 0
+
+    def problem(message):
+        nonlocal failed
+        print(f"{rendered_path}: {message}", file=sys.stderr)
+        failed += 1
+
+    sets = [d for d in docs if d["kind"] == "StatefulSet"]
+    for d in docs:
+        if d["kind"] in ("Deployment", "ReplicaSet", "DaemonSet"):
+            problem(f"{d['kind']}/{d['metadata']['name']}: the relay's pods must be a "
+                    "StatefulSet's (each its own ordinal, server_id and volume)")
+    if len(sets) != 1:
+        problem(f"expected one StatefulSet, found {len(sets)}")
+        return failed
+    sts = sets[0]
+    name, spec = sts["metadata"]["name"], sts["spec"]
+    what = f"StatefulSet/{name}"
+    headless = [d for d in docs if d["kind"] == "Service"
+                and d["metadata"]["name"] == spec.get("serviceName")
+                and d["spec"].get("clusterIP") == "None"]
+    if not headless:
+        problem(f"{what}: serviceName {spec.get('serviceName')!r} is no headless Service of "
+                "the chart")
+    pod = spec["template"]["spec"]
+    (relay,) = [c for c in pod["containers"] if c["name"] == "relay"]
+
+    # Each pod its own server_id.
+    replicas = int(spec.get("replicas", 1))
+    ids = {}
+    for ordinal in range(replicas):
+        pod_name = f"{name}-{ordinal}"
+        value = expand_env(relay.get("env", []), pod_name, ordinal).get(SERVER_ID_ENV)
+        if value is None:
+            problem(f"{what}: the relay container sets no {SERVER_ID_ENV}: every pod would use "
+                    "the config file's one server_id")
+            return failed
+        if not value.isdigit() or not 1 <= int(value) <= MAX_SERVER_ID:
+            problem(f"{what}: pod {pod_name} gets {SERVER_ID_ENV}={value!r}: not a server_id "
+                    f"(1 to {MAX_SERVER_ID})")
+            continue
+        ids[pod_name] = int(value)
+    by_id = {}
+    for pod_name, server_id in ids.items():
+        by_id.setdefault(server_id, []).append(pod_name)
+    for server_id, pods in by_id.items():
+        if len(pods) > 1:
+            problem(f"{what}: pods {', '.join(pods)} share server_id {server_id}")
+        if server_id + 1 in by_id:
+            problem(f"{what}: `replay` on {pods[0]} would read the binlog as server_id "
+                    f"{server_id + 1}, the id of {by_id[server_id + 1][0]}")
+
+    # The checkpoint directory: on the claim template `state`, or on an emptyDir.
+    mounts = [m["name"] for m in relay.get("volumeMounts", []) if m["mountPath"] == STATE_DIR]
+    if mounts != ["state"]:
+        problem(f"{what}: {STATE_DIR} is mounted from {mounts}, expected the volume 'state'")
+    pod_volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    claims = [c["metadata"]["name"] for c in spec.get("volumeClaimTemplates", [])]
+    if storage == "pvc":
+        if "state" not in claims or "state" in pod_volumes:
+            problem(f"{what}: the checkpoint volume 'state' is not a PersistentVolumeClaim "
+                    f"(claim templates {claims}, pod volume {pod_volumes.get('state')}): the "
+                    "checkpoint history that `replay --from-time` reads would die with the pod")
+    elif storage == "emptydir":
+        if "state" in claims or "emptyDir" not in pod_volumes.get("state", {}):
+            problem(f"{what}: with persistence.enabled=false the checkpoint volume must be an "
+                    f"emptyDir (claim templates {claims}, pod volume {pod_volumes.get('state')})")
+    else:
+        problem(f"storage must be pvc or emptydir, not {storage!r}")
+
+    if not failed:
+        pathlib.Path(out_path).write_text(
+            "".join(f"{p} {i}\n" for p, i in ids.items()), encoding="utf-8")
+        listed = ", ".join(f"{p}={i}" for p, i in ids.items())
+        print(f"{rendered_path}: {what}: {replicas} pods, distinct server_ids ({listed}); "
+              f"checkpoint on {'a PersistentVolumeClaim' if storage == 'pvc' else 'an emptyDir'}")
+    return failed
+
+
 def main(argv):
     commands = {
         "compose": check_compose,
         "crds": check_crds,
         "chart-copies": check_chart_copies,
         "relay-config": extract_relay_config,
+        "statefulset": check_statefulset,
     }
-    if len(argv) != 4 or argv[1] not in commands:
+    if len(argv) < 2 or argv[1] not in commands:
         print(__doc__, file=sys.stderr)
         return 2
-    return 1 if commands[argv[1]](argv[2], argv[3]) else 0
+    command = commands[argv[1]]
+    if len(argv) - 2 != command.__code__.co_argcount:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 1 if command(*argv[2:]) else 0
 
 
 if __name__ == "__main__":
