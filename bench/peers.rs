@@ -2,7 +2,8 @@
 //! the same fixed rates, the four goals as ratios of one run (met / not met), and what
 //! recording rows SENT costs the relay (Debezium records nothing in the outbox table).
 
-use crate::report::{verdict, DrainResult, LatencyResult, Report};
+use crate::report::{verdict, Report};
+use crate::runs::{DrainResult, LatencyResult};
 use std::fmt::Write as _;
 
 /// The systems of the comparison, as the report names them.

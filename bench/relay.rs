@@ -343,7 +343,9 @@ async fn main() {
         costs: &costs,
         cost_writers: args.cost_writers,
     };
-    let markdown = report.markdown();
+    let mut markdown = report.markdown();
+    goals::write(&report, &mut markdown);
+    report.peers(&mut markdown);
     std::fs::create_dir_all(&args.out).unwrap();
     std::fs::write(args.out.join("results.md"), &markdown).unwrap();
     std::fs::write(args.out.join("latency.svg"), report.svg()).unwrap();
@@ -364,7 +366,7 @@ async fn latency_run(
     system: System,
     rate: usize,
     seconds: u64,
-) -> report::LatencyResult {
+) -> runs::LatencyResult {
     eprintln!(
         "latency, {}, {rate} events/s for {seconds} s ...",
         system.label()

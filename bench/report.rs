@@ -3,64 +3,8 @@
 
 use crate::ceiling::Ceiling;
 use crate::procs::CpuSplit;
+use crate::runs::{DrainResult, LatencyResult};
 use std::fmt::Write as _;
-
-pub struct DrainResult {
-    pub mode: &'static str,
-    pub events: usize,
-    /// From starting the system until it is done: every row SENT (the relay), every event
-    /// stored on the broker (Debezium, which records nothing in the table).
-    pub secs: f64,
-    /// From starting the system until the broker holds every event.
-    pub secs_stored: f64,
-    /// From starting the system until the broker holds its first event.
-    pub secs_first_stored: f64,
-    /// SIGTERM → exit (drain, final checkpoint or offsets, shutdown).
-    pub stop_secs: f64,
-    /// CPU (utime + stime) of the system's process per event.
-    pub cpu_us_per_event: f64,
-    /// CPU of the database server per event over the same time.
-    pub database_cpu_us_per_event: f64,
-    pub rss_mib: f64,
-    pub split: CpuSplit,
-    /// CDC: the final checkpoint covers the last event's transaction.
-    pub checkpoint_ok: Option<bool>,
-    pub failed: u64,
-    /// Messages the broker stored beyond one per event (resends).
-    pub duplicates: u64,
-    /// The database server's counters per event (see [`crate::counters`]).
-    pub counters: Vec<(&'static str, f64)>,
-}
-
-impl DrainResult {
-    pub fn rate(&self) -> f64 {
-        self.events as f64 / self.secs
-    }
-
-    /// Events per second until the broker held the last one.
-    pub fn stored_rate(&self) -> f64 {
-        self.events as f64 / self.secs_stored
-    }
-}
-
-pub struct LatencyResult {
-    pub mode: &'static str,
-    pub rate: usize,
-    pub achieved: f64,
-    pub p50: i64,
-    pub p95: i64,
-    pub p99: i64,
-    pub max: i64,
-    /// Last commit → last row SENT.
-    pub tail_ms: f64,
-    pub sustained: bool,
-    /// CPU of the system's process per event.
-    pub cpu_us_per_event: f64,
-    pub rss_mib: f64,
-    pub split: CpuSplit,
-    /// Where the latency went (relay runs).
-    pub stages: Option<crate::stages::StageSplit>,
-}
 
 /// A chart line: mode, label, colour, the value plotted.
 type Series = (
@@ -110,6 +54,8 @@ pub fn verdict(ok: bool) -> &'static str {
 }
 
 impl Report<'_> {
+    /// The measurements, up to the cost section; the goals (`goals::write`) and the peers
+    /// (`Report::peers`) follow it in `results.md`.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
         let c = self.ceiling;
@@ -230,8 +176,6 @@ impl Report<'_> {
 
         self.stages(&mut s);
         crate::cost::write_section(self.costs, self.cost_writers, self.database_role, &mut s);
-        crate::goals::write(self, &mut s);
-        self.peers(&mut s);
         s
     }
 

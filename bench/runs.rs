@@ -5,8 +5,7 @@
 
 use crate::counters::Counters;
 use crate::debezium::{self, DebeziumChild};
-use crate::procs::{self, Watched};
-use crate::report::{DrainResult, LatencyResult};
+use crate::procs::{self, CpuSplit, Watched};
 use crate::stages::StageSplit;
 use crate::workload::{self, RelayChild};
 use mysql_async::prelude::*;
@@ -499,4 +498,63 @@ impl Bench {
             stages,
         }
     }
+}
+
+/// What a drain run measured (rendered by `report`).
+pub struct DrainResult {
+    pub mode: &'static str,
+    pub events: usize,
+    /// From starting the system until it is done: every row SENT (the relay), every event
+    /// stored on the broker (Debezium, which records nothing in the table).
+    pub secs: f64,
+    /// From starting the system until the broker holds every event.
+    pub secs_stored: f64,
+    /// From starting the system until the broker holds its first event.
+    pub secs_first_stored: f64,
+    /// SIGTERM → exit (drain, final checkpoint or offsets, shutdown).
+    pub stop_secs: f64,
+    /// CPU (utime + stime) of the system's process per event.
+    pub cpu_us_per_event: f64,
+    /// CPU of the database server per event over the same time.
+    pub database_cpu_us_per_event: f64,
+    pub rss_mib: f64,
+    pub split: CpuSplit,
+    /// CDC: the final checkpoint covers the last event's transaction.
+    pub checkpoint_ok: Option<bool>,
+    pub failed: u64,
+    /// Messages the broker stored beyond one per event (resends).
+    pub duplicates: u64,
+    /// The database server's counters per event (see [`crate::counters`]).
+    pub counters: Vec<(&'static str, f64)>,
+}
+
+impl DrainResult {
+    pub fn rate(&self) -> f64 {
+        self.events as f64 / self.secs
+    }
+
+    /// Events per second until the broker held the last one.
+    pub fn stored_rate(&self) -> f64 {
+        self.events as f64 / self.secs_stored
+    }
+}
+
+/// What a latency run measured (rendered by `report`).
+pub struct LatencyResult {
+    pub mode: &'static str,
+    pub rate: usize,
+    pub achieved: f64,
+    pub p50: i64,
+    pub p95: i64,
+    pub p99: i64,
+    pub max: i64,
+    /// Last commit → last row SENT.
+    pub tail_ms: f64,
+    pub sustained: bool,
+    /// CPU of the system's process per event.
+    pub cpu_us_per_event: f64,
+    pub rss_mib: f64,
+    pub split: CpuSplit,
+    /// Where the latency went (relay runs).
+    pub stages: Option<crate::stages::StageSplit>,
 }

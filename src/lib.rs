@@ -41,5 +41,9 @@ pub mod sweep;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod test_utils;
 
+// The layout rule the compiler does not check: no circles between modules.
+#[cfg(test)]
+mod layout_tests;
+
 pub use config::Config;
 pub use producer::{EnqueueError, EventId, NewEvent, Outbox, Payload};

@@ -5,6 +5,7 @@
 //! Guarantee: a setting is validated where it is defined, and its error names the key and what
 //! to change.
 
+pub mod namespace;
 mod rocketmq;
 mod secret;
 mod topic_type;

@@ -71,9 +71,9 @@ impl Default for RocketMqConfig {
 
 impl RocketMqConfig {
     /// `name` (a topic or a consumer group) as the broker names it in `namespace` (see
-    /// [`crate::rocketmq_client::namespace`]).
+    /// [`super::namespace`]).
     pub fn in_namespace<'a>(&self, name: &'a str) -> std::borrow::Cow<'a, str> {
-        crate::rocketmq_client::namespace::inside(self.namespace.as_deref(), name)
+        super::namespace::inside(self.namespace.as_deref(), name)
     }
 
     /// The checks of this section that serde cannot express.

@@ -6,8 +6,10 @@
 //! the cluster the same way, so a setting that works for the relay works for its consumers.
 
 mod host;
-pub mod namespace;
 mod security;
+
+/// Namespaced names: defined with the `rocketmq.namespace` setting, used by every client.
+pub use crate::config::namespace;
 
 pub use host::ClientHost;
 pub use security::ClientSecurity;
