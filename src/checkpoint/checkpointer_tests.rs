@@ -286,10 +286,8 @@ async fn a_sled_store_on_a_full_file_system_turns_readiness_off_then_stops_the_r
         .expect("the checkpointer gives up by itself")
         .expect_err("sled keeps failing");
     assert!(stop_relay.is_cancelled());
-    assert!(
-        format!("{error:#}").contains("No space left on device"),
-        "{error:#}"
-    );
+    let text = crate::error::Report(&error).to_string();
+    assert!(text.contains("No space left on device"), "{text}");
     assert!(!health.readiness().ready, "never ready again while it runs");
 
     // The relay started again, with room on the disk: it loads what was durable and saves.
