@@ -131,12 +131,17 @@ pub async fn writer_pool(config: &Config) -> anyhow::Result<Pool> {
 /// The options of a [`writer_pool`], asking the server once: several pools made from them (each
 /// closed on its own) share one answer.
 pub async fn writer_opts(config: &Config) -> anyhow::Result<Opts> {
-    let opts = opts(config)?;
+    Ok(writer_opts_from(opts(config)?, config).await)
+}
+
+/// [`writer_opts`] from options already resolved from `config` ([`Deployment::opts`]): the
+/// pipeline's pools, with no configuration left to fail.
+pub async fn writer_opts_from(opts: Opts, config: &Config) -> Opts {
     let mut init = vec![READ_COMMITTED];
     if config.relay.minimal_row_image && minimal_row_image_allowed(&opts).await {
         init.push(MINIMAL_ROW_IMAGE);
     }
-    Ok(session_opts(opts, init))
+    session_opts(opts, init)
 }
 
 /// Whether a session of `opts` may set `binlog_row_image` (MariaDB asks for `BINLOG ADMIN` or

@@ -1,28 +1,35 @@
-//! Fault hooks for tests: crash the relay at a precise point that no process-level fault can
-//! reach (after the broker said SEND_OK but before the SENT mark; after the local checkpoint was
-//! saved but before its MySQL mirror).
+//! Fault hooks for tests, on the `fail` crate: crash the relay at a precise point that no
+//! process-level fault can reach (after the broker said SEND_OK but before the SENT mark; after
+//! the local checkpoint was saved but before its MySQL mirror), or arm a condition.
 //!
 //! Compiled only with the cargo feature `failpoints` (off by default: a release build has no
-//! hook and pays nothing). With the feature, a process reads `FAILPOINTS` once, e.g.
+//! hook, no `fail` dependency, and pays nothing). With the feature, a process reads `FAILPOINTS`
+//! once, when it first reaches a hook, in `fail`'s syntax (`name=actions;…`, each action
+//! `[p%][cnt*]task[(arg)]`, chained with `->`; see `fail::cfg`), e.g.
 //!
 //! ```text
-//! FAILPOINTS="after_send_ok=exit@20;after_checkpoint_save=panic"
+//! FAILPOINTS="after_send_ok=19*off->return;after_checkpoint_save=1*panic"
 //! ```
 //!
-//! `name=action[@n]`: on the `n`th time (1 by default) the point is reached, `exit` ends the
-//! process at once with status [`EXIT_CODE`] (`_exit`: no unwinding, no destructors, no
-//! flush — a crash, as with SIGKILL), and `panic` panics in the calling task. A hand-written
-//! equivalent of the `fail` crate's `fail_point!`, small enough not to need it.
+//! What a task does here: `return` at a crash point ([`AFTER_SEND_OK`], [`AFTER_CHECKPOINT_SAVE`])
+//! ends the process at once with status [`EXIT_CODE`] (`_exit`: no unwinding, no destructors,
+//! no flush — a crash, as with SIGKILL); at a condition ([`UNDECODABLE_BINLOG_VALUE`]) it arms
+//! the condition ([`is_on`]). `panic` panics in the calling task; `off` does nothing, so
+//! `n*off->return` crashes on the `n + 1`th hit ([`crash_on_hit`] writes that), and `1*panic`
+//! panics once. `fail`'s other tasks (`sleep(ms)`, `print`, `pause`, `yield`, `delay(ms)`,
+//! `p%` probabilities) work as `fail` documents them.
 //!
-//! Points: [`AFTER_SEND_OK`] (`send::shard`), [`AFTER_CHECKPOINT_SAVE`]
-//! (`checkpoint::checkpointer`). The code and the tests name them by these constants; `FAILPOINTS`
-//! naming any other point panics, so a typo cannot silently disable a test's fault.
+//! `FAILPOINTS` naming a point that is not in [`ALL`] panics (`fail` itself would accept it and
+//! do nothing), so a typo cannot silently disable a test's fault; so does a malformed action
+//! (`fail`'s own check).
 //!
-//! A third action, `on`, arms a condition instead of a crash: [`is_on`] is true for an armed
-//! name. Conditions: [`UNDECODABLE_BINLOG_VALUE`] (`binlog::row_image`: a row image value whose
-//! bytes contain `failpoint:undecodable` reads as undecodable, one containing
-//! `failpoint:truncated` as the end of the event's readable data), for what a real server writes
-//! only when something is corrupt or unsupported.
+//! Why `fail` and a module still: `fail` has no "exit the process" task, so the crash points
+//! turn its `return` into `_exit`, and it does not check names; both are the few lines below.
+//!
+//! Conditions: [`UNDECODABLE_BINLOG_VALUE`] (`binlog::row_image`: a row image value whose bytes
+//! contain `failpoint:undecodable` reads as undecodable, one containing `failpoint:truncated` as
+//! the end of the event's readable data), for what a real server writes only when something is
+//! corrupt or unsupported.
 
 /// After the broker answered `SEND_OK` for a batch, before its outcome goes to the marker.
 pub const AFTER_SEND_OK: &str = "after_send_ok";
@@ -37,47 +44,40 @@ pub const ALL: [&str; 3] = [
     UNDECODABLE_BINLOG_VALUE,
 ];
 
-/// The exit status of an `exit` action, so a test can tell the hook from another crash.
+/// The exit status of a crash point's `return`, so a test can tell the hook from another crash.
 pub const EXIT_CODE: i32 = 86;
 
-/// What an entry of `FAILPOINTS` does when its point is reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-enum Action {
-    Exit,
-    Panic,
-    /// A condition for [`is_on`]; reaching it does nothing.
-    On,
+/// The `FAILPOINTS` entry that crashes the process the `n`th time (1-based) it reaches the crash
+/// point `point`: `point=(n-1)*off->return`.
+pub fn crash_on_hit(point: &str, n: u32) -> String {
+    assert!(n >= 1, "hits are counted from 1");
+    format!("{point}={}*off->return", n - 1)
 }
 
-#[cfg(feature = "failpoints")]
-struct Point {
-    action: Action,
-    at: u64,
-    hits: std::sync::atomic::AtomicU64,
+/// The `FAILPOINTS` entry that arms the condition `point`: `point=return`.
+pub fn arm(point: &str) -> String {
+    format!("{point}=return")
 }
 
-/// The points `FAILPOINTS` names, read once per process.
+/// Configures `fail` from `FAILPOINTS`, once per process (before the first hook is evaluated).
 #[cfg(feature = "failpoints")]
-fn points() -> &'static std::collections::HashMap<String, Point> {
-    static POINTS: std::sync::OnceLock<std::collections::HashMap<String, Point>> =
-        std::sync::OnceLock::new();
-    POINTS.get_or_init(|| {
+fn configure() {
+    static CONFIGURED: std::sync::Once = std::sync::Once::new();
+    CONFIGURED.call_once(|| {
         let spec = std::env::var("FAILPOINTS").unwrap_or_default();
-        parse(&spec)
-            .into_iter()
-            .map(|(name, action, at)| {
-                let hits = std::sync::atomic::AtomicU64::new(0);
-                (name, Point { action, at, hits })
-            })
-            .collect()
-    })
+        for (name, actions) in parse(&spec) {
+            if let Err(e) = fail::cfg(name, actions) {
+                panic!("FAILPOINTS entry {name}={actions}: {e}");
+            }
+        }
+    });
 }
 
-/// Whether the condition `name` is armed (`name=on`).
+/// Whether the condition `name` is armed (`name=return`).
 #[cfg(feature = "failpoints")]
 pub fn is_on(name: &str) -> bool {
-    points().get(name).is_some_and(|p| p.action == Action::On)
+    configure();
+    fail::eval(name, |_| ()).is_some()
 }
 
 /// Without the `failpoints` feature no condition is ever armed.
@@ -87,20 +87,13 @@ pub fn is_on(_name: &str) -> bool {
     false
 }
 
-/// Reached the point `name`: does what `FAILPOINTS` says for it, if anything.
+/// Reached the crash point `name`: does what `FAILPOINTS` says for it, if anything (`return`
+/// exits the process with [`EXIT_CODE`]).
 #[cfg(feature = "failpoints")]
 pub fn hit(name: &str) {
-    use std::sync::atomic::Ordering;
-    let Some(point) = points().get(name) else {
+    configure();
+    if fail::eval(name, |_| ()).is_none() {
         return;
-    };
-    if point.hits.fetch_add(1, Ordering::SeqCst) + 1 != point.at {
-        return;
-    }
-    match point.action {
-        Action::On => return,
-        Action::Panic => panic!("failpoint {name}"),
-        Action::Exit => {}
     }
     eprintln!("failpoint {name}: exiting with status {EXIT_CODE}");
     // SAFETY: _exit has no preconditions; it ends the process without running any Rust code.
@@ -112,64 +105,92 @@ pub fn hit(name: &str) {
 #[inline(always)]
 pub fn hit(_name: &str) {}
 
-/// `name=action[@n]` entries separated by `;`: (name, action, n). Bad entries panic, so a
-/// typo in a test cannot silently disable its fault.
+/// `name=actions` entries separated by `;` (as `fail::FailScenario::setup` splits them), each
+/// name one of [`ALL`]: (name, actions). A bad entry panics, so a typo in a test cannot silently
+/// disable its fault.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
-fn parse(spec: &str) -> Vec<(String, Action, u64)> {
+fn parse(spec: &str) -> Vec<(&str, &str)> {
     spec.split(';')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
         .map(|entry| {
-            let (name, action) = entry
+            let (name, actions) = entry
                 .split_once('=')
-                .unwrap_or_else(|| panic!("FAILPOINTS entry {entry:?}: expected name=action"));
-            let (action, at) = match action.split_once('@') {
-                Some((action, n)) => (action, n.parse().expect("FAILPOINTS: @n is a number")),
-                None => (action, 1),
-            };
-            let action = match action {
-                "panic" => Action::Panic,
-                "exit" => Action::Exit,
-                "on" => Action::On,
-                other => panic!("FAILPOINTS entry {entry:?}: unknown action {other:?}"),
-            };
+                .unwrap_or_else(|| panic!("FAILPOINTS entry {entry:?}: expected name=actions"));
             let name = name.trim();
             if !ALL.contains(&name) {
                 panic!("FAILPOINTS entry {entry:?}: unknown point {name:?} (known: {ALL:?})");
             }
-            (name.to_string(), action, at)
+            (name, actions.trim())
         })
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{parse, Action};
+    use super::*;
 
     #[test]
-    fn parses_actions_and_counts() {
+    fn parses_names_and_actions() {
         assert_eq!(
-            parse(
-                "after_send_ok=exit@20; after_checkpoint_save=panic; undecodable_binlog_value=on"
-            ),
+            parse("after_send_ok=19*off->return; after_checkpoint_save=1*panic; undecodable_binlog_value=return"),
             vec![
-                ("after_send_ok".to_string(), Action::Exit, 20),
-                ("after_checkpoint_save".to_string(), Action::Panic, 1),
-                ("undecodable_binlog_value".to_string(), Action::On, 1)
+                ("after_send_ok", "19*off->return"),
+                ("after_checkpoint_save", "1*panic"),
+                ("undecodable_binlog_value", "return")
             ]
         );
         assert!(parse("").is_empty());
-    }
-
-    #[test]
-    #[should_panic(expected = "unknown action")]
-    fn a_typo_is_loud() {
-        parse("after_send_ok=exitt");
+        assert_eq!(
+            crash_on_hit(AFTER_SEND_OK, 30),
+            "after_send_ok=29*off->return"
+        );
+        assert_eq!(
+            crash_on_hit(AFTER_SEND_OK, 1),
+            "after_send_ok=0*off->return"
+        );
+        assert_eq!(
+            arm(UNDECODABLE_BINLOG_VALUE),
+            "undecodable_binlog_value=return"
+        );
     }
 
     #[test]
     #[should_panic(expected = "unknown point")]
     fn an_unknown_point_is_loud() {
-        parse("after_send=exit");
+        parse("after_send=return");
+    }
+
+    /// The entries the tests write behave in `fail` as the hand-written hooks did: a crash on
+    /// the `n`th hit only, a one-off panic, an armed condition. (Names of their own: `fail`'s
+    /// registry is global, and other tests run beside.)
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn the_entries_the_tests_use_behave_in_fail_as_before() {
+        let fires = |name: &str| fail::eval(name, |_| ()).is_some();
+        let (point, actions) = crash_on_hit("test_crash_on_hit", 3)
+            .split_once('=')
+            .map(|(p, a)| (p.to_string(), a.to_string()))
+            .unwrap();
+        fail::cfg(point.as_str(), &actions).unwrap();
+        assert_eq!(
+            (0..3).map(|_| fires(&point)).collect::<Vec<_>>(),
+            [false, false, true],
+            "the 3rd hit"
+        );
+        fail::cfg("test_crash_on_first_hit", "0*off->return").unwrap();
+        assert!(fires("test_crash_on_first_hit"));
+        fail::cfg("test_armed", "return").unwrap();
+        assert!((0..5).all(|_| fires("test_armed")), "armed for good");
+        assert!(!fires("test_never_configured"));
+        fail::cfg("test_panic_once", "1*off->1*panic").unwrap();
+        assert!(!fires("test_panic_once"));
+        let panicked = std::panic::catch_unwind(|| fires("test_panic_once"));
+        assert!(panicked.is_err(), "the 2nd hit panics");
+        assert!(!fires("test_panic_once"), "once");
+        assert!(
+            fail::cfg("test_typo", "exitt").is_err(),
+            "a bad action is refused"
+        );
     }
 }

@@ -36,7 +36,8 @@ fn two_groups(label: &str) -> RocketMq {
 }
 
 /// A relay config on `cluster` whose retry policy is 1 s doubling to 4 s, so `max_retry` 30
-/// waits 1 + 2 + 4 × 28 = 115 s before an event is FAILED: a killed JVM broker's restart took
+/// waits 1 + 2 + 4 × 28 = 115 s at most, and half of it at least (jitter), before an event is
+/// FAILED: a killed JVM broker's restart took
 /// over 27 s (the budget of 8 retries) with the suite running beside it on two cores.
 pub(crate) fn config_on(db: &TestDb, cluster: &RocketMq) -> (Config, tempfile::TempDir) {
     let (config, dir) = relay_fixture(db)
@@ -247,8 +248,8 @@ async fn only_group_down_run(fault: GroupFault) {
     config.relay.park_after = Duration::from_secs(2);
     config.sweeper.min_age = Duration::from_secs(1);
     let hold = common::fault_hold(Duration::from_secs(20));
-    // 1 s, 2 s, then 4 s per retry: the policy outlasts the hold by a minute.
-    config.retry.max_retry = config.retry.max_retry.max(hold.as_secs() as u32 / 4 + 15);
+    // 1 s, 2 s, then 4 s per retry, at least 2 s with jitter: the policy outlasts the hold.
+    config.retry.max_retry = config.retry.max_retry.max(hold.as_secs() as u32 / 2 + 15);
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
     let mut load = SteadyLoad::start(&db, [stuck.to_string(), healthy.to_string()], 100).await;
@@ -298,7 +299,7 @@ async fn a_killed_broker_group_keeps_every_key_on_its_queue_and_the_other_keys_f
     config.sweeper.min_age = Duration::from_secs(1);
     config.relay.park_after = Duration::from_secs(2);
     let hold = common::fault_hold(Duration::from_secs(15));
-    config.retry.max_retry = config.retry.max_retry.max(hold.as_secs() as u32 / 4 + 15);
+    config.retry.max_retry = config.retry.max_retry.max(hold.as_secs() as u32 / 2 + 15);
     seed_checkpoint(&config, &current_position(&db).await);
     let relay = RunningRelay::start(&config).await;
     let mut load = SteadyLoad::start(&db, [topic.to_string(), topic.to_string()], 100).await;

@@ -14,7 +14,7 @@ use common::relay::{
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
-use rocketmq_outbox::failpoint::{AFTER_CHECKPOINT_SAVE, AFTER_SEND_OK, EXIT_CODE};
+use rocketmq_outbox::failpoint::{crash_on_hit, AFTER_CHECKPOINT_SAVE, AFTER_SEND_OK, EXIT_CODE};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -132,7 +132,7 @@ async fn crash_at(prefix: &str, failpoints: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_send_ok_before_the_sent_mark_loses_nothing() {
-    let dups = crash_at("hook_send_ok", &format!("{AFTER_SEND_OK}=exit@30")).await;
+    let dups = crash_at("hook_send_ok", &crash_on_hit(AFTER_SEND_OK, 30)).await;
     // The batch the broker stored just before the crash was never marked: it is sent again.
     assert!(
         dups >= 1,
@@ -142,9 +142,5 @@ async fn crash_after_send_ok_before_the_sent_mark_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_sled_save_before_the_mirror_loses_nothing() {
-    crash_at(
-        "hook_checkpoint",
-        &format!("{AFTER_CHECKPOINT_SAVE}=exit@5"),
-    )
-    .await;
+    crash_at("hook_checkpoint", &crash_on_hit(AFTER_CHECKPOINT_SAVE, 5)).await;
 }

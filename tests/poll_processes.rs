@@ -9,7 +9,7 @@ use common::relay::{
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
-use rocketmq_outbox::failpoint::AFTER_SEND_OK;
+use rocketmq_outbox::failpoint::{crash_on_hit, AFTER_SEND_OK};
 use rocketmq_outbox::outbox::status::codes::SENDING;
 use std::time::Duration;
 
@@ -103,7 +103,7 @@ async fn a_restart_under_the_same_instance_id_delivers_the_dead_process_rows_wit
         &file,
         "",
         &log,
-        &[("FAILPOINTS", &format!("{AFTER_SEND_OK}=exit@3"))],
+        &[("FAILPOINTS", &crash_on_hit(AFTER_SEND_OK, 3))],
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let status = loop {

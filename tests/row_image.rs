@@ -237,10 +237,7 @@ async fn an_undecodable_row_fails_alone_and_its_neighbours_stream() {
     let (config, dir) = relay_fixture(&db).stream_only().at_current_end().await;
     let file = write_config_file(&config, dir.path());
     let log = dir.path().join("relay.log");
-    let on = format!(
-        "{}=on",
-        rocketmq_outbox::failpoint::UNDECODABLE_BINLOG_VALUE
-    );
+    let on = rocketmq_outbox::failpoint::arm(rocketmq_outbox::failpoint::UNDECODABLE_BINLOG_VALUE);
     let hook = [("FAILPOINTS", on.as_str())];
     let relay = RelayProcess::spawn_serving(&file, "", &log, &hook);
 

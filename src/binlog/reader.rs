@@ -150,7 +150,8 @@ struct MappedTable {
     shape: Result<(TableShape, ColumnLayout), String>,
 }
 
-/// A reason to stop reading for good (the caller reports it).
+/// A reason to stop reading for good (the caller reports it). What the relay does with each
+/// kind: [`crate::error::PipelineError::class`].
 #[derive(Debug, thiserror::Error)]
 pub enum ReaderError {
     #[error("the binlog position {position} is no longer on the server (purged?): {message}")]
@@ -159,19 +160,6 @@ pub enum ReaderError {
     NotAllowed(String),
     #[error("{0}")]
     Unsupported(String),
-}
-
-impl crate::error::Classify for ReaderError {
-    /// A purged position is retryable: the instance falls back to the oldest position the server
-    /// has (see [`crate::pipeline::run_instance`]).
-    fn class(&self) -> crate::error::ErrorClass {
-        match self {
-            ReaderError::NotAllowed(_) | ReaderError::Unsupported(_) => {
-                crate::error::ErrorClass::Permanent
-            }
-            ReaderError::PositionGone { .. } => crate::error::ErrorClass::Retryable,
-        }
-    }
 }
 
 const MARIADB_GTID_EVENT: u8 = 162;

@@ -204,7 +204,7 @@ impl ColumnShape {
     }
 }
 
-/// Test hook (`FAILPOINTS=undecodable_binlog_value=on`, see [`crate::failpoint`]): a text value
+/// Test hook (`FAILPOINTS=undecodable_binlog_value=return`, see [`crate::failpoint`]): a text value
 /// holding `failpoint:undecodable` reads as a located undecodable value, one holding
 /// `failpoint:truncated` as the end of the event's readable data.
 #[cfg(feature = "failpoints")]

@@ -28,6 +28,22 @@ pub const SAVE_FAILURES_BEFORE_STOP: u32 = 5;
 /// While saves keep failing: an ERROR line at the first failure, then one per this period.
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
 
+/// Why the checkpointer stopped; the relay stops with it (see [`crate::error::PipelineError`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Saves kept failing (or the final save failed): `message` says what to do, `source` is
+    /// the store's last error (its kind decides whether the instance retries).
+    #[error("{message}")]
+    NotSaved {
+        message: String,
+        #[source]
+        source: StoreError,
+    },
+    /// A save panicked (in the store, on the blocking pool).
+    #[error("a checkpoint save panicked")]
+    Panicked(#[source] tokio::task::JoinError),
+}
+
 /// How often the checkpoint is saved, and what happens when it cannot be.
 #[derive(Debug, Clone)]
 pub struct CheckpointSettings {
@@ -66,7 +82,7 @@ pub async fn run_checkpointer(
     settings: CheckpointSettings,
     clock: StreamClock,
     stop: CancellationToken,
-) -> anyhow::Result<BinlogPosition> {
+) -> Result<BinlogPosition, CheckpointError> {
     let parts = Parts {
         acks,
         store,
@@ -97,7 +113,7 @@ struct Failing {
 }
 
 impl Parts<'_> {
-    async fn run(self, stop: CancellationToken) -> anyhow::Result<BinlogPosition> {
+    async fn run(self, stop: CancellationToken) -> Result<BinlogPosition, CheckpointError> {
         let (acks, settings) = (&self.acks, &self.settings);
         let mut saved = acks.position();
         let mut mirrored = saved.clone();
@@ -131,9 +147,12 @@ impl Parts<'_> {
                     Err(e) => {
                         let f = self.failed(&mut failing, &e, &saved);
                         if stopping {
-                            return Err(anyhow::Error::new(e).context(format!(
-                                "the final checkpoint could not be saved; a restart resumes from {saved} (or the MySQL mirror) and sends again what came after"
-                            )));
+                            return Err(CheckpointError::NotSaved {
+                                message: format!(
+                                    "the final checkpoint could not be saved; a restart resumes from {saved} (or the MySQL mirror) and sends again what came after"
+                                ),
+                                source: e,
+                            });
                         }
                         if f.attempts >= SAVE_FAILURES_BEFORE_STOP
                             && f.since.elapsed() > settings.give_up_after
@@ -162,9 +181,14 @@ impl Parts<'_> {
     }
 
     /// Saves `position` (and offers it to the history); the outer error is a panicked save.
-    async fn save(&self, position: &BinlogPosition) -> anyhow::Result<Result<(), StoreError>> {
+    async fn save(
+        &self,
+        position: &BinlogPosition,
+    ) -> Result<Result<(), StoreError>, CheckpointError> {
         let (s, p) = (Arc::clone(&self.store), position.clone());
-        Ok(tokio::task::spawn_blocking(move || s.save(&p).map(|()| s.record_history(&p))).await?)
+        tokio::task::spawn_blocking(move || s.save(&p).map(|()| s.record_history(&p)))
+            .await
+            .map_err(CheckpointError::Panicked)
     }
 
     /// Counts a failed save, turns readiness off and logs it (the first, then every
@@ -196,7 +220,7 @@ impl Parts<'_> {
     }
 
     /// The error that stops the relay, after stopping it.
-    fn give_up(&self, error: StoreError, f: &Failing, saved: &BinlogPosition) -> anyhow::Error {
+    fn give_up(&self, error: StoreError, f: &Failing, saved: &BinlogPosition) -> CheckpointError {
         let message = format!(
             "the checkpoint could not be saved for {:?} ({} attempts in a row): stopping the relay rather than stream on without durable progress. Free disk space in relay.checkpoint_dir or make it writable, then start the relay again: it resumes from {saved} (or the MySQL mirror) and sends again what came after (consumers de-duplicate)",
             f.since.elapsed(),
@@ -206,7 +230,10 @@ impl Parts<'_> {
         if let Some(stop_relay) = &self.settings.stop_relay {
             stop_relay.cancel();
         }
-        anyhow::Error::new(error).context(message)
+        CheckpointError::NotSaved {
+            message,
+            source: error,
+        }
     }
 }
 
@@ -215,10 +242,9 @@ async fn mirror_once(
     pool: &mysql_async::Pool,
     position: &BinlogPosition,
     stream_at: Option<u64>,
-) -> anyhow::Result<()> {
+) -> Result<(), StoreError> {
     let mut conn = pool.get_conn().await?;
-    mirror.save(&mut conn, position, stream_at).await?;
-    Ok(())
+    mirror.save(&mut conn, position, stream_at).await
 }
 
 #[cfg(test)]

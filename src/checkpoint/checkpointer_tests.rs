@@ -168,7 +168,7 @@ async fn saves_failing_for_longer_than_the_limit_stop_the_relay_with_the_reason(
     assert!(store.attempts.load(Ordering::SeqCst) >= SAVE_FAILURES_BEFORE_STOP);
     assert!(stop_relay.is_cancelled(), "the relay is told to stop");
     assert!(!health.readiness().ready);
-    let text = format!("{error:#}");
+    let text = crate::error::Report(&error).to_string();
     assert!(
         text.contains("the checkpoint could not be saved for")
             && text.contains("stopping the relay")
@@ -177,7 +177,20 @@ async fn saves_failing_for_longer_than_the_limit_stop_the_relay_with_the_reason(
         "{text}"
     );
     // The store's error stays in the chain: the instance classifies it as permanent.
-    assert!(error.downcast_ref::<StoreError>().is_some(), "{error:?}");
+    assert!(
+        matches!(
+            &error,
+            super::CheckpointError::NotSaved {
+                source: StoreError::Sled { .. },
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        crate::error::PipelineError::from(error).class(),
+        crate::error::ErrorClass::Permanent
+    );
 }
 
 /// A tmpfs of `size` mounted on a new directory; unmounted on drop. `None` (with the reason)
@@ -273,10 +286,8 @@ async fn a_sled_store_on_a_full_file_system_turns_readiness_off_then_stops_the_r
         .expect("the checkpointer gives up by itself")
         .expect_err("sled keeps failing");
     assert!(stop_relay.is_cancelled());
-    assert!(
-        format!("{error:#}").contains("No space left on device"),
-        "{error:#}"
-    );
+    let text = crate::error::Report(&error).to_string();
+    assert!(text.contains("No space left on device"), "{text}");
     assert!(!health.readiness().ready, "never ready again while it runs");
 
     // The relay started again, with room on the disk: it loads what was durable and saves.

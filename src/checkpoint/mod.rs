@@ -12,6 +12,6 @@ pub mod store;
 mod watermark;
 
 pub use acks::{Acknowledgements, Progress};
-pub use checkpointer::{run_checkpointer, CheckpointSettings};
+pub use checkpointer::{run_checkpointer, CheckpointError, CheckpointSettings};
 pub use store::{CheckpointStore, MemoryStore, MysqlMirror, SledStore};
 pub use watermark::TxSeq;

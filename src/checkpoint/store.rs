@@ -9,7 +9,8 @@ use crate::binlog::BinlogPosition;
 use mysql_async::prelude::*;
 use std::path::Path;
 
-/// A checkpoint store failed; the relay stops rather than run without durable progress.
+/// A checkpoint store failed; the relay stops rather than run without durable progress (its
+/// MySQL mirror's faults are retried: [`crate::error::PipelineError::class`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("checkpoint store at {path}: {source}")]
@@ -22,15 +23,6 @@ pub enum StoreError {
         "checkpoint mirror not written: leadership epoch {0} is over (another instance leads)"
     )]
     Fenced(u64),
-}
-
-impl crate::error::Classify for StoreError {
-    fn class(&self) -> crate::error::ErrorClass {
-        match self {
-            StoreError::Sled { .. } | StoreError::Corrupt(_) => crate::error::ErrorClass::Permanent,
-            StoreError::Mysql(_) | StoreError::Fenced(_) => crate::error::ErrorClass::Retryable,
-        }
-    }
 }
 
 /// Durable storage of one checkpoint.

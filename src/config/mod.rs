@@ -207,14 +207,23 @@ impl Default for RelayConfig {
     }
 }
 
-/// `[retry]`: what happens after a failed send.
+/// `[retry]`: what happens after a failed send (see [`crate::retry::RetryPolicy`]).
+///
+/// Retry `n` waits at most its ceiling, `initial_backoff` doubled `n - 1` times and never more
+/// than `max_backoff`, and at least half of it: each wait is drawn at random in that range
+/// (jitter), so the events, shards and relays that failed together do not retry in lockstep.
+/// After `max_retry` retries the event is FAILED with its last error. With the defaults the
+/// ceilings are 1, 2, 4 … 128 s (8 retries: the 5-minute cap is not reached), and an event is
+/// FAILED between about 2 and 4¼ minutes after its first failed attempt.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryConfig {
     /// Attempts after the first before the event is FAILED.
     pub max_retry: u32,
+    /// The ceiling of the first retry's wait (default 1 s).
     #[serde(with = "humantime_serde")]
     pub initial_backoff: Duration,
+    /// No wait is longer (default 5 min).
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
 }

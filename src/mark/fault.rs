@@ -115,8 +115,15 @@ pub struct MarkError {
     fix: String,
 }
 
-impl crate::error::Classify for MarkError {
-    fn class(&self) -> crate::error::ErrorClass {
-        crate::error::ErrorClass::Permanent
+#[cfg(test)]
+impl MarkError {
+    /// A marking error of `fault` (for tests of what the relay does with it).
+    pub(crate) fn for_test(fault: PermanentFault) -> Self {
+        MarkError {
+            fault,
+            table: "db.outbox_event".into(),
+            message: "denied".into(),
+            fix: "grant it".into(),
+        }
     }
 }

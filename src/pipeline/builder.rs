@@ -10,6 +10,7 @@
 
 use crate::config::Config;
 use crate::db::Deployment;
+use crate::error::{DbError, PipelineError};
 use crate::leader::Fence;
 use crate::mark::{run_marker, MarkError, MarkStats, MarkerContext};
 use crate::retry::RetryPolicy;
@@ -156,7 +157,7 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
         pool: mysql_async::Pool,
         settings: SweepSettings,
         claim_strategy: Option<ClaimStrategy>,
-    ) -> anyhow::Result<Sweeper> {
+    ) -> Result<Sweeper, DbError> {
         if settings.lease < self.config.rocketmq.send_timeout * 5 {
             tracing::warn!(lease = ?settings.lease, send_timeout = ?self.config.rocketmq.send_timeout,
                 "sweeper.lease is under 5 × rocketmq.send_timeout: a stalled instance's rows may be taken over (and sent twice) early");
@@ -176,8 +177,11 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
 impl<R> SendStage<R> {
     /// Once every [`SendInputs`] is dropped: lets the shards send what they hold (at most
     /// `timeout`; `unfinished` says what becomes of the rest), then waits for the recorder.
-    pub async fn finish(self, timeout: Duration, unfinished: &str) -> anyhow::Result<R> {
+    /// `Err` only if the recorder panicked.
+    pub async fn finish(self, timeout: Duration, unfinished: &str) -> Result<R, PipelineError> {
         self.shards.drain(timeout, unfinished).await;
-        Ok(self.recorder.await?)
+        self.recorder
+            .await
+            .map_err(PipelineError::task("outcome recorder"))
     }
 }

@@ -11,6 +11,7 @@ use super::{RunOptions, RunSummary};
 use crate::binlog::reader::{BinlogReader, ReaderOptions, ServerInfo};
 use crate::binlog::{BinlogPosition, StreamClock};
 use crate::checkpoint::{run_checkpointer, Acknowledgements, CheckpointStore, MysqlMirror};
+use crate::error::{DbError, PipelineError};
 use crate::send::Sink;
 use crate::sweep::{SweepGate, SweepSettings};
 use std::sync::Arc;
@@ -33,11 +34,11 @@ pub async fn run_cdc<S: Sink>(
     store: Arc<dyn CheckpointStore>,
     options: RunOptions,
     cancel: CancellationToken,
-) -> anyhow::Result<RunSummary> {
+) -> Result<RunSummary, PipelineError> {
     let (config, deployment) = (pipeline.config(), pipeline.deployment());
     // The marker's and the sweeper's pools: separate (the sweeper closes its own before the
     // final checkpoint is mirrored), from one question to the server.
-    let writer_opts = crate::db::writer_opts(config).await?;
+    let writer_opts = crate::db::writer_opts_from(deployment.opts.clone(), config).await;
     let pool = mysql_async::Pool::new(writer_opts.clone());
     // Under a leadership, the builder's fence stops the senders, the marker and the mirror.
     let mirror = pipeline.mirror();
@@ -127,7 +128,9 @@ pub async fn run_cdc<S: Sink>(
     let dispatched = dispatch::run(items_rx, outputs, acks, catch_up).await;
 
     // The reader stopped (cancelled or failed). Let the shards drain, within the timeout.
-    let reader_result = reader_task.await?;
+    let reader_result = reader_task
+        .await
+        .map_err(PipelineError::task("binlog reader"))?;
     if let Some(sweeper) = &mut sweeper {
         sweeper.stop_claiming().await;
     }
@@ -141,7 +144,9 @@ pub async fn run_cdc<S: Sink>(
         sweeper.finish().await;
     }
     checkpoint_stop.cancel();
-    let checkpoint = checkpoint_task.await??;
+    let checkpoint = checkpoint_task
+        .await
+        .map_err(PipelineError::task("checkpointer"))??;
     crate::db::close(pool).await;
     let marked = marked?;
     reader_result?;
@@ -160,9 +165,11 @@ async fn start_position(
     mirror: &MysqlMirror,
     pool: &mysql_async::Pool,
     current: &BinlogPosition,
-) -> anyhow::Result<BinlogPosition> {
+) -> Result<BinlogPosition, PipelineError> {
     let local = store.load()?;
-    let mut conn = pool.get_conn().await?;
+    let mut conn = pool.get_conn().await.map_err(DbError::when(
+        "cannot connect to MySQL to read the checkpoint mirror",
+    ))?;
     let shared = mirror.load(&mut conn).await?;
     drop(conn);
     match (local, shared) {

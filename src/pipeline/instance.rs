@@ -18,7 +18,7 @@ use crate::binlog::reader::{
 use crate::binlog::ServerFlavor;
 use crate::checkpoint::CheckpointStore;
 use crate::db::Deployment;
-use crate::error::{Classify, ErrorClass};
+use crate::error::{DbError, PipelineError};
 use crate::leader::{Election, Leadership};
 use crate::send::Sink;
 use crate::sweep::{SweepGate, SweepSettings};
@@ -28,14 +28,16 @@ use tokio_util::sync::CancellationToken;
 /// How many times in a row one leadership may restart from the oldest binlog before giving up.
 const MAX_FALLBACKS: u32 = 3;
 
-/// Runs this instance until `cancel` fires, or a permanent error (a failed start-up check, a
-/// store that cannot be written).
+/// Runs this instance until `cancel` fires, or a round fails with an error whose
+/// [`ErrorClass`] stops it ([`PipelineError::class`]: a failed start-up check, a store that
+/// cannot be written, an outcome that cannot be recorded; a server that cannot be reached before
+/// the first round). Every other failed round is retried with backoff, for ever.
 pub async fn run_instance<S: Sink>(
     pipeline: &PipelineBuilder<'_, S>,
     store: Arc<dyn CheckpointStore>,
     options: RunOptions,
     cancel: CancellationToken,
-) -> anyhow::Result<RunSummary> {
+) -> Result<RunSummary, PipelineError> {
     // Every instance checks the server and its grants first, so a missing privilege is named
     // at start-up (not as a failed election or a refused binlog dump later).
     let (config, deployment) = (pipeline.config(), pipeline.deployment());
@@ -55,11 +57,7 @@ pub async fn run_instance<S: Sink>(
                 config.relay.election,
                 server.galera,
             )?;
-            let leadership = match election.try_lead().await.map_err(|e| {
-                anyhow::Error::new(e).context(
-                    "cannot enter the leader election in MySQL (has `outbox-relay migrate` run?)",
-                )
-            })? {
+            let leadership = match election.try_lead().await.map_err(PipelineError::Election)? {
                 Some(leadership) => leadership,
                 None => match stand_by(pipeline, &election, &options, &cancel, &mut total).await? {
                     Some(leadership) => leadership,
@@ -83,20 +81,20 @@ pub async fn run_instance<S: Sink>(
                 }
                 tracing::warn!("no longer the leader: standing by");
             }
-            Err(e) if is_permanent(&e, started) || cancel.is_cancelled() => return Err(e),
+            Err(e) if stops(&e, started) || cancel.is_cancelled() => return Err(e),
             Err(e) => {
                 failures += 1;
                 let delay = policy.delay(failures).unwrap_or(policy.max);
-                if is_unclassified(&e) {
+                if e.class().reported() {
                     // Retried like a lost connection, but never unseen: an ERROR, a count and an
-                    // alert (OutboxUnclassifiedErrors) say that the relay cannot tell what it is.
+                    // alert (OutboxUnclassifiedErrors) say that the relay did not foresee it.
                     crate::metrics::relay().unclassified_errors.inc();
-                    tracing::error!(error = %format!("{e:#}"), retry_in = ?delay, failures,
-                        "relay round failed with an error the relay does not classify (not a \
-                         lost connection, not a known configuration error): retrying; if it \
-                         repeats, report it with this message");
+                    tracing::error!(error = %e.report(), retry_in = ?delay, failures,
+                        "relay round failed with an error the relay does not classify (a task \
+                         that panicked: not a lost connection, not a known configuration error): \
+                         retrying; if it repeats, report it with this message");
                 } else {
-                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?delay, "relay round failed; retrying");
+                    tracing::warn!(error = %e.report(), retry_in = ?delay, "relay round failed; retrying");
                 }
                 tokio::select! {
                     _ = cancel.cancelled() => return Ok(total),
@@ -107,51 +105,10 @@ pub async fn run_instance<S: Sink>(
     }
 }
 
-/// Whether a failed round stops the instance: its error's [`ErrorClass`], as the error's own
-/// type states it ([`Classify`]); an error of no classified type (a connection lost mid-way, a
-/// task that panicked) is retried.
-fn is_permanent(error: &anyhow::Error, started: bool) -> bool {
-    class_of(error).stops(started)
-}
-
-/// Whether no error in `error`'s chain classifies itself and none is a lost connection (a
-/// MySQL client or I/O error): an error the relay cannot tell anything about.
-fn is_unclassified(error: &anyhow::Error) -> bool {
-    let classified = |cause: &(dyn std::error::Error + 'static)| {
-        cause.is::<mysql_async::Error>()
-            || cause.is::<mysql_async::DriverError>()
-            || cause.is::<mysql_async::IoError>()
-            || cause.is::<std::io::Error>()
-    };
-    class_of_known(error).is_none() && !error.chain().any(classified)
-}
-
-/// The class of the first error in `error`'s chain whose type classifies itself. The pipeline's
-/// error types are listed here, and only here.
-fn class_of(error: &anyhow::Error) -> ErrorClass {
-    class_of_known(error).unwrap_or(ErrorClass::Retryable)
-}
-
-/// [`class_of`], `None` when no error of the chain classifies itself.
-fn class_of_known(error: &anyhow::Error) -> Option<ErrorClass> {
-    use crate::binlog::reader::StartupError;
-    use crate::checkpoint::store::StoreError;
-    use crate::mark::MarkError;
-    fn as_classified<'a>(cause: &'a (dyn std::error::Error + 'static)) -> Option<&'a dyn Classify> {
-        if let Some(e) = cause.downcast_ref::<MarkError>() {
-            return Some(e);
-        }
-        if let Some(e) = cause.downcast_ref::<StartupError>() {
-            return Some(e);
-        }
-        if let Some(e) = cause.downcast_ref::<ReaderError>() {
-            return Some(e);
-        }
-        cause
-            .downcast_ref::<StoreError>()
-            .map(|e| e as &dyn Classify)
-    }
-    error.chain().find_map(as_classified).map(Classify::class)
+/// Whether a failed round stops the instance (`started`: it ran a round before): its error's
+/// [`PipelineError::class`].
+fn stops(error: &PipelineError, started: bool) -> bool {
+    error.class().stops(started)
 }
 
 /// Sweeps (if enabled) while waiting for leadership; `None` when cancelled first.
@@ -161,7 +118,7 @@ async fn stand_by<S: Sink>(
     options: &RunOptions,
     cancel: &CancellationToken,
     total: &mut RunSummary,
-) -> anyhow::Result<Option<Leadership>> {
+) -> Result<Option<Leadership>, PipelineError> {
     let config = pipeline.config();
     tracing::info!(instance = %config.instance_id(),
         "another instance leads: standing by (sweeping) until it stops");
@@ -208,7 +165,7 @@ async fn lead<S: Sink>(
     options: &RunOptions,
     cancel: &CancellationToken,
     leadership: &Leadership,
-) -> anyhow::Result<RunSummary> {
+) -> Result<RunSummary, PipelineError> {
     crate::metrics::health().set_role(crate::metrics::Role::Streaming);
     let streaming = cancel.child_token();
     let link = {
@@ -252,12 +209,14 @@ async fn lead<S: Sink>(
         )
         .await;
         match run {
-            Err(e) if position_gone(&e) && !streaming.is_cancelled() => {
+            Err(e @ PipelineError::Reader(ReaderError::PositionGone { .. }))
+                if !streaming.is_cancelled() =>
+            {
                 fallbacks += 1;
                 if fallbacks > MAX_FALLBACKS {
                     break Err(e);
                 }
-                tracing::error!(error = %e,
+                tracing::error!(error = %e.report(),
                     "the checkpoint is no longer on the server: restarting from the oldest binlog position; the sweeper publishes the PENDING rows of the gap");
                 crate::metrics::binlog_position_lost();
                 if let Err(e) = fall_back(pipeline, flavor, store).await {
@@ -275,27 +234,25 @@ async fn lead<S: Sink>(
     result
 }
 
-fn position_gone(error: &anyhow::Error) -> bool {
-    matches!(
-        error.downcast_ref::<ReaderError>(),
-        Some(ReaderError::PositionGone { .. })
-    )
-}
-
 /// Saves the oldest position the server has as the checkpoint (local and mirror).
 async fn fall_back<S: Sink>(
     pipeline: &PipelineBuilder<'_, S>,
     flavor: ServerFlavor,
     store: &Arc<dyn CheckpointStore>,
-) -> anyhow::Result<()> {
+) -> Result<(), PipelineError> {
     let Deployment { opts, .. } = pipeline.deployment();
     let oldest = oldest_position(opts, flavor).await?;
     tracing::warn!(position = %oldest, "new checkpoint: the oldest position on the server");
     let (s, p) = (Arc::clone(store), oldest.clone());
-    tokio::task::spawn_blocking(move || s.save(&p)).await??;
-    let mut conn = mysql_async::Conn::new(opts.clone()).await?;
+    tokio::task::spawn_blocking(move || s.save(&p))
+        .await
+        .map_err(PipelineError::task("checkpoint save"))??;
+    let mirroring = "cannot mirror the fall-back checkpoint into MySQL";
+    let mut conn = mysql_async::Conn::new(opts.clone())
+        .await
+        .map_err(DbError::when(mirroring))?;
     pipeline.mirror().save(&mut conn, &oldest, None).await?;
-    conn.disconnect().await?;
+    conn.disconnect().await.map_err(DbError::when(mirroring))?;
     Ok(())
 }
 
@@ -305,49 +262,59 @@ mod tests {
     use crate::binlog::reader::StartupError;
     use crate::checkpoint::store::StoreError;
 
-    fn unreachable() -> anyhow::Error {
-        let lost = mysql_async::DriverError::PoolDisconnected;
-        StartupError::Connect(mysql_async::Error::Driver(lost)).into()
+    fn lost() -> mysql_async::Error {
+        mysql_async::Error::Driver(mysql_async::DriverError::PoolDisconnected)
+    }
+
+    fn unreachable() -> PipelineError {
+        StartupError::Connect(lost()).into()
     }
 
     #[test]
     fn a_round_stops_the_instance_by_the_class_its_error_states() {
-        let misconfigured: anyhow::Error =
+        let misconfigured: PipelineError =
             StartupError::Misconfigured("binlog_format".into()).into();
-        assert!(is_permanent(&misconfigured, true));
+        assert!(stops(&misconfigured, true));
         // A server that cannot be reached stops an instance that never ran, not one that did.
-        assert!(is_permanent(&unreachable(), false));
-        assert!(!is_permanent(&unreachable(), true));
-        // The class is found under added context too.
-        let refused = anyhow::Error::from(ReaderError::NotAllowed("denied".into()))
-            .context("while streaming");
-        assert!(is_permanent(&refused, true));
+        assert!(stops(&unreachable(), false));
+        assert!(!stops(&unreachable(), true));
+        let refused = PipelineError::from(ReaderError::NotAllowed("denied".into()));
+        assert!(stops(&refused, true));
         let gone = ReaderError::PositionGone {
             position: "0-1-5".into(),
             message: "purged".into(),
         };
-        assert!(!is_permanent(&gone.into(), true));
-        assert!(!is_permanent(&StoreError::Fenced(3).into(), true));
-        assert!(is_permanent(
-            &StoreError::Corrupt("bad".into()).into(),
-            true
-        ));
-        // An error of no classified type (a connection lost mid-way) is retried.
-        assert!(!is_permanent(&anyhow::anyhow!("connection reset"), false));
+        assert!(!stops(&gone.into(), true));
+        assert!(!stops(&StoreError::Fenced(3).into(), true));
+        assert!(stops(&StoreError::Corrupt("bad".into()).into(), true));
+        // A connection lost mid-way (the election's, the pipeline's own statements) is retried,
+        // before the first round too.
+        assert!(!stops(&PipelineError::Election(lost()), false));
+        let own = DbError::new("cannot read outbox table t", lost());
+        assert!(!stops(&own.into(), false));
     }
 
-    #[test]
-    fn an_error_neither_classified_nor_a_lost_connection_is_unclassified() {
-        let lost = anyhow::Error::new(mysql_async::Error::Driver(
-            mysql_async::DriverError::PoolDisconnected,
-        ))
-        .context("cannot enter the leader election");
-        assert!(!is_unclassified(&lost), "a lost connection, under context");
-        let io = anyhow::Error::new(std::io::Error::other("reset")).context("reading");
-        assert!(!is_unclassified(&io));
-        assert!(!is_unclassified(&unreachable()), "classified");
-        assert!(is_unclassified(&anyhow::anyhow!(
-            "something nobody expected"
-        )));
+    #[tokio::test]
+    async fn only_an_unforeseen_error_is_reported_as_unclassified() {
+        // Retried like a lost connection, but logged at ERROR and counted: a panicked task.
+        let panicked = tokio::spawn(async { panic!("a bug") }).await.unwrap_err();
+        let panicked = PipelineError::task("binlog reader")(panicked);
+        assert!(!stops(&panicked, false) && !stops(&panicked, true));
+        assert!(panicked.class().reported());
+        assert!(panicked
+            .report()
+            .to_string()
+            .contains("the binlog reader task failed"));
+        // A lost connection is expected: a WARN, not a report.
+        let lost = PipelineError::Election(lost());
+        assert!(!lost.class().reported(), "a lost connection");
+        assert!(
+            lost.report()
+                .to_string()
+                .starts_with("cannot enter the leader election"),
+            "{}",
+            lost.report()
+        );
+        assert!(!unreachable().class().reported(), "classified");
     }
 }

@@ -44,6 +44,7 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         initial: Duration::from_millis(1),
         max: Duration::from_millis(5),
         max_retries: Some(10),
+        jitter: crate::retry::Jitter::Equal,
     };
     let (shards, inputs) = Shards::start(
         &broker,

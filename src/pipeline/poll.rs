@@ -5,6 +5,7 @@
 use super::builder::PipelineBuilder;
 use super::{RunOptions, RunSummary};
 use crate::binlog::BinlogPosition;
+use crate::error::PipelineError;
 use crate::send::Sink;
 use crate::sweep::{SweepGate, SweepSettings};
 use tokio_util::sync::CancellationToken;
@@ -22,7 +23,7 @@ pub async fn run_poll<S: Sink>(
     pipeline: &PipelineBuilder<'_, S>,
     options: RunOptions,
     cancel: CancellationToken,
-) -> anyhow::Result<RunSummary> {
+) -> Result<RunSummary, PipelineError> {
     let config = pipeline.config();
     tracing::info!(interval = ?config.poll.interval, "poll mode");
     crate::metrics::health().set_role(crate::metrics::Role::Polling);
@@ -38,9 +39,10 @@ pub async fn run_sweeper_alone<S: Sink>(
     gate: SweepGate,
     options: RunOptions,
     cancel: CancellationToken,
-) -> anyhow::Result<RunSummary> {
-    let config = pipeline.config();
-    let pool = crate::db::writer_pool(config).await?;
+) -> Result<RunSummary, PipelineError> {
+    let (config, deployment) = (pipeline.config(), pipeline.deployment());
+    let opts = crate::db::writer_opts_from(deployment.opts.clone(), config).await;
+    let pool = mysql_async::Pool::new(opts);
     let sweeper = pipeline
         .sweeper(pool.clone(), settings, options.claim_strategy)
         .await?;

@@ -174,7 +174,8 @@ impl RelayHandle {
             let result = match store {
                 Some(store) => run_instance(&pipeline, store, options, token).await,
                 None => run_poll(&pipeline, options, token).await,
-            };
+            }
+            .map_err(anyhow::Error::from);
             drop(pipeline);
             crate::metrics::health().set_role(crate::metrics::Role::Stopping);
             tables_watch.abort();

@@ -17,7 +17,7 @@ use super::{OutboundMessage, SendError, Sink, Stalls};
 use crate::event::{now_us, Ack, Origin, OutboxRow, RowProblem, Stamps};
 use crate::leader::Fence;
 use crate::outbox::TableName;
-use crate::retry::RetryPolicy;
+use crate::retry::{Jitter, RetryPolicy};
 use crate::route::{index_for, java_string_hash};
 use std::sync::Arc;
 use std::time::Duration;
@@ -129,10 +129,13 @@ pub struct ShardOptions {
 impl Default for ShardOptions {
     fn default() -> Self {
         ShardOptions {
+            // The `[retry]` defaults without jitter, for tests that time the waits exactly;
+            // the send stage always gives its own policy (`Shards::start`).
             retry: RetryPolicy {
                 initial: Duration::from_secs(1),
                 max: Duration::from_secs(300),
                 max_retries: Some(8),
+                jitter: Jitter::None,
             },
             max_batch: 64,
             max_batch_bytes: 1024 * 1024,

@@ -6,6 +6,7 @@ use super::claim::{ClaimStrategy, Claimed, Claimer};
 use super::gate::SweepGate;
 use super::lease::{self, HeldRows};
 use crate::config::Config;
+use crate::error::DbError;
 use crate::event::Origin;
 use crate::outbox::message::RowLimits;
 use crate::outbox::TableName;
@@ -83,7 +84,7 @@ impl Sweeper {
         settings: SweepSettings,
         limits: RowLimits,
         strategy: Option<ClaimStrategy>,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, DbError> {
         let strategy = match strategy {
             Some(strategy) => strategy,
             None => detect_strategy(&pool, &tables).await?,
@@ -202,11 +203,13 @@ impl RunningSweeper {
 }
 
 /// The claim strategy the server supports; fails if an outbox table cannot be read.
-async fn detect_strategy(pool: &Pool, tables: &[TableName]) -> anyhow::Result<ClaimStrategy> {
-    let mut conn = pool.get_conn().await?;
+async fn detect_strategy(pool: &Pool, tables: &[TableName]) -> Result<ClaimStrategy, DbError> {
+    let asking = "cannot ask the server's version (to choose the sweeper's claim strategy)";
+    let mut conn = pool.get_conn().await.map_err(DbError::when(asking))?;
     let version: String = conn
         .query_first("SELECT VERSION()")
-        .await?
+        .await
+        .map_err(DbError::when(asking))?
         .unwrap_or_default();
     for table in tables {
         conn.query_drop(format!(
@@ -214,11 +217,9 @@ async fn detect_strategy(pool: &Pool, tables: &[TableName]) -> anyhow::Result<Cl
             table.sql()
         ))
         .await
-        .map_err(|e| {
-            anyhow::Error::new(e).context(format!(
-                "cannot read outbox table {table} (run `outbox-relay migrate`?)"
-            ))
-        })?;
+        .map_err(DbError::when(format!(
+            "cannot read outbox table {table} (run `outbox-relay migrate`?)"
+        )))?;
     }
     let strategy = ClaimStrategy::for_version(&version);
     if strategy == ClaimStrategy::Optimistic {

@@ -19,7 +19,8 @@ pub struct ServerInfo {
     pub galera: bool,
 }
 
-/// A server or account the relay cannot work with.
+/// A server or account the relay cannot work with. What the relay does with each kind:
+/// [`crate::error::PipelineError::class`].
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
     #[error("cannot connect to MySQL: {0}")]
@@ -30,17 +31,6 @@ pub enum StartupError {
     Privilege(String),
     #[error("database error during start-up checks: {0}")]
     Database(#[from] mysql_async::Error),
-}
-
-impl crate::error::Classify for StartupError {
-    fn class(&self) -> crate::error::ErrorClass {
-        use crate::error::ErrorClass;
-        match self {
-            StartupError::Misconfigured(_) | StartupError::Privilege(_) => ErrorClass::Permanent,
-            StartupError::Connect(_) => ErrorClass::Unreachable,
-            StartupError::Database(_) => ErrorClass::Retryable,
-        }
-    }
 }
 
 fn misconfigured(text: String) -> StartupError {

@@ -356,13 +356,15 @@ async fn cancellation_during_backoff_reports_nothing_for_the_unsent_event() {
     );
 }
 
-/// A small policy: retries after 1, 2, 4 and 8 s, so FAILED comes 15 s after the first attempt.
+/// A small policy: retries after 1, 2, 4 and 8 s (no jitter), so FAILED comes 15 s after the
+/// first attempt.
 fn small_policy() -> ShardOptions {
     ShardOptions {
         retry: RetryPolicy {
             initial: Duration::from_secs(1),
             max: Duration::from_secs(8),
             max_retries: Some(4),
+            jitter: crate::retry::Jitter::None,
         },
         ..ShardOptions::default()
     }
