@@ -172,10 +172,7 @@ fn key_rows(page: &str) -> Vec<KeyRow> {
         if cells.len() < 5 || !cells[0].is_empty() {
             continue;
         }
-        let Some(key) = cells[1]
-            .strip_prefix('`')
-            .and_then(|k| k.strip_suffix('`'))
-        else {
+        let Some(key) = cells[1].strip_prefix('`').and_then(|k| k.strip_suffix('`')) else {
             continue;
         };
         if !key.contains('.') {
@@ -192,12 +189,17 @@ fn key_rows(page: &str) -> Vec<KeyRow> {
 
 /// `OUTBOX_RELAY_<SECTION>__<KEY>`.
 fn env_var(key: &str) -> String {
-    format!("{ENV_PREFIX}{}", key.replace('.', "__").to_ascii_uppercase())
+    format!(
+        "{ENV_PREFIX}{}",
+        key.replace('.', "__").to_ascii_uppercase()
+    )
 }
 
 /// A value as the page may write it: no quotes, no spaces.
 fn normalised(text: &str) -> String {
-    text.chars().filter(|c| *c != '"' && !c.is_whitespace()).collect()
+    text.chars()
+        .filter(|c| *c != '"' && !c.is_whitespace())
+        .collect()
 }
 
 fn difference(label: &str, a: &BTreeSet<String>, b: &BTreeSet<String>) -> Option<String> {
@@ -322,10 +324,7 @@ fn the_configuration_check_catches_a_missing_and_an_unknown_key() {
     assert!(code.defaults.contains_key("rocketmq.secret_key_file"));
     assert!(code.defaults.contains_key("rocketmq.topic_types"));
 
-    let unknown = CONFIGURATION_PAGE.replace(
-        "max_retry = 8\n",
-        "max_retry = 8\nmax_retries = 8\n",
-    );
+    let unknown = CONFIGURATION_PAGE.replace("max_retry = 8\n", "max_retry = 8\nmax_retries = 8\n");
     let problems = configuration_page_problems(&unknown).join("\n");
     assert!(problems.contains("retry.max_retries"), "{problems}");
 
@@ -639,7 +638,10 @@ fn the_migrations_leave_the_outbox_indexes_the_relay_needs() {
     ]
     .map(String::from)
     .into();
-    assert_eq!(outbox.indexes, expected, "the parser reads 0009, 0010, 0013");
+    assert_eq!(
+        outbox.indexes, expected,
+        "the parser reads 0009, 0010, 0013"
+    );
     assert!(outbox.columns.contains("deliver_at"), "0014");
 
     let stale = SCHEMA_PAGE.replace("| `idx_pending` |", "| `idx_claim` |");
@@ -844,10 +846,7 @@ fn headings_become_githubs_anchors() {
         "retry-resend-mark-failed".to_string()
     );
     let text = "# A\n```\n# not a heading\n```\n## A\n";
-    assert_eq!(
-        anchors(text),
-        ["a".to_string(), "a-1".to_string()].into()
-    );
+    assert_eq!(anchors(text), ["a".to_string(), "a-1".to_string()].into());
     assert_eq!(
         link_targets("see [x](a.md#b) and `[y](c.md)` and [z](d.md)"),
         vec!["a.md#b".to_string(), "d.md".to_string()]
