@@ -681,7 +681,6 @@ fn the_user_docs_name_only_indexes_that_exist() {
 // ---------------------------------------------------------------------------------------------
 // The metrics page
 
-#[cfg(feature = "relay")]
 #[test]
 fn the_metrics_page_names_every_metric_the_relay_registers() {
     let text = crate::metrics::relay().render();
