@@ -27,6 +27,7 @@ pub mod error;
 pub mod event;
 pub mod failpoint;
 pub mod leader;
+pub mod logging;
 pub mod mark;
 pub mod metrics;
 pub mod operate;

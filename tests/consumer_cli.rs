@@ -1,4 +1,4 @@
-//! `outbox-relay consume`, the example consumer, end to end: `outbox-dev demo` writes orders
+//! `outbox-dev consume`, the example consumer, end to end: `outbox-dev demo` writes orders
 //! and outbox rows, this test publishes the rows per the message contract (as the relay would,
 //! plus a resend and a bad event), and `consume` settles each order exactly once.
 
@@ -11,15 +11,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-/// Runs `outbox-relay` with `args`; kills it and fails after `timeout`.
-fn outbox_relay(args: &[&str], timeout: Duration) -> Output {
-    run_binary(
-        std::path::Path::new(env!("CARGO_BIN_EXE_outbox-relay")),
-        args,
-        timeout,
-    )
-}
 
 /// Runs `binary` with `args`; kills it and fails after `timeout`.
 fn run_binary(binary: &std::path::Path, args: &[&str], timeout: Duration) -> Output {
@@ -121,7 +112,8 @@ async fn consume_settles_each_demo_order_once_and_prints_every_outcome() {
     producer.send(&refund, None).await;
     producer.shutdown().await;
 
-    let out = outbox_relay(
+    let out = run_binary(
+        &common::outbox_dev(),
         &[
             "-c",
             &config,

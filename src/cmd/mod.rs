@@ -3,7 +3,6 @@
 mod cleanup;
 mod compensate;
 mod config_cmd;
-mod consume;
 mod migrate;
 mod partitions;
 mod reconcile;
@@ -124,8 +123,6 @@ pub enum Command {
     Migrate(migrate::MigrateArgs),
     /// Check or print the effective configuration (passwords masked).
     Config(config_cmd::ConfigArgs),
-    /// Example idempotent consumer: settles the demo's OrderPaid events, prints each outcome.
-    Consume(consume::ConsumeArgs),
     /// Delete SENT rows older than a retention, by primary key in small batches.
     Cleanup(cleanup::CleanupArgs),
     /// FAILED -> PENDING (audited): send the selected rows again.
@@ -152,7 +149,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(args) => run::run(&cli.global, args).await,
         Command::Migrate(args) => migrate::run(&cli.global, args).await,
         Command::Config(args) => config_cmd::run(&cli.global, args),
-        Command::Consume(args) => consume::run(&cli.global, args).await,
         Command::Cleanup(args) => cleanup::run(&cli.global, args).await,
         Command::Retry(args) => compensate::run(&cli.global, Action::Retry, args).await,
         Command::Resend(args) => compensate::run(&cli.global, Action::Resend, args).await,

@@ -3,8 +3,10 @@
 //! - `outbox-dev up`: a local MariaDB + RocketMQ, the schema, the relay and sample events
 //!   (what `scripts/quickstart.sh` runs);
 //! - `outbox-dev servers`: the servers a test phase shares (what `scripts/test.sh` runs);
-//! - `outbox-dev demo`: enqueue sample events with the producer API, as business code would.
+//! - `outbox-dev demo`: enqueue sample events with the producer API, as business code would;
+//! - `outbox-dev consume`: an example idempotent consumer of those events.
 
+mod consume;
 mod demo;
 mod up;
 
@@ -24,7 +26,7 @@ struct Cli {
     command: Command,
 }
 
-/// Where `demo` finds the database: the relay's config file, environment and flag.
+/// Where `demo` and `consume` find the servers: the relay's config file, environment and flags.
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
     /// The relay's TOML config file.
@@ -33,6 +35,9 @@ pub struct GlobalArgs {
     /// Overrides `mysql.url`.
     #[arg(long, global = true)]
     mysql_url: Option<String>,
+    /// Overrides `rocketmq.namesrv_addr`.
+    #[arg(long, global = true)]
+    namesrv_addr: Option<String>,
 }
 
 impl GlobalArgs {
@@ -41,6 +46,9 @@ impl GlobalArgs {
         let mut overrides = Map::new();
         if let Some(url) = &self.mysql_url {
             overrides.insert("mysql".into(), json!({ "url": url }));
+        }
+        if let Some(addr) = &self.namesrv_addr {
+            overrides.insert("rocketmq".into(), json!({ "namesrv_addr": addr }));
         }
         Ok(Config::load(
             self.config.as_deref(),
@@ -61,33 +69,32 @@ enum Command {
     Servers(up::ServersArgs),
     /// Enqueue sample events with the producer API, as business code would.
     Demo(demo::DemoArgs),
+    /// Example idempotent consumer: settles the demo's OrderPaid events, prints each outcome.
+    Consume(consume::ConsumeArgs),
 }
 
-/// `RUST_LOG` overrides this. The RocketMQ client is chatty at `info`; and the pull consumer that
-/// shows the events arriving (`outbox_devenv::TopicReader`) long-polls every queue in the
-/// background, where the broker holds a pull longer than the client waits: each such pull logs a
-/// transport WARN and a pull ERROR although nothing is wrong. Those two are off here (the relay
-/// running inside `up` reports its own send failures under `rocketmq_outbox`).
-const DEFAULT_LOG_FILTER: &str =
-    "info,rocketmq_client_rust=warn,rocketmq_transport=warn,rocketmq_runtime=warn,rocketmq_remoting=warn,\
-     rocketmq_client_rust::factory::route_update=error,\
-     rocketmq_client_rust::consumer::consumer_impl::default_lite_pull_consumer_impl=off,\
-     rocketmq_transport::clients::rocketmq_tokio_client::request=error";
+/// The relay's default log filter, and two more: the pull consumer that shows the events arriving
+/// (`outbox_devenv::TopicReader`) long-polls every queue in the background, where the broker holds
+/// a pull longer than the client waits, so each such pull logs a transport WARN and a pull ERROR
+/// although nothing is wrong. Those two are off here (the relay running inside `up` reports its
+/// own send failures under `rocketmq_outbox`).
+fn log_filter() -> String {
+    format!(
+        "{},rocketmq_client_rust::consumer::consumer_impl::default_lite_pull_consumer_impl=off,\
+         rocketmq_transport::clients::rocketmq_tokio_client::request=error",
+        rocketmq_outbox::logging::DEFAULT_FILTER
+    )
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    rocketmq_outbox::logging::init(&log_filter());
     let result = match cli.command {
         Command::Up(args) => up::up_cmd(args).await,
         Command::Servers(args) => up::servers_cmd(args).await,
         Command::Demo(args) => demo::run(&cli.global, args).await,
+        Command::Consume(args) => consume::run(&cli.global, args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -188,7 +188,7 @@ pub async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
         config_path.display()
     );
     println!(
-        "          cargo run -- -c {} consume --topic {DEMO_TOPIC} --group demo",
+        "          cargo run -p outbox-dev -- -c {} consume --topic {DEMO_TOPIC} --group demo",
         config_path.display()
     );
     if !args.exit {

@@ -1,11 +1,11 @@
-//! `outbox-relay consume`: an example consumer built on the consumer library. It settles the
+//! `outbox-dev consume`: an example consumer built on the consumer library. It settles the
 //! demo's "OrderPaid" events idempotently and prints what became of every delivery.
 //!
 //! Per event, in one transaction with the dedup mark: move `demo_order` from PAID to SETTLED
 //! (a state-machine guard: a repeated or illegal move is ignored) and, when it moved, write one
 //! `demo_settlement` row. Delivering an event twice settles the order once.
 
-use super::GlobalArgs;
+use crate::GlobalArgs;
 use anyhow::Context;
 use clap::Args;
 use mysql_async::prelude::*;
@@ -105,7 +105,7 @@ pub async fn run(global: &GlobalArgs, args: ConsumeArgs) -> anyhow::Result<()> {
         .context("cannot reach the database")?;
     if has_orders.is_none() {
         anyhow::bail!(
-            "table demo_order does not exist: run `outbox-relay migrate` and `outbox-relay demo` first"
+            "table demo_order does not exist: run `outbox-relay migrate` and `outbox-dev demo` first"
         );
     }
     conn.query_drop(SETTLEMENT_DDL).await?;
