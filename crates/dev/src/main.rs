@@ -73,14 +73,16 @@ enum Command {
     Consume(consume::ConsumeArgs),
 }
 
-/// The relay's default log filter, and two more: the pull consumer that shows the events arriving
-/// (`outbox_devenv::TopicReader`) long-polls every queue in the background, where the broker holds
-/// a pull longer than the client waits, so each such pull logs a transport WARN and a pull ERROR
-/// although nothing is wrong. Those two are off here (the relay running inside `up` reports its
-/// own send failures under `rocketmq_outbox`).
+/// The relay's default log filter, and three more. The migrations at `warn`: `up` prints how
+/// many it applied (the statements are for `outbox-relay migrate`). And the pull consumer that
+/// shows the events arriving (`outbox_devenv::TopicReader`) long-polls every queue in the
+/// background, where the broker holds a pull longer than the client waits, so each such pull
+/// logs a transport WARN and a pull ERROR although nothing is wrong: those two are off here (the
+/// relay running inside `up` reports its own send failures under `rocketmq_outbox`).
 fn log_filter() -> String {
     format!(
-        "{},rocketmq_client_rust::consumer::consumer_impl::default_lite_pull_consumer_impl=off,\
+        "{},rocketmq_outbox_producer::schema=warn,\
+         rocketmq_client_rust::consumer::consumer_impl::default_lite_pull_consumer_impl=off,\
          rocketmq_transport::clients::rocketmq_tokio_client::request=error",
         rocketmq_outbox::logging::DEFAULT_FILTER
     )
