@@ -8,9 +8,10 @@
 //! A send or route look-up the broker refuses for the relay's account
 //! ([`SendError::Unauthorized`]) is a configuration error, never the event's: it is retried at
 //! the retry policy's pace but uses no retry, so its events stay unacknowledged (PENDING or
-//! claimed, in order) until the credentials or permissions are fixed, and so do the events queued
-//! behind them in the shard; each refusal logs at ERROR what to fix, and `/readyz` fails until a
-//! send to that topic is accepted.
+//! claimed, in order) until the credentials or permissions are fixed. Like any topic that does not
+//! take events, the shard hands that topic's events to a lane of their own and goes on with the
+//! other topics' (`Halt::Stall`; see `send::stall`), so only the refused topic waits; each
+//! refusal logs at ERROR what to fix, and `/readyz` fails until a send to that topic is accepted.
 
 use super::stall::QueueIndex;
 use super::{OutboundMessage, SendError, Sink, Stalls};
