@@ -10,6 +10,10 @@ mod replay;
 mod run;
 mod status;
 
+// docs/reference/cli.md checked against this parser.
+#[cfg(test)]
+mod reference_tests;
+
 use clap::{Args, Parser, Subcommand};
 use rocketmq_outbox::config::{Config, RelayMode};
 use rocketmq_outbox::operate::Action;
