@@ -4,9 +4,9 @@
 //! Guarantee: an unknown key (in the file or in an `OUTBOX_RELAY_…` variable) and a missing
 //! required value are errors that name the key; nothing is silently ignored.
 
-// The broker settings the relay shares with the consumer library, and the error both report.
+// The broker settings the relay shares with the consumer library.
 pub use rocketmq_outbox_consumer::config::{
-    ConfigError, Credentials, RocketMqConfig, Secret, TopicType,
+    Credentials, InvalidSetting, RocketMqConfig, Secret, TopicType,
 };
 
 use crate::outbox::TableName;
@@ -28,6 +28,31 @@ const RAW_ENV_KEYS: &[&str] = &[
     "rocketmq.secret_key",
     "rocketmq.namespace",
 ];
+
+/// A configuration problem, phrased so the user knows what to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    #[error(
+        "missing required setting `{key}`: set it in the config file, \
+         with {env}, or with {flag}"
+    )]
+    Missing {
+        key: &'static str,
+        env: String,
+        flag: &'static str,
+    },
+    #[error("config file {path} not found; pass an existing file with --config or omit it")]
+    FileNotFound { path: PathBuf },
+}
+
+/// A `[rocketmq]` setting the consumer crate checked: the relay's [`ConfigError::Invalid`].
+impl From<InvalidSetting> for ConfigError {
+    fn from(InvalidSetting(message): InvalidSetting) -> Self {
+        ConfigError::Invalid(message)
+    }
+}
 
 /// The whole configuration.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -405,7 +430,7 @@ impl Config {
         if self.outbox.max_payload_bytes == 0 {
             return invalid("`outbox.max_payload_bytes` must be at least 1".into());
         }
-        self.rocketmq.validate()
+        Ok(self.rocketmq.validate()?)
     }
 
     /// The producer API for the first outbox table of this configuration (what `outbox-dev

@@ -1,6 +1,6 @@
 //! The RocketMQ settings (`[rocketmq]` of the relay's configuration) that the relay and the
 //! consumer library share, so that a consumer connects, signs and names topics exactly as the
-//! relay does; and [`ConfigError`], the error every setting reports.
+//! relay does; and [`InvalidSetting`], the error each of these settings reports.
 //!
 //! Guarantee: a setting is validated where it is defined, and its error names the key and what
 //! to change.
@@ -14,22 +14,8 @@ pub use rocketmq::RocketMqConfig;
 pub use secret::{Credentials, Secret};
 pub use topic_type::TopicType;
 
-use std::path::PathBuf;
-
-/// A configuration problem, phrased so the user knows what to change.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("invalid configuration: {0}")]
-    Invalid(String),
-    #[error(
-        "missing required setting `{key}`: set it in the config file, \
-         with {env}, or with {flag}"
-    )]
-    Missing {
-        key: &'static str,
-        env: String,
-        flag: &'static str,
-    },
-    #[error("config file {path} not found; pass an existing file with --config or omit it")]
-    FileNotFound { path: PathBuf },
-}
+/// A `[rocketmq]` setting that cannot work, phrased so the user knows what to change (the
+/// relay reports it as its own configuration error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct InvalidSetting(pub String);

@@ -1,6 +1,6 @@
 //! `[rocketmq]`: where events are published, and as whom.
 
-use super::{ConfigError, Credentials, Secret, TopicType};
+use super::{Credentials, InvalidSetting, Secret, TopicType};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -77,13 +77,13 @@ impl RocketMqConfig {
     }
 
     /// The checks of this section that serde cannot express.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), InvalidSetting> {
         if let Some(namespace) = &self.namespace {
             let valid = !namespace.is_empty()
                 && namespace.len() <= 64
                 && (namespace.chars()).all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
             if !valid {
-                return Err(ConfigError::Invalid(format!(
+                return Err(InvalidSetting(format!(
                     "`rocketmq.namespace` = {namespace:?}: use 1 to 64 letters, digits, `-` or `_` \
                      (the broker joins it to each name with `%`)"
                 )));
@@ -94,7 +94,7 @@ impl RocketMqConfig {
 
     /// The ACL account, `None` without `access_key`; reads `secret_key_file` if that is how
     /// the secret is given. Errors name the key to fix and never contain the secret.
-    pub fn credentials(&self) -> Result<Option<Credentials>, ConfigError> {
+    pub fn credentials(&self) -> Result<Option<Credentials>, InvalidSetting> {
         self.check_credentials()?;
         let Some(access_key) = &self.access_key else {
             return Ok(None);
@@ -111,8 +111,8 @@ impl RocketMqConfig {
     }
 
     /// `access_key` and exactly one of `secret_key` / `secret_key_file`, or none of them.
-    fn check_credentials(&self) -> Result<(), ConfigError> {
-        let invalid = |msg: &str| Err(ConfigError::Invalid(msg.to_string()));
+    fn check_credentials(&self) -> Result<(), InvalidSetting> {
+        let invalid = |msg: &str| Err(InvalidSetting(msg.to_string()));
         match (&self.access_key, &self.secret_key, &self.secret_key_file) {
             (_, Some(_), Some(_)) => invalid(
                 "both `rocketmq.secret_key` and `rocketmq.secret_key_file` are set: keep one",
@@ -137,16 +137,16 @@ impl RocketMqConfig {
 }
 
 /// The secret in `path`, without its trailing newline.
-fn read_secret_file(path: &Path) -> Result<Secret, ConfigError> {
+fn read_secret_file(path: &Path) -> Result<Secret, InvalidSetting> {
     let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::Invalid(format!(
+        InvalidSetting(format!(
             "cannot read `rocketmq.secret_key_file` {}: {e}",
             path.display()
         ))
     })?;
     let secret = text.trim_end_matches(['\n', '\r']);
     if secret.is_empty() {
-        return Err(ConfigError::Invalid(format!(
+        return Err(InvalidSetting(format!(
             "`rocketmq.secret_key_file` {} is empty",
             path.display()
         )));

@@ -12,7 +12,7 @@
 //! [`ClientSecurity::trusting`]; and a certificate must name the address dialled (an IP SAN for
 //! `127.0.0.1:9876`).
 
-use crate::config::{ConfigError, Credentials, RocketMqConfig};
+use crate::config::{Credentials, InvalidSetting, RocketMqConfig};
 use rocketmq_client_rust::{
     AclClientRPCHook, ClientConfig, ClientRuntime, DefaultMQAdminExt, DefaultMQProducer,
     DefaultMQPullConsumerBuilder, DefaultMQPushConsumerBuilder, SessionCredentials,
@@ -50,7 +50,7 @@ impl ClientSecurity {
 
     /// `rocketmq.access_key` / `secret_key` / `secret_key_file` and `rocketmq.tls`; reads the
     /// secret file now.
-    pub fn from_config(config: &RocketMqConfig) -> Result<Self, ConfigError> {
+    pub fn from_config(config: &RocketMqConfig) -> Result<Self, InvalidSetting> {
         Ok(Self::new(config.credentials()?, config.tls))
     }
 
