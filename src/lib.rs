@@ -45,6 +45,9 @@ pub mod test_utils;
 // The layout rule the compiler does not check: no circles between modules.
 #[cfg(test)]
 mod layout_tests;
+// The user docs checked against the code (configuration keys, schema, metrics, links).
+#[cfg(test)]
+mod docs_tests;
 
 pub use config::Config;
 pub use producer::{EnqueueError, EventId, NewEvent, Outbox, Payload};

@@ -547,6 +547,3 @@ pub fn thread_count_from_env(name: &str, default: usize) -> usize {
         .filter(|&n: &usize| n > 0)
         .unwrap_or(default)
 }
-
-#[cfg(test)]
-mod reference_tests;
