@@ -14,6 +14,11 @@ const DRAIN_OVER_CEILING: f64 = 0.9;
 const CPU_OVER_DATABASE: f64 = 0.15;
 /// Relay CPU per event at a steady 1k/s, at most this many times the drain's.
 const STEADY_OVER_DRAIN: f64 = 3.0;
+/// The relay as users run it (sweeper on): p50 and p99 at most this many times the sweeper-off
+/// figures of the same run.
+const SWEEPER_ON_OVER_OFF: f64 = 1.2;
+/// Relay CPU per event at a steady 500/s of single-event transactions, defaults (µs).
+const STEADY_500_CPU_US: f64 = 100.0;
 
 /// Writes the goals table of `report` to `s`.
 pub fn write(report: &Report<'_>, s: &mut String) {
@@ -114,7 +119,41 @@ pub fn write(report: &Report<'_>, s: &mut String) {
             );
         }
     }
+    sweeper_goals(report, s);
     for (goal, measured, met) in crate::cost::goals(report.costs) {
         let _ = writeln!(s, "| {goal} | {measured} | {} |", verdict(met));
+    }
+}
+
+/// What the defaults cost: the sweeper-on runs against the sweeper-off runs of the same rate,
+/// and the relay's CPU at a steady 500/s with the defaults.
+fn sweeper_goals(report: &Report<'_>, s: &mut String) {
+    let run = |mode: &str, rate| {
+        report
+            .latencies
+            .iter()
+            .find(|l| l.mode == mode && l.rate == rate)
+    };
+    for rate in [1000, 5000] {
+        let (Some(off), Some(on)) = (run("cdc", rate), run("cdc+sweeper", rate)) else {
+            continue;
+        };
+        for (name, off, on) in [("p50", off.p50, on.p50), ("p99", off.p99, on.p99)] {
+            // Latencies are whole milliseconds (the broker's store clock): 0 ms counts as 1.
+            let ratio = on.max(1) as f64 / off.max(1) as f64;
+            let _ = writeln!(
+                s,
+                "| sweeper on (defaults) {name} at {rate}/s ≤ {SWEEPER_ON_OVER_OFF}× sweeper off | {on} ms / {off} ms = {ratio:.2}× | {} |",
+                verdict(ratio <= SWEEPER_ON_OVER_OFF)
+            );
+        }
+    }
+    if let Some(l) = run("cdc+sweeper", 500) {
+        let _ = writeln!(
+            s,
+            "| relay CPU per event at a steady 500/s, defaults ≤ {STEADY_500_CPU_US:.0} µs | {:.1} µs | {} |",
+            l.cpu_us_per_event,
+            verdict(l.cpu_us_per_event <= STEADY_500_CPU_US)
+        );
     }
 }
