@@ -64,9 +64,10 @@ pub fn install() -> PathBuf {
         build.display()
     );
     let status = Command::new("mvn")
-        // No javadoc: the root pom attaches it to every module, and the plugin needs a JDK's
-        // `javadoc` through $JAVA_HOME.
-        .args(["-q", "-B", "-DskipTests", "-Dmaven.javadoc.skip=true", "-f"])
+        // No javadoc: the root pom binds it to every module (its `skip` is the pom's own
+        // property `javadoc_skip`, not `maven.javadoc.skip`), and it needs $JAVA_HOME's
+        // `javadoc`.
+        .args(["-q", "-B", "-DskipTests", "-Djavadoc_skip=true", "-f"])
         .arg(source.join("pom.xml"))
         .args([
             "-pl",
@@ -115,6 +116,8 @@ fn fetch_source(into: &Path) {
         Some(git) if git.join("HEAD").is_file() || git.join(".git").exists() => {
             eprintln!("Canal's source: tag {tag} of {}", git.display());
             std::fs::create_dir_all(into).unwrap();
+            // git still prints "invalid object" for the left-out binary when the git
+            // directory lacks it (a partial mirror), and exits 0 with everything else.
             run(
                 Command::new("sh").arg("-c").arg(format!(
                     "git -C '{}' archive {tag} -- . ':!admin/admin-ui/node' | tar -x -C '{}'",
