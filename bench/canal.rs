@@ -27,7 +27,7 @@
 //! STATUS`) and stores one only once a batch was acknowledged, so, as with Debezium, the bench
 //! runs it once until a probe event is on the broker before it writes the backlog.
 
-use crate::peer::{PeerChild, PeerTarget};
+use crate::peer::{mvn, PeerChild, PeerTarget};
 use outbox_devenv::cache_dir;
 use outbox_devenv::process::free_port;
 use std::path::{Path, PathBuf};
@@ -63,25 +63,21 @@ pub fn install() -> PathBuf {
         "building Canal {CANAL_VERSION} with Maven (once, ~10 min on 2 cores) in {} ...",
         build.display()
     );
-    let status = Command::new("mvn")
-        // No javadoc: the root pom binds it to every module (its `skip` is the pom's own
-        // property `javadoc_skip`, not `maven.javadoc.skip`), and it needs $JAVA_HOME's
-        // `javadoc`.
-        .args(["-q", "-B", "-DskipTests", "-Djavadoc_skip=true", "-f"])
-        .arg(source.join("pom.xml"))
-        .args([
-            "-pl",
-            "deployer,connector/rocketmq-connector",
-            "-am",
-            "package",
-        ])
-        .arg(format!(
-            "-Dmaven.repo.local={}",
-            cache_dir().join("m2").display()
-        ))
-        .status()
-        .expect("run mvn (Maven) to build Canal; install Maven and a JDK");
-    assert!(status.success(), "mvn could not build Canal");
+    // No javadoc: the root pom binds it to every module (its `skip` is the pom's own property
+    // `javadoc_skip`, not `maven.javadoc.skip`), and it needs $JAVA_HOME's `javadoc`.
+    mvn(
+        "build Canal",
+        &[
+            "-DskipTests".into(),
+            "-Djavadoc_skip=true".into(),
+            "-f".into(),
+            source.join("pom.xml").display().to_string(),
+            "-pl".into(),
+            "deployer,connector/rocketmq-connector".into(),
+            "-am".into(),
+            "package".into(),
+        ],
+    );
     let _ = std::fs::remove_dir_all(&home);
     std::fs::rename(source.join("deployer/target/canal"), &home).unwrap();
     let _ = std::fs::remove_dir_all(&build);

@@ -14,7 +14,7 @@
 //! sent nothing is skipped by the next start (the bench sends a probe first); a failed send
 //! ends the process with exit code 0 (the bench treats any exit as a failure).
 
-use crate::peer::{PeerChild, PeerTarget};
+use crate::peer::{mvn, PeerChild, PeerTarget};
 use outbox_devenv::{cache_dir, DatabaseKind};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -43,18 +43,17 @@ pub fn install() -> PathBuf {
     );
     let partial = PathBuf::from(format!("{}.partial", root.display()));
     let _ = std::fs::remove_dir_all(&partial);
-    let status = Command::new("mvn")
-        .args(["-q", "-B", "-f", POM, "dependency:unpack-dependencies"])
-        .arg(format!("-DoutputDirectory={}", partial.display()))
-        // The plugin's "already unpacked" markers, kept out of the source tree.
-        .arg(format!("-DmarkersDirectory={}/.markers", partial.display()))
-        .arg(format!(
-            "-Dmaven.repo.local={}",
-            cache_dir().join("m2").display()
-        ))
-        .status()
-        .expect("run mvn (Maven) to fetch Debezium Server; install Maven and Java 17");
-    assert!(status.success(), "mvn could not fetch Debezium Server");
+    mvn(
+        "fetch Debezium Server",
+        &[
+            "-f".into(),
+            POM.into(),
+            "dependency:unpack-dependencies".into(),
+            format!("-DoutputDirectory={}", partial.display()),
+            // The plugin's "already unpacked" markers, kept out of the source tree.
+            format!("-DmarkersDirectory={}/.markers", partial.display()),
+        ],
+    );
     let _ = std::fs::remove_dir_all(&root);
     std::fs::rename(&partial, &root).unwrap();
     assert!(

@@ -1,6 +1,7 @@
 //! What the peers (Debezium Server, Canal) share: where an instance reads from and writes to,
 //! and its process.
 
+use outbox_devenv::cache_dir;
 use outbox_devenv::process::ServerProcess;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -70,4 +71,19 @@ pub fn java_version(java: &Path) -> String {
                 .map(str::to_string)
         })
         .unwrap_or_else(|| "unknown Java".into())
+}
+
+/// Runs `mvn -q -B <args>` with the bench's own local repository (`<cache>/m2`); fails the bench
+/// with `what` ("fetch Debezium Server", "build Canal") if Maven is missing or fails.
+pub fn mvn(what: &str, args: &[String]) {
+    let status = Command::new("mvn")
+        .args(["-q", "-B"])
+        .args(args)
+        .arg(format!(
+            "-Dmaven.repo.local={}",
+            cache_dir().join("m2").display()
+        ))
+        .status()
+        .unwrap_or_else(|e| panic!("run mvn (Maven) to {what}: {e}; install Maven and a JDK"));
+    assert!(status.success(), "mvn could not {what}");
 }
