@@ -60,7 +60,7 @@ pub fn install() -> PathBuf {
     let source = build.join("canal");
     fetch_source(&source);
     eprintln!(
-        "building Canal {CANAL_VERSION} with Maven (once, ~10 min on 2 cores) in {} ...",
+        "building Canal {CANAL_VERSION} with Maven (once, ~2 min on 2 cores) in {} ...",
         build.display()
     );
     // No javadoc: the root pom binds it to every module (its `skip` is the pom's own property
