@@ -14,11 +14,10 @@
 //! sent nothing is skipped by the next start (the bench sends a probe first); a failed send
 //! ends the process with exit code 0 (the bench treats any exit as a failure).
 
-use outbox_devenv::process::ServerProcess;
+use crate::peer::{mvn, PeerChild, PeerTarget};
 use outbox_devenv::{cache_dir, DatabaseKind};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 /// The Debezium release benchmarked; keep it equal to the version in `bench/debezium/pom.xml`.
 pub const DEBEZIUM_VERSION: &str = "3.6.1.Final";
@@ -44,18 +43,17 @@ pub fn install() -> PathBuf {
     );
     let partial = PathBuf::from(format!("{}.partial", root.display()));
     let _ = std::fs::remove_dir_all(&partial);
-    let status = Command::new("mvn")
-        .args(["-q", "-B", "-f", POM, "dependency:unpack-dependencies"])
-        .arg(format!("-DoutputDirectory={}", partial.display()))
-        // The plugin's "already unpacked" markers, kept out of the source tree.
-        .arg(format!("-DmarkersDirectory={}/.markers", partial.display()))
-        .arg(format!(
-            "-Dmaven.repo.local={}",
-            cache_dir().join("m2").display()
-        ))
-        .status()
-        .expect("run mvn (Maven) to fetch Debezium Server; install Maven and Java 17");
-    assert!(status.success(), "mvn could not fetch Debezium Server");
+    mvn(
+        "fetch Debezium Server",
+        &[
+            "-f".into(),
+            POM.into(),
+            "dependency:unpack-dependencies".into(),
+            format!("-DoutputDirectory={}", partial.display()),
+            // The plugin's "already unpacked" markers, kept out of the source tree.
+            format!("-DmarkersDirectory={}/.markers", partial.display()),
+        ],
+    );
     let _ = std::fs::remove_dir_all(&root);
     std::fs::rename(&partial, &root).unwrap();
     assert!(
@@ -72,39 +70,23 @@ fn runner_jar(home: &Path) -> PathBuf {
     ))
 }
 
-/// Where one Debezium instance reads from and writes to.
-pub struct Target<'a> {
-    pub database_kind: DatabaseKind,
-    pub database_port: u16,
-    pub database: &'a str,
-    pub namesrv: &'a str,
-    /// The connector's replication client id (`database.server.id`), unique per instance.
-    pub server_id: u32,
-}
-
-/// A running Debezium Server: a [`ServerProcess`] (dies with the bench, stopped if dropped).
-pub struct DebeziumChild {
-    process: ServerProcess,
-}
-
-impl DebeziumChild {
-    /// Starts Debezium Server in `run_dir` (created if missing; offsets and schema history kept
-    /// there, so a second start resumes where the first stopped).
-    pub fn spawn(home: &Path, run_dir: &Path, target: &Target) -> Self {
-        std::fs::create_dir_all(run_dir.join("config")).unwrap();
-        let connector = match target.database_kind {
-            DatabaseKind::MariaDb => "io.debezium.connector.mariadb.MariaDbConnector",
-            DatabaseKind::MySql => "io.debezium.connector.mysql.MySqlConnector",
-        };
-        let http_port = outbox_devenv::process::free_port().unwrap();
-        let mut properties = std::fs::read_to_string(PROPERTIES).unwrap();
-        // For experiments with Debezium's own knobs (e.g. `debezium.source.poll.interval.ms=10`);
-        // the report names them.
-        if let Some(extra) = extra_properties() {
-            properties += &format!("\n# $DEBEZIUM_EXTRA_PROPERTIES\n{extra}\n");
-        }
-        properties += &format!(
-            "\n# This run.\n\
+/// Starts Debezium Server in `run_dir` (created if missing; offsets and schema history kept
+/// there, so a second start resumes where the first stopped).
+pub fn spawn(home: &Path, run_dir: &Path, target: &PeerTarget) -> PeerChild {
+    std::fs::create_dir_all(run_dir.join("config")).unwrap();
+    let connector = match target.database_kind {
+        DatabaseKind::MariaDb => "io.debezium.connector.mariadb.MariaDbConnector",
+        DatabaseKind::MySql => "io.debezium.connector.mysql.MySqlConnector",
+    };
+    let http_port = outbox_devenv::process::free_port().unwrap();
+    let mut properties = std::fs::read_to_string(PROPERTIES).unwrap();
+    // For experiments with Debezium's own knobs (e.g. `debezium.source.poll.interval.ms=10`);
+    // the report names them.
+    if let Some(extra) = extra_properties() {
+        properties += &format!("\n# $DEBEZIUM_EXTRA_PROPERTIES\n{extra}\n");
+    }
+    properties += &format!(
+        "\n# This run.\n\
              debezium.sink.rocketmq.producer.name.srv.addr={}\n\
              debezium.source.connector.class={connector}\n\
              debezium.source.database.port={}\n\
@@ -114,57 +96,32 @@ impl DebeziumChild {
              debezium.source.offset.storage.file.filename={}\n\
              debezium.source.schema.history.internal.file.filename={}\n\
              quarkus.http.port={http_port}\n",
-            target.namesrv,
-            target.database_port,
-            target.server_id,
-            run_dir.join("offsets.dat").display(),
-            run_dir.join("schema-history.dat").display(),
-            db = target.database,
-        );
-        std::fs::write(run_dir.join("config/application.properties"), properties).unwrap();
-        let mut command = Command::new(java());
-        // run.sh's class path and main class, without its JMX/metrics agents (off by default);
-        // the JVM's defaults otherwise (heap: a quarter of RAM).
-        command
-            .args(["--add-opens", "java.base/java.lang=ALL-UNNAMED"])
-            .arg("-cp")
-            .arg(format!(
-                "{}:{}/config/lib:{}/lib/*",
-                runner_jar(home).display(),
-                home.display(),
-                home.display()
-            ))
-            .arg("io.debezium.server.Main")
-            .current_dir(run_dir)
-            .env_remove("NAMESRV_ADDR");
-        let log = run_dir.join("debezium.log");
-        let _ = std::fs::remove_file(&log);
-        let process = ServerProcess::start("Debezium Server", command, &log).unwrap();
-        DebeziumChild { process }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.process.pid().expect("Debezium Server is running")
-    }
-
-    pub fn log_path(&self) -> PathBuf {
-        self.process.log_path().to_path_buf()
-    }
-
-    /// Fails the bench with the log's tail if the process has exited (a failed send ends it,
-    /// with exit code 0).
-    pub fn check_alive(&mut self) {
-        if let Err(e) = self.process.check_alive() {
-            panic!("{e}");
-        }
-    }
-
-    /// SIGTERM (Debezium commits its offsets and closes the sink), up to 60 s, then SIGKILL:
-    /// a Debezium killed before its offsets are written skips the next backlog, which the
-    /// drain's progress check then reports.
-    pub fn stop(mut self) {
-        self.process.stop(Duration::from_secs(60));
-    }
+        target.namesrv,
+        target.database_port,
+        target.server_id,
+        run_dir.join("offsets.dat").display(),
+        run_dir.join("schema-history.dat").display(),
+        db = target.database,
+    );
+    std::fs::write(run_dir.join("config/application.properties"), properties).unwrap();
+    let mut command = Command::new(java());
+    // run.sh's class path and main class, without its JMX/metrics agents (off by default);
+    // the JVM's defaults otherwise (heap: a quarter of RAM).
+    command
+        .args(["--add-opens", "java.base/java.lang=ALL-UNNAMED"])
+        .arg("-cp")
+        .arg(format!(
+            "{}:{}/config/lib:{}/lib/*",
+            runner_jar(home).display(),
+            home.display(),
+            home.display()
+        ))
+        .arg("io.debezium.server.Main")
+        .current_dir(run_dir)
+        .env_remove("NAMESRV_ADDR");
+    let log = run_dir.join("debezium.log");
+    let _ = std::fs::remove_file(&log);
+    PeerChild::start("Debezium Server", command, &log)
 }
 
 /// `$DEBEZIUM_EXTRA_PROPERTIES`: property lines (`;`-separated) appended to every instance's
@@ -215,16 +172,5 @@ pub fn java() -> PathBuf {
 
 /// The first line of `java -version` of the Java Debezium runs on, for the report.
 pub fn java_version() -> String {
-    Command::new(java())
-        .arg("-version")
-        .stderr(Stdio::piped())
-        .output()
-        .ok()
-        .and_then(|o| {
-            String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .next()
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| "unknown Java".into())
+    crate::peer::java_version(&java())
 }

@@ -93,7 +93,7 @@ pub fn write(report: &Report<'_>, s: &mut String) {
     for d in report
         .drains
         .iter()
-        .filter(|d| d.mode != "cdc" && d.mode != "debezium")
+        .filter(|d| !["cdc", "debezium", "canal"].contains(&d.mode))
     {
         let _ = writeln!(
             s,

@@ -4,7 +4,7 @@
 //! in one run on the same data shape (1 KiB JSON payloads over 10k keys):
 //!
 //!     cargo bench --bench relay                       # defaults below
-//!     cargo bench --bench relay -- --peers            # and Debezium Server beside the relay
+//!     cargo bench --bench relay -- --peers            # and Debezium Server and Canal beside it
 //!     cargo bench --bench relay -- --backlog 20000 --seconds 5 --steps ""   # quick run
 //!
 //! 1. Broker ceiling: the same messages sent by the RocketMQ Rust client alone: synchronous
@@ -15,16 +15,17 @@
 //!    (VmHWM), and the CPU split between relay, mariadbd, broker, namesrv, this process and the
 //!    rest of the machine.
 //! 3. Latency: a writer commits at fixed rates; commit→SEND_OK per event = the broker's store
-//!    timestamp − the millisecond the writer's COMMIT returned (same clock). CDC steps up past
-//!    the fixed rates until a rate is not sustained; poll runs the fixed rates and CDC's highest.
-//! 4. With `--peers`: the same drain (a backlog of its own, written while it is stopped) and
-//!    the fixed rates for the relay with its sweeper on and for Debezium Server (see
-//!    [`debezium`]), then the ratios of the relay to Debezium.
+//!    timestamp − the millisecond the writer's COMMIT returned (same clock). Each fixed rate runs
+//!    twice back to back, sweeper off and sweeper on (the defaults). CDC steps up past the fixed
+//!    rates until a rate is not sustained; poll runs the fixed rates and CDC's highest.
+//! 4. With `--peers`: the same drain (a backlog of its own, written while it is stopped) for
+//!    the relay with its sweeper on and for each peer, Debezium Server (see [`debezium`]) and
+//!    Canal (see [`canal`]), the fixed rates for each peer, then the ratios of the relay to each.
 //!
-//! Flags: `--backlog N` (200000) `--rates A,B` (1000,5000) `--steps C,D,..`
+//! Flags: `--backlog N` (200000) `--rates A,B` (500,1000,5000) `--steps C,D,..`
 //! (7500,10000,12500,15000,20000,25000,30000; "" for none) `--seconds S` (10) `--shards N` (8)
 //! `--poll-batch N` (100) `--poll-interval-ms N` (500) `--singles N` (3000) `--out DIR`
-//! (bench/results) `--no-poll` (CDC only) `--peers` (Debezium and the sweeper too)
+//! (bench/results) `--no-poll` (CDC only) `--peers` (Debezium, Canal and the sweeper's drain too)
 //! `--cost-seconds S` (10; 0 skips the writer-cost runs) `--cost-writers N` (4);
 //! `BENCH_SENT_COLUMNS=nullable` makes `msg_id` and `sent_at` NULL until SENT (the form before
 //! the in-place SENT mark) in every database of the run. `BENCH_PERF="-F 999 -g"` runs `perf record` on the
@@ -33,11 +34,13 @@
 
 #![recursion_limit = "256"] // the RocketMQ client futures are deeply nested
 
+mod canal;
 mod ceiling;
 mod cost;
 mod counters;
 mod debezium;
 mod goals;
+mod peer;
 mod peers;
 mod procs;
 mod report;
@@ -162,8 +165,10 @@ async fn main() {
     let args = parse_args();
     let load_before = procs::load_average();
     let db_kind = DatabaseKind::from_env().unwrap();
-    // Fetched before the servers start: the first time it downloads ~780 MB.
+    // Fetched before the servers start: the first time Debezium downloads ~780 MB and Canal is
+    // built from source.
     let debezium_home = args.peers.then(debezium::install);
+    let canal_home = args.peers.then(canal::install);
     eprintln!(
         "starting {} and RocketMQ ... (load average {load_before})",
         db_kind.name()
@@ -192,6 +197,9 @@ async fn main() {
         &rocketmq,
         rocketmq_dir.to_str().unwrap(),
     );
+    if args.peers {
+        canal::create_account(&database);
+    }
     let relays_dir = scratch_dir("bench-relays").unwrap();
     let versions = versions(&database, &rocketmq, args.peers).await;
     let bench = Bench {
@@ -201,6 +209,7 @@ async fn main() {
         watched,
         dir: relays_dir.clone(),
         debezium_home,
+        canal_home,
     };
 
     // 1. Broker ceiling.
@@ -226,7 +235,7 @@ async fn main() {
     eprintln!("  {ceiling:?}");
 
     // 2. Drain: CDC, then (rows reset to PENDING) poll, of the same rows; with peers, the
-    // relay with its sweeper and Debezium each drain a backlog of their own.
+    // relay with its sweeper and each peer drain a backlog of their own.
     let backlog = bench.backlog(System::Cdc, args.backlog).await;
     let mut drains = vec![bench.drain(System::Cdc, &backlog).await];
     eprintln!("  cdc: {:.0} events/s", drains[0].rate());
@@ -237,7 +246,7 @@ async fn main() {
         eprintln!("  poll: {:.0} events/s", drains[1].rate());
     }
     if args.peers {
-        for system in [System::CdcSweeper, System::Debezium] {
+        for system in std::iter::once(System::CdcSweeper).chain(runs::PEERS) {
             let own = bench.backlog(system, args.backlog).await;
             let result = bench.drain(system, &own).await;
             eprintln!("  {}: {:.0} events/s", system.label(), result.stored_rate());
@@ -300,7 +309,9 @@ async fn main() {
     // 4. The peers at the fixed rates.
     if args.peers {
         for &rate in &args.rates {
-            latencies.push(latency_run(&bench, System::Debezium, rate, args.seconds).await);
+            for system in runs::PEERS {
+                latencies.push(latency_run(&bench, system, rate, args.seconds).await);
+            }
         }
     }
 
@@ -415,6 +426,11 @@ async fn versions(database: &Database, rocketmq: &RocketMq, peers: bool) -> Stri
         if let Some(extra) = debezium::extra_properties() {
             text += &format!(" with {}", extra.replace('\n', ", "));
         }
+        text += &format!(
+            ", Canal {} (built from source) on {}",
+            canal::CANAL_VERSION,
+            canal::java_version()
+        );
     }
     text
 }

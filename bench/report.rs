@@ -287,13 +287,15 @@ impl Report<'_> {
             s,
             r##"<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#333"/>"##
         );
-        let series: [Series; 6] = [
+        let series: [Series; 8] = [
             ("cdc", "CDC p50", "#1f77b4", |l| l.p50),
             ("cdc", "CDC p99", "#1f77b4", |l| l.p99),
             ("poll", "poll p50", "#d62728", |l| l.p50),
             ("poll", "poll p99", "#d62728", |l| l.p99),
             ("debezium", "Debezium p50", "#2ca02c", |l| l.p50),
             ("debezium", "Debezium p99", "#2ca02c", |l| l.p99),
+            ("canal", "Canal p50", "#9467bd", |l| l.p50),
+            ("canal", "Canal p99", "#9467bd", |l| l.p99),
         ];
         for (i, (mode, name, color, value)) in series.iter().enumerate() {
             let mut points: Vec<&LatencyResult> =
@@ -341,7 +343,7 @@ impl Report<'_> {
             s,
             r#"<text x="{}" y="{}" font-size="11">hollow: rate not sustained</text>"#,
             left + plot_w + 15.0,
-            top + 150.0
+            top + 30.0 + 20.0 * series.len() as f64
         );
         let _ = writeln!(s, "</svg>");
         s

@@ -4,12 +4,13 @@
 //! timestamp minus the writer's commit time.
 
 use crate::counters::Counters;
-use crate::debezium::{self, DebeziumChild};
+use crate::peer::{PeerChild, PeerTarget};
 use crate::procs::{self, CpuSplit, Watched};
 use crate::stages::StageSplit;
 use crate::workload::{self, RelayChild};
+use crate::{canal, debezium};
 use mysql_async::prelude::*;
-use outbox_devenv::{Database, RocketMq, SqlServer, TopicReader};
+use outbox_devenv::{Database, ReceivedMessage, RocketMq, SqlServer, TopicReader};
 use rocketmq_outbox::binlog::BinlogPosition;
 use rocketmq_outbox::config::{Config, RelayMode};
 use std::path::PathBuf;
@@ -27,7 +28,12 @@ pub enum System {
     Poll,
     /// Debezium Server: connector + outbox event router + RocketMQ sink.
     Debezium,
+    /// Canal's server in MQ mode: each row change as a flat JSON message.
+    Canal,
 }
+
+/// The peers of the comparison, in the report's order.
+pub const PEERS: [System; 2] = [System::Debezium, System::Canal];
 
 impl System {
     /// The name in the report's tables.
@@ -37,6 +43,7 @@ impl System {
             System::CdcSweeper => "cdc+sweeper",
             System::Poll => "poll",
             System::Debezium => "debezium",
+            System::Canal => "canal",
         }
     }
 
@@ -51,8 +58,8 @@ impl System {
     /// The role its process has in the CPU split.
     pub fn role(self) -> &'static str {
         match self {
-            System::Debezium => "debezium",
-            _ => "relay",
+            System::Cdc | System::CdcSweeper | System::Poll => "relay",
+            peer => peer.label(),
         }
     }
 
@@ -60,25 +67,67 @@ impl System {
         match self {
             System::Cdc | System::CdcSweeper => Some(RelayMode::Cdc),
             System::Poll => Some(RelayMode::Poll),
-            System::Debezium => None,
+            System::Debezium | System::Canal => None,
         }
     }
 
-    /// The user property that carries the outbox row's `event_id` on the broker: the relay
-    /// sets `event_id`; Debezium's outbox router puts the id column in the header `id` (as a
-    /// JSON string, quotes included).
-    fn event_id_property(self) -> &'static str {
+    /// A peer: it records nothing in the outbox table (done once the broker holds every event).
+    pub fn is_peer(self) -> bool {
+        self.relay_mode().is_none()
+    }
+
+    /// The outbox rows' `event_id`s a stored message carries: the relay sets the user property
+    /// `event_id`; Debezium's outbox router puts the id column in the header `id` (as a JSON
+    /// string, quotes included); Canal sets no key and no property: its flat JSON body holds
+    /// the rows (several) of one binlog rows event that hash to one queue.
+    fn event_ids(self, message: &ReceivedMessage) -> Vec<String> {
+        let property = |name: &str| message.properties.get(name).cloned();
         match self {
-            System::Debezium => "id",
-            _ => "event_id",
+            System::Canal => canal::event_ids(&message.body),
+            System::Debezium => property("id")
+                .map(|id| id.trim_matches('"').to_string())
+                .into_iter()
+                .collect(),
+            _ => property("event_id").into_iter().collect(),
         }
+    }
+}
+
+/// Counts a system's events on its topic while it runs: the topic's stored count (one message
+/// an event), or for Canal (one message carries several events) the outbox rows of the
+/// messages read so far, a pull behind the broker.
+struct Stored {
+    reader: TopicReader,
+    /// Canal: the rows read so far.
+    rows: Option<u64>,
+}
+
+impl Stored {
+    /// The events the topic holds; `None` while the broker does not answer (or the topic does
+    /// not exist yet).
+    async fn events(&mut self) -> Option<u64> {
+        match &mut self.rows {
+            None => self.reader.stored_count().await.ok(),
+            Some(rows) => {
+                let new = self.reader.read_new().await.ok()?;
+                *rows += new
+                    .iter()
+                    .map(|m| canal::event_ids(&m.body).len() as u64)
+                    .sum::<u64>();
+                Some(*rows)
+            }
+        }
+    }
+
+    async fn close(self) {
+        self.reader.close().await;
     }
 }
 
 /// A system's process while it runs.
 enum Running {
     Relay(RelayChild),
-    Debezium(DebeziumChild),
+    Peer(PeerChild),
 }
 
 /// With `BENCH_TRACES_DIR`, copies a stopped relay's stage trace (and its `BENCH_PERF` profile,
@@ -100,22 +149,22 @@ impl Running {
     fn pid(&self) -> u32 {
         match self {
             Running::Relay(r) => r.pid(),
-            Running::Debezium(d) => d.pid(),
+            Running::Peer(p) => p.pid(),
         }
     }
 
-    /// The relay's stage trace; `None` for Debezium.
+    /// The relay's stage trace; `None` for a peer.
     fn stage_trace(&self) -> Option<PathBuf> {
         match self {
             Running::Relay(r) => Some(r.stage_trace()),
-            Running::Debezium(_) => None,
+            Running::Peer(_) => None,
         }
     }
 
     fn log_path(&self) -> PathBuf {
         match self {
             Running::Relay(r) => r.log_path(),
-            Running::Debezium(d) => d.log_path(),
+            Running::Peer(p) => p.log_path(),
         }
     }
 
@@ -126,8 +175,8 @@ impl Running {
     }
 
     fn check_alive(&mut self) {
-        if let Running::Debezium(d) = self {
-            d.check_alive();
+        if let Running::Peer(p) = self {
+            p.check_alive();
         }
     }
 
@@ -135,8 +184,8 @@ impl Running {
     fn stop(self) -> Option<BinlogPosition> {
         match self {
             Running::Relay(r) => r.stop(),
-            Running::Debezium(d) => {
-                d.stop();
+            Running::Peer(p) => {
+                p.stop();
                 None
             }
         }
@@ -152,8 +201,8 @@ pub struct Backlog {
     pub start: BinlogPosition,
     pub end: BinlogPosition,
     pub events: usize,
-    /// Debezium's run label (its offsets were taken before the backlog was written).
-    debezium_label: Option<String>,
+    /// A peer's run label (its position was stored before the backlog was written).
+    peer_label: Option<String>,
 }
 
 /// Everything the runs share.
@@ -165,6 +214,8 @@ pub struct Bench {
     pub dir: PathBuf,
     /// Debezium Server's unpacked distribution, when peers run.
     pub debezium_home: Option<PathBuf>,
+    /// Canal's built distribution, when peers run.
+    pub canal_home: Option<PathBuf>,
 }
 
 impl Bench {
@@ -218,23 +269,53 @@ impl Bench {
             .unwrap()
     }
 
-    /// Starts `system` on the database at `url`. `label` names its run directory under the
-    /// bench's: Debezium keeps its offsets there, so a second start with the same label resumes
-    /// where the first stopped.
-    fn spawn(&self, system: System, url: &str, label: &str, start: &BinlogPosition) -> Running {
+    async fn stored(&self, system: System, topic: &str) -> Stored {
+        Stored {
+            reader: self.reader(topic).await,
+            rows: (system == System::Canal).then_some(0),
+        }
+    }
+
+    /// Starts `system` on the database at `url`, sending to `topic`. `label` names its run
+    /// directory under the bench's: a peer keeps its position there, so a second start with the
+    /// same label resumes where the first stopped.
+    fn spawn(
+        &self,
+        system: System,
+        url: &str,
+        topic: &str,
+        label: &str,
+        start: &BinlogPosition,
+    ) -> Running {
         match system {
-            System::Debezium => {
+            System::Debezium | System::Canal => {
                 static NEXT: AtomicU32 = AtomicU32::new(0);
                 let database = url.rsplit('/').next().unwrap().to_string();
-                let target = debezium::Target {
+                // Replication client ids: 600000 + n for Debezium, 700000 + n for Canal.
+                let ids = if system == System::Canal {
+                    700_000
+                } else {
+                    600_000
+                };
+                let target = PeerTarget {
                     database_kind: self.database.kind(),
                     database_port: self.database.port(),
                     database: &database,
+                    topic,
                     namesrv: &self.rocketmq.namesrv_addr(),
-                    server_id: 600_000 + NEXT.fetch_add(1, Ordering::Relaxed),
+                    server_id: ids + NEXT.fetch_add(1, Ordering::Relaxed),
                 };
-                let home = self.debezium_home.as_ref().expect("Debezium installed");
-                Running::Debezium(DebeziumChild::spawn(home, &self.dir.join(label), &target))
+                let run_dir = self.dir.join(label);
+                Running::Peer(match system {
+                    System::Canal => {
+                        let home = self.canal_home.as_ref().expect("Canal installed");
+                        canal::spawn(home, &run_dir, &target)
+                    }
+                    _ => {
+                        let home = self.debezium_home.as_ref().expect("Debezium installed");
+                        debezium::spawn(home, &run_dir, &target)
+                    }
+                })
             }
             relay => {
                 let config = self.config_for(url, relay);
@@ -243,28 +324,19 @@ impl Bench {
         }
     }
 
-    /// The topic's stored count less `before`; 0 while the broker does not answer (a drain
-    /// is then not done yet).
-    async fn stored(reader: &TopicReader, before: u64) -> u64 {
-        reader
-            .stored_count()
-            .await
-            .map(|count| count.saturating_sub(before))
-            .unwrap_or(0)
-    }
-
     /// Writes probe events until one reaches the broker (the system is connected and
     /// streaming: Debezium misses a probe written before its snapshot took its position, so
-    /// one is written again every 10 s), then returns the topic's count once it is quiet.
+    /// one is written again every 10 s), then returns the topic's count of events once it is
+    /// quiet.
     async fn probe(
         pool: &mysql_async::Pool,
         topic: &str,
-        reader: &TopicReader,
+        stored: &mut Stored,
         running: &mut Running,
     ) -> u64 {
         let waiting = Instant::now();
         let mut written = None;
-        while reader.stored_count().await.unwrap_or(0) == 0 {
+        while stored.events().await.unwrap_or(0) == 0 {
             if written.is_none_or(|at: Instant| at.elapsed() > Duration::from_secs(10)) {
                 workload::write_backlog(pool, topic, 1).await;
                 written = Some(Instant::now());
@@ -278,25 +350,26 @@ impl Bench {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        reader
-            .stored_count()
-            .await
-            .expect("the broker's stored count")
+        stored.events().await.expect("the broker's stored count")
     }
 
     /// A database named for `system` with `events` events written while `system` was stopped.
-    /// Debezium runs once before (snapshot of the schema, no rows) until a probe event reaches
-    /// the broker, and is stopped; its offsets then point before the backlog.
+    /// A peer runs once before (Debezium: snapshot of the schema, no rows; Canal: from the end
+    /// of the binlog) until a probe event reaches the broker, and is stopped; its position then
+    /// points before the backlog.
     pub async fn backlog(&self, system: System, events: usize) -> Backlog {
         let name = format!("bench_drain_{}", system.slug());
         let (pool, url) = self.database(&name).await;
-        let mut debezium_label = None;
-        if system == System::Debezium {
-            let label = format!("{name}-debezium");
-            let mut running = self.spawn(system, &url, &label, &BinlogPosition::default());
-            Self::probe(&pool, &name, &self.reader(&name).await, &mut running).await;
+        let mut peer_label = None;
+        if system.is_peer() {
+            let label = format!("{name}-{}", system.slug());
+            let start = BinlogPosition::default();
+            let mut running = self.spawn(system, &url, &name, &label, &start);
+            let mut stored = self.stored(system, &name).await;
+            Self::probe(&pool, &name, &mut stored, &mut running).await;
+            stored.close().await;
             running.stop();
-            debezium_label = Some(label);
+            peer_label = Some(label);
         }
         let start = workload::gtid_now(&pool).await;
         eprintln!(
@@ -313,7 +386,7 @@ impl Bench {
             topic: name,
             start,
             events,
-            debezium_label,
+            peer_label,
         }
     }
 
@@ -321,26 +394,29 @@ impl Bench {
     /// the relay, every row is SENT).
     pub async fn drain(&self, system: System, backlog: &Backlog) -> DrainResult {
         let label = system.label();
-        let reader = self.reader(&backlog.topic).await;
-        let stored_before = reader
-            .stored_count()
-            .await
-            .expect("the broker's stored count");
+        let mut stored = self.stored(system, &backlog.topic).await;
+        let stored_before = stored.events().await.expect("the broker's stored count");
         let events = backlog.events as u64;
-        let run_label = match &backlog.debezium_label {
-            Some(resumed) if system == System::Debezium => resumed.clone(),
+        let run_label = match &backlog.peer_label {
+            Some(resumed) if system.is_peer() => resumed.clone(),
             _ => format!("drain-{}", system.slug()),
         };
         let counted = Counters::read(&backlog.pool).await;
         let before = self.watched.sample();
         let began = Instant::now();
-        let mut running = self.spawn(system, &backlog.url, &run_label, &backlog.start);
+        let mut running = self.spawn(
+            system,
+            &backlog.url,
+            &backlog.topic,
+            &run_label,
+            &backlog.start,
+        );
         running.start_profile();
         let watched = self.watch(&running, system.role());
         let (mut first_stored, mut all_stored, mut all_sent) = (None, None, None);
         let mut progress = workload::Progress::new();
         loop {
-            let stored = Self::stored(&reader, stored_before).await;
+            let stored = Self::since(&mut stored, stored_before).await;
             let at = began.elapsed().as_secs_f64();
             if first_stored.is_none() && stored > 0 {
                 first_stored = Some(at);
@@ -348,9 +424,9 @@ impl Bench {
             if all_stored.is_none() && stored >= events {
                 all_stored = Some(at);
             }
-            let done = match system {
-                System::Debezium => all_stored.is_some(),
-                _ => {
+            let done = match system.is_peer() {
+                true => all_stored.is_some(),
+                false => {
                     if all_stored.is_some() && !workload::any_unfinished(&backlog.pool).await {
                         all_sent = Some(at);
                     }
@@ -361,9 +437,9 @@ impl Bench {
                 break;
             }
             if progress.due() {
-                let left = match system {
-                    System::Debezium => events.saturating_sub(stored),
-                    _ => workload::unfinished(&backlog.pool).await,
+                let left = match system.is_peer() {
+                    true => events.saturating_sub(stored),
+                    false => workload::unfinished(&backlog.pool).await,
                 };
                 progress.observe(left, &running.log_path());
                 eprintln!("  ... {label}: {left} events left");
@@ -380,8 +456,8 @@ impl Bench {
         let checkpoint = running.stop();
         keep_trace(trace.as_deref(), &format!("drain_{run_label}"));
         let stop_secs = stopping.elapsed().as_secs_f64();
-        let stored_after = Self::stored(&reader, stored_before).await;
-        reader.close().await;
+        let stored_after = Self::since(&mut stored, stored_before).await;
+        stored.close().await;
         let all_stored = all_stored.unwrap();
         DrainResult {
             mode: label,
@@ -402,6 +478,16 @@ impl Bench {
         }
     }
 
+    /// The events stored less `before`; 0 while the broker does not answer (a drain is then
+    /// not done yet).
+    async fn since(stored: &mut Stored, before: u64) -> u64 {
+        stored
+            .events()
+            .await
+            .map(|count| count.saturating_sub(before))
+            .unwrap_or(0)
+    }
+
     /// The database server's role in the CPU split.
     pub fn database_role(&self) -> &'static str {
         match self.database.kind() {
@@ -419,10 +505,10 @@ impl Bench {
         let (pool, url) = self.database(&topic).await;
         let pool = &pool;
         let start = workload::gtid_now(pool).await;
-        let mut running = self.spawn(system, &url, &format!("rate-{topic}"), &start);
+        let mut running = self.spawn(system, &url, &topic, &format!("rate-{topic}"), &start);
         let watched = self.watch(&running, system.role());
-        let reader = self.reader(&topic).await;
-        let probes = Self::probe(pool, &topic, &reader, &mut running).await;
+        let mut stored = self.stored(system, &topic).await;
+        let probes = Self::probe(pool, &topic, &mut stored, &mut running).await;
         running.start_profile();
         let before = watched.sample();
         let began = Instant::now();
@@ -430,9 +516,9 @@ impl Bench {
         let total = written.committed_at.len();
         let mut progress = workload::Progress::new();
         loop {
-            let stored = reader.stored_count().await.unwrap_or(0);
-            let left = (total as u64 + probes).saturating_sub(stored);
-            let relay_done = system == System::Debezium || !workload::any_unfinished(pool).await;
+            let count = stored.events().await.unwrap_or(0);
+            let left = (total as u64 + probes).saturating_sub(count);
+            let relay_done = system.is_peer() || !workload::any_unfinished(pool).await;
             if left == 0 && relay_done {
                 break;
             }
@@ -448,31 +534,31 @@ impl Bench {
         let trace = running.stage_trace();
         running.stop();
         keep_trace(trace.as_deref(), &topic);
-        reader.close().await;
+        stored.close().await;
+        // Every event is stored: read every message the topic holds.
         let mut reader = self.reader(&topic).await;
+        let messages = reader.stored_count().await.unwrap() as usize;
         let messages = reader
-            .read_at_least(total + probes as usize, Duration::from_secs(300))
+            .read_at_least(messages, Duration::from_secs(300))
             .await
             .unwrap();
         reader.close().await;
-        let property = system.event_id_property();
-        let stored_ms = messages
+        let events: Vec<(String, i64)> = messages
             .iter()
-            .filter_map(|m| Some((m.properties.get(property)?.as_str(), m.store_timestamp)))
-            .collect();
-        let stages = trace.and_then(|t| StageSplit::read(&t, &written.committed_at, &stored_ms));
-        let mut latencies: Vec<i64> = messages
-            .iter()
-            .filter_map(|m| {
-                // Debezium's header is JSON: the id in quotes.
-                let id = m.properties.get(property)?.trim_matches('"');
-                let committed = written.committed_at.get(id)?;
-                Some(m.store_timestamp - committed / 1000)
+            .flat_map(|m| {
+                let ids = system.event_ids(m);
+                ids.into_iter().map(|id| (id, m.store_timestamp))
             })
+            .collect();
+        let stored_ms = events.iter().map(|(id, at)| (id.as_str(), *at)).collect();
+        let stages = trace.and_then(|t| StageSplit::read(&t, &written.committed_at, &stored_ms));
+        let mut latencies: Vec<i64> = events
+            .iter()
+            .filter_map(|(id, at)| Some(at - written.committed_at.get(id)? / 1000))
             .collect();
         assert!(
             latencies.len() >= total,
-            "{label}: only {} of {total} stored messages carry a known `{property}`",
+            "{label}: only {} of {total} events found in the stored messages",
             latencies.len()
         );
         latencies.sort_unstable();
@@ -505,7 +591,7 @@ pub struct DrainResult {
     pub mode: &'static str,
     pub events: usize,
     /// From starting the system until it is done: every row SENT (the relay), every event
-    /// stored on the broker (Debezium, which records nothing in the table).
+    /// stored on the broker (a peer, which records nothing in the table).
     pub secs: f64,
     /// From starting the system until the broker holds every event.
     pub secs_stored: f64,

@@ -260,10 +260,25 @@ impl TopicReader {
             .await;
     }
 
-    /// One round over every queue of the topic, pulling each until it has nothing new.
-    /// Returns how many new messages arrived. Route/pull errors are remembered, not fatal: the
-    /// topic may not exist yet, or the broker may be restarting.
-    async fn poll_once(&mut self) -> Result<usize> {
+    /// One round over every queue of the topic, returning only what arrived since the last read
+    /// and *not* keeping it ([`Self::received`] leaves it out): for following a long stream
+    /// without holding it. A route or pull error that ended a round which found nothing is an
+    /// error (the topic may not exist yet); after messages, it is only remembered.
+    pub async fn read_new(&mut self) -> Result<Vec<ReceivedMessage>> {
+        let (found, error) = self.pull_new().await?;
+        match error {
+            Some(e) if found.is_empty() => bail!(e),
+            Some(e) => {
+                self.last_error = Some(e);
+                Ok(found)
+            }
+            None => Ok(found),
+        }
+    }
+
+    /// One round over every queue of the topic, pulling each until it has nothing new: the new
+    /// messages and the route/pull error that ended the round early, if any.
+    async fn pull_new(&mut self) -> Result<(Vec<ReceivedMessage>, Option<String>)> {
         let consumer = self.consumer.clone();
         let topic = self.topic.clone();
         let mut offsets = self.next_offsets.clone();
@@ -279,6 +294,14 @@ impl TopicReader {
             .await
             .context("topic reader task failed")?;
         self.next_offsets = offsets;
+        Ok((found, error))
+    }
+
+    /// One round over every queue of the topic, pulling each until it has nothing new.
+    /// Returns how many new messages arrived. Route/pull errors are remembered, not fatal: the
+    /// topic may not exist yet, or the broker may be restarting.
+    async fn poll_once(&mut self) -> Result<usize> {
+        let (found, error) = self.pull_new().await?;
         if let Some(e) = error {
             self.last_error = Some(e);
         }
