@@ -19,10 +19,11 @@
 //! waits; other keys flow. A held event's acknowledgement is out, so the checkpoint never passes
 //! it.
 //!
-//! The one question costs a query per table per dispatcher batch (at most 1,000 binlog items),
-//! through `idx_waiting_key`: it reads the rows of each key of the batch still PENDING or SENDING
-//! below the key's newest id in the batch, normally none (a key's events in the batch are its
-//! only ones in flight) or those of its events in flight.
+//! The one question costs a query per table per dispatcher batch (at most 1,000 binlog items):
+//! one SELECT, a range of `idx_waiting_key` per key of the batch, reading the key's rows still
+//! PENDING or SENDING below the batch's newest id: normally the batch's own rows (dropped, they
+//! are this stream's) and those of its events in flight
+//! ([`crate::sweep::waiting::waiting_rows_of_keys`]).
 
 use crate::binlog::DecodedRow;
 use crate::checkpoint::{Acknowledgements, TxSeq};
