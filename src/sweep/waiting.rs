@@ -131,12 +131,21 @@ pub async fn waiting_rows_of_keys<Q: Queryable>(
         params.push(Value::from(key.biz_key.as_str()));
     }
     params.push(Value::from(highest));
-    let bounds: std::collections::HashMap<(&str, &str), u64> = (keys.iter())
-        .map(|(key, below)| ((key.topic.as_str(), key.biz_key.as_str()), *below))
-        .collect();
     let sql = |hinted| waiting_rows_sql(table, hinted, keys.len());
     let rows: Vec<(u64, String, String, i8)> =
         on_index(q, table, WAITING_INDEX, sql, params).await?;
+    Ok(below_own_bounds(rows, keys))
+}
+
+/// The rows `(id, topic, biz_key, status)` read below the highest bound that are also below
+/// their own key's bound in `keys`, in id order.
+fn below_own_bounds(
+    rows: Vec<(u64, String, String, i8)>,
+    keys: &[(&OrderKey, u64)],
+) -> Vec<WaitingRow> {
+    let bounds: std::collections::HashMap<(&str, &str), u64> = (keys.iter())
+        .map(|(key, below)| ((key.topic.as_str(), key.biz_key.as_str()), *below))
+        .collect();
     let mut rows: Vec<WaitingRow> = rows
         .into_iter()
         .filter(|(id, topic, biz_key, _)| {
@@ -151,7 +160,7 @@ pub async fn waiting_rows_of_keys<Q: Queryable>(
         })
         .collect();
     rows.sort_unstable_by_key(|row| row.id);
-    Ok(rows)
+    rows
 }
 
 /// The newest id of each key of `rows` (`(id, key)`): the bounds of [`waiting_rows_of_keys`].
@@ -212,5 +221,35 @@ mod tests {
              AND status BETWEEN 0 AND 1 AND id < ?"
         );
         assert!(!waiting_rows_sql(&table, false, 1).contains("FORCE INDEX"));
+    }
+
+    #[test]
+    fn each_key_keeps_only_the_rows_below_its_own_bound() {
+        let (a, b) = (OrderKey::new("t", "a"), OrderKey::new("t", "b"));
+        let row = |id, key: &str, status| (id, "t".to_string(), key.to_string(), status);
+        // Read below the highest bound (9): a's rows at or above a's own bound (5) are its
+        // asker's own, b's row 7 is older than b's newest (9) and waits, SENDING.
+        let rows = vec![
+            row(7, "b", 1),
+            row(6, "a", 0),
+            row(3, "a", 0),
+            row(5, "a", 0),
+        ];
+        let kept = below_own_bounds(rows, &[(&a, 5), (&b, 9)]);
+        assert_eq!(
+            kept,
+            vec![
+                WaitingRow {
+                    id: 3,
+                    key: a,
+                    sending: false
+                },
+                WaitingRow {
+                    id: 7,
+                    key: b,
+                    sending: true
+                },
+            ]
+        );
     }
 }
