@@ -29,12 +29,7 @@ pub fn write(report: &Report<'_>, s: &mut String) {
         s,
         "\n### Goals (ratios from this run)\n\n| goal | measured | verdict |\n| --- | --- | --- |"
     );
-    let cdc = |rate| {
-        report
-            .latencies
-            .iter()
-            .find(|l| l.mode == "cdc" && l.rate == rate)
-    };
+    let cdc = |rate| report.latency_of("cdc", rate);
     if let Some(l) = cdc(5000) {
         let ratio = l.p99 as f64 / c.single_p99_ms;
         let _ = writeln!(
@@ -104,10 +99,7 @@ pub fn write(report: &Report<'_>, s: &mut String) {
         );
     }
     for rate in [1000, 5000] {
-        let poll = report
-            .latencies
-            .iter()
-            .find(|l| l.mode == "poll" && l.rate == rate);
+        let poll = report.latency_of("poll", rate);
         if let (Some(cdc), Some(poll)) = (cdc(rate), poll) {
             let ratio = poll.p50 as f64 / (cdc.p50.max(1)) as f64;
             let _ = writeln!(
@@ -128,12 +120,7 @@ pub fn write(report: &Report<'_>, s: &mut String) {
 /// What the defaults cost: the sweeper-on runs against the sweeper-off runs of the same rate,
 /// and the relay's CPU at a steady 500/s with the defaults.
 fn sweeper_goals(report: &Report<'_>, s: &mut String) {
-    let run = |mode: &str, rate| {
-        report
-            .latencies
-            .iter()
-            .find(|l| l.mode == mode && l.rate == rate)
-    };
+    let run = |mode: &str, rate| report.latency_of(mode, rate);
     for rate in [1000, 5000] {
         let (Some(off), Some(on)) = (run("cdc", rate), run("cdc+sweeper", rate)) else {
             continue;

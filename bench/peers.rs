@@ -4,7 +4,7 @@
 //! outbox table), and what the peers do not do that the relay does.
 
 use crate::report::{verdict, Report};
-use crate::runs::{DrainResult, LatencyResult, PEERS};
+use crate::runs::{DrainResult, PEERS};
 use std::fmt::Write as _;
 
 /// The systems of the comparison, as the report names them.
@@ -27,16 +27,6 @@ fn peer_name(peer: &str) -> &'static str {
 type Cost = (&'static str, f64, &'static str, fn(&DrainResult) -> f64);
 
 impl Report<'_> {
-    fn drain_of(&self, system: &str) -> Option<&DrainResult> {
-        self.drains.iter().find(|d| d.mode == system)
-    }
-
-    fn latency_of(&self, system: &str, rate: usize) -> Option<&LatencyResult> {
-        self.latencies
-            .iter()
-            .find(|l| l.mode == system && l.rate == rate)
-    }
-
     /// The peers that drained, with their drains.
     fn peer_drains(&self) -> Vec<(&'static str, &DrainResult)> {
         PEERS

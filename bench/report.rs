@@ -54,6 +54,18 @@ pub fn verdict(ok: bool) -> &'static str {
 }
 
 impl Report<'_> {
+    /// The drain of `system` (its label), if it ran.
+    pub fn drain_of(&self, system: &str) -> Option<&DrainResult> {
+        self.drains.iter().find(|d| d.mode == system)
+    }
+
+    /// The latency run of `system` (its label) at `rate`, if it ran.
+    pub fn latency_of(&self, system: &str, rate: usize) -> Option<&LatencyResult> {
+        self.latencies
+            .iter()
+            .find(|l| l.mode == system && l.rate == rate)
+    }
+
     /// The measurements, up to the cost section; the goals (`goals::write`) and the peers
     /// (`Report::peers`) follow it in `results.md`.
     pub fn markdown(&self) -> String {
