@@ -48,7 +48,7 @@ async fn migrate_creates_every_table_once_and_is_idempotent() {
         "PRIMARY",
         "uk_event_id",
         "idx_pending",
-        "idx_status_created",
+        "idx_created",
         "idx_waiting_key",
     ] {
         assert!(
@@ -56,10 +56,15 @@ async fn migrate_creates_every_table_once_and_is_idempotent() {
             "{expected} missing from {indexes:?}"
         );
     }
-    for dropped in ["idx_claim", "idx_lease", "idx_key_order"] {
+    for dropped in [
+        "idx_claim",
+        "idx_lease",
+        "idx_key_order",
+        "idx_status_created",
+    ] {
         assert!(
             !indexes.iter().any(|i| i == dropped),
-            "0009 and 0010 drop {dropped}: {indexes:?}"
+            "0009, 0010, 0013 and 0015 drop {dropped}: {indexes:?}"
         );
     }
     let status = schema::status(&mut conn).await.unwrap();

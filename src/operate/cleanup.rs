@@ -1,8 +1,9 @@
 //! Cleanup: deletes SENT outbox rows older than a retention, by primary key, in small batches.
 //!
 //! Per table: take the cutoff once (`NOW(3) - retention` on the server); then repeatedly select
-//! the next `batch_size` SENT rows created before it through `idx_status_created (status,
-//! created_at)` in `(created_at, id)` order, continuing after the last row seen, and delete
+//! the next `batch_size` SENT rows created before it through `idx_created (created_at)` (id
+//! implied) in `(created_at, id)` order, each row's status read on the row, continuing after the
+//! last row seen (so a FAILED row is read once, not in every batch), and delete
 //! exactly those ids with `DELETE … WHERE id IN (…) AND <SENT> AND created_at < cutoff`
 //! (a row that stopped being SENT between the two statements, e.g. because an operator ran
 //! `resend`, is not deleted). Each batch is one autocommit statement; between batches the cleanup

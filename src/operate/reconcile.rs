@@ -2,7 +2,7 @@
 //! its `event_dedup` table (status PROCESSED or REJECTED), per hour and topic.
 //!
 //! The window is the SENT rows created in the last `since` (hours are `created_at` hours: the
-//! column `idx_status_created (status, created_at)` indexes, and an event's hour never moves),
+//! column `idx_created (created_at)` indexes, and an event's hour never moves),
 //! whose `sent_at` is at least `grace` old: an event sent a moment ago may still be on its way,
 //! so it is not expected yet. The rows are read in `(created_at, id)` pages of `chunk_size`, and
 //! each page's event_ids are looked up on the consumer side with one

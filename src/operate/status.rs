@@ -39,8 +39,9 @@
 //!
 //! Exit code of the command: 0 when healthy, 1 otherwise.
 //!
-//! Cost: the counts read `idx_status_created`; on a very large outbox run `cleanup` (or
-//! partition) so SENT rows do not pile up.
+//! Cost: the counts by status read `idx_pending (status)` whole; on a very large outbox run
+//! `cleanup` (or partition) so SENT rows do not pile up. The oldest PENDING row is one entry of
+//! it (the lowest PENDING id).
 
 use crate::binlog::reader::server_position;
 use crate::binlog::{BinlogPosition, MariaDbGtid};
@@ -53,6 +54,7 @@ use std::time::Duration;
 mod table;
 mod waiting;
 
+pub(crate) use table::oldest_pending;
 use table::table_status;
 #[cfg(test)]
 use table::truncate_reason;

@@ -61,7 +61,7 @@ async fn refresh_binlog(
 }
 
 /// One refresh: per table, counts of PENDING, SENDING and FAILED rows (served by the
-/// `idx_status_created` index), the age of the oldest PENDING row, and for a partitioned table
+/// `idx_pending (status)` index), the age of the oldest PENDING row, and for a partitioned table
 /// the day partitions starting after today (database clock; `information_schema.PARTITIONS`).
 pub async fn refresh(pool: &Pool, tables: &[TableName]) -> Result<(), mysql_async::Error> {
     use crate::operate::partitions;
@@ -97,14 +97,8 @@ pub async fn refresh(pool: &Pool, tables: &[TableName]) -> Result<(), mysql_asyn
             .failed
             .get_or_create(&label)
             .set(count(Status::Failed));
-        let oldest: Option<Option<i64>> = conn
-            .query_first(format!(
-                "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(created_at), NOW(3)) FROM {} WHERE {}",
-                table.sql(),
-                Status::Pending.sql()
-            ))
-            .await?;
-        let seconds = oldest.flatten().unwrap_or(0).max(0) as f64 / 1e6;
+        let oldest = crate::operate::status::oldest_pending(&mut conn, table).await?;
+        let seconds = oldest.map_or(0.0, |o| o.age_seconds);
         metrics
             .oldest_pending_seconds
             .get_or_create(&label)

@@ -158,7 +158,7 @@ pub async fn db_today(conn: &mut impl Queryable) -> Result<NaiveDate, mysql_asyn
         .unwrap_or_default())
 }
 
-/// Rows of `partition` that are PENDING, SENDING or FAILED (served by `idx_status_created`).
+/// Rows of `partition` that are PENDING, SENDING or FAILED (served by `idx_pending (status)`).
 async fn unfinished_rows(
     conn: &mut impl Queryable,
     table: &TableName,

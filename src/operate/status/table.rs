@@ -26,21 +26,7 @@ pub(super) async fn table_status(
             .find(|(code, _)| *code == i64::from(s.code()))
             .map_or(0, |c| c.1)
     };
-    let oldest: Option<(i64, String, String, String, i64)> = conn
-        .query_first(format!(
-            "SELECT id, event_id, topic, CAST(created_at AS CHAR), \
-             TIMESTAMPDIFF(MICROSECOND, created_at, NOW(3)) \
-             FROM {sql} WHERE {} ORDER BY created_at, id LIMIT 1",
-            Status::Pending.sql()
-        ))
-        .await?;
-    let oldest = oldest.map(|(id, event_id, topic, created_at, micros)| OldestPending {
-        id,
-        event_id,
-        topic,
-        created_at,
-        age_seconds: micros.max(0) as f64 / 1e6,
-    });
+    let oldest = oldest_pending(conn, table).await?;
     let expired_leases: Option<u64> = conn
         .query_first(format!(
             "SELECT COUNT(*) FROM {sql} WHERE {} AND lease_until < NOW(3)",
@@ -100,4 +86,44 @@ pub(super) fn truncate_reason(reason: &str) -> String {
     let mut cut: String = one_line.chars().take(MAX_REASON_DISPLAY - 1).collect();
     cut.push('…');
     cut
+}
+
+/// The PENDING row that has waited longest: the lowest PENDING id (ids grow with time, and the
+/// sweeper claims in id order), read through `idx_pending (status)` (id implied): one index
+/// entry and one row, however many rows wait or were SENT before it. Its age runs from its
+/// `created_at` (database clock).
+pub(crate) async fn oldest_pending(
+    conn: &mut Conn,
+    table: &TableName,
+) -> Result<Option<OldestPending>, mysql_async::Error> {
+    let rows: Vec<(i64, String, String, String, i64)> = crate::sweep::waiting::on_pending_index(
+        conn,
+        table,
+        |hinted| {
+            format!(
+                "SELECT id, event_id, topic, CAST(created_at AS CHAR), \
+                 TIMESTAMPDIFF(MICROSECOND, created_at, NOW(3)) FROM {}{} \
+                 WHERE {} ORDER BY id LIMIT 1",
+                table.sql(),
+                if hinted {
+                    " FORCE INDEX (idx_pending)"
+                } else {
+                    ""
+                },
+                Status::Pending.sql()
+            )
+        },
+        Vec::new(),
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .next()
+        .map(|(id, event_id, topic, created_at, micros)| OldestPending {
+            id,
+            event_id,
+            topic,
+            created_at,
+            age_seconds: micros.max(0) as f64 / 1e6,
+        }))
 }

@@ -11,7 +11,7 @@
 //! `outbox_schema_changes`.
 
 use super::shape::{ExistingIndex, Filled, Lookup, RequiredColumn, RequiredIndex, TableShape};
-use super::shape::{COLUMNS, INDEXES};
+use super::shape::{COLUMNS, INDEXES, RETIRED_INDEXES};
 use crate::outbox::TableName;
 use std::fmt::Write as _;
 
@@ -125,6 +125,24 @@ impl TablePlan {
         }
         for required in INDEXES {
             plan.compare_index(required, shape);
+        }
+        // Migrations drop them from `outbox_event` itself.
+        let migrated = table.schema.is_none() && table.table == crate::outbox::DEFAULT_TABLE;
+        for retired in RETIRED_INDEXES.iter().filter(|_| !migrated) {
+            if shape
+                .index(retired.name)
+                .is_some_and(|existing| same_columns(existing, retired.columns))
+            {
+                plan.notes.push(format!(
+                    "{} ({}) is an index of an earlier relay version that no query uses now; \
+                     {}. To drop it: ALTER TABLE {} DROP INDEX {}",
+                    retired.name,
+                    column_list(retired.columns),
+                    retired.costs,
+                    table.sql(),
+                    retired.name
+                ));
+            }
         }
         plan.apply_rule(rule);
         plan

@@ -72,7 +72,7 @@ fn the_article_table_gets_the_relay_columns_and_indexes_and_keeps_its_own() {
         ]
     );
     let indexes: Vec<&str> = plan.add_indexes.iter().map(|i| i.name).collect();
-    assert_eq!(indexes, ["idx_status_created", "idx_waiting_key"]);
+    assert_eq!(indexes, ["idx_created", "idx_waiting_key"]);
     assert!(plan.refusals.is_empty(), "{:?}", plan.refusals);
     // Its idx_pending (status, next_retry_at) leads with status: used as it is, noted.
     assert_eq!(plan.notes.len(), 1);
@@ -128,7 +128,7 @@ fn a_complete_table_needs_nothing() {
     }
     shape
         .indexes
-        .push(idx("idx_status_created", &["status", "created_at"], false));
+        .push(idx("idx_created", &["created_at"], false));
     shape.indexes.push(idx(
         "idx_waiting_key",
         &["topic", "biz_key", "status"],
@@ -217,7 +217,7 @@ fn an_index_with_the_relays_columns_under_another_name_serves() {
     shape.indexes[1] = idx("uq_event", &["event_id"], true);
     shape
         .indexes
-        .push(idx("by_status", &["status", "created_at"], false));
+        .push(idx("by_created", &["created_at", "status"], false));
     let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
     let indexes: Vec<&str> = plan.add_indexes.iter().map(|i| i.name).collect();
     // `idx_waiting_key` is named by the relay's queries: it is added whatever else exists.
@@ -350,7 +350,7 @@ fn table_of_migration_0001(rows: u64) -> TableShape {
     }
     shape.indexes[2] = idx("idx_pending", &["status"], false);
     for (name, columns) in [
-        ("idx_status_created", &["status", "created_at"][..]),
+        ("idx_created", &["created_at"][..]),
         ("idx_waiting_key", &["topic", "biz_key", "status"][..]),
     ] {
         shape.indexes.push(idx(name, columns, false));
@@ -409,4 +409,30 @@ fn a_table_over_a_tenth_of_the_rule_keeps_msg_id_and_sent_at_with_a_note() {
     let unlimited = OnlineRule { max_rows: None };
     let big = TablePlan::compare(&table(), &table_of_migration_0001(10_000_000), unlimited);
     assert_eq!(big.sent_columns, SentColumns::Convert);
+}
+
+#[test]
+fn a_retired_index_on_another_outbox_table_is_noted_with_its_drop_never_dropped() {
+    // A table made `LIKE outbox_event` before migration 0015 still has idx_status_created.
+    let mut shape = table_of_migration_0001(50);
+    shape
+        .indexes
+        .push(idx("idx_status_created", &["status", "created_at"], false));
+    let orders = TableName::parse("orders_outbox").unwrap();
+    let plan = TablePlan::compare(&orders, &shape, OnlineRule::default());
+    assert!(
+        plan.notes.iter().any(|n| n.contains("idx_status_created")
+            && n.contains("ALTER TABLE `orders_outbox` DROP INDEX idx_status_created")),
+        "{:?}",
+        plan.notes
+    );
+    assert!(plan.statements().iter().all(|s| !s.contains("DROP")));
+    // The same name on other columns is the operator's own index: not ours to judge.
+    shape.indexes.last_mut().unwrap().columns = vec!["created_at".into(), "status".into()];
+    let plan = TablePlan::compare(&orders, &shape, OnlineRule::default());
+    assert!(plan.notes.iter().all(|n| !n.contains("idx_status_created")));
+    // On outbox_event itself migration 0015 drops it: no note.
+    shape.indexes.last_mut().unwrap().columns = vec!["status".into(), "created_at".into()];
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert!(plan.notes.iter().all(|n| !n.contains("idx_status_created")));
 }

@@ -61,6 +61,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(12, "0012_topic_queues"),
     migration!(13, "0013_outbox_waiting_key"),
     migration!(14, "0014_outbox_deliver_at"),
+    migration!(15, "0015_outbox_created_index"),
 ];
 
 const HISTORY_TABLE: &str = "outbox_schema_history";

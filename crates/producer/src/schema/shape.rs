@@ -255,14 +255,15 @@ pub const INDEXES: &[RequiredIndex] = &[
         columns: &["status"],
         unique: false,
         lookup: Lookup::ByName,
-        serves: "claims of PENDING rows in id order, the key-order guard, lease recovery",
+        serves: "claims of PENDING rows in id order, lease recovery, counts by status, the oldest \
+                 PENDING row",
     },
     RequiredIndex {
-        name: "idx_status_created",
-        columns: &["status", "created_at"],
+        name: "idx_created",
+        columns: &["created_at"],
         unique: false,
         lookup: Lookup::ByColumns,
-        serves: "the oldest-PENDING metric, cleanup, status counts, reconcile",
+        serves: "cleanup and reconcile (SENT rows by creation time), partition conversion",
     },
     RequiredIndex {
         name: "idx_waiting_key",
@@ -270,6 +271,41 @@ pub const INDEXES: &[RequiredIndex] = &[
         unique: false,
         lookup: Lookup::ByName,
         serves: "the key-order guard and claims: the older rows of a key that still wait",
+    },
+];
+
+/// An index the relay created in an earlier version and no query uses now. Migrations drop it
+/// from `outbox_event`; another outbox table made `LIKE outbox_event` before that keeps it, and
+/// adoption (which never drops) says so with the statement to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetiredIndex {
+    pub name: &'static str,
+    pub columns: &'static [&'static str],
+    /// What keeping it costs.
+    pub costs: &'static str,
+}
+
+/// The relay's retired indexes (a table holds one only under this name and with these columns).
+pub const RETIRED_INDEXES: &[RetiredIndex] = &[
+    RetiredIndex {
+        name: "idx_status_created",
+        columns: &["status", "created_at"],
+        costs: "every claim and SENT mark moves an entry in it (migration 0015)",
+    },
+    RetiredIndex {
+        name: "idx_claim",
+        columns: &["status", "next_retry_at", "id"],
+        costs: "every claim and SENT mark moves an entry in it (migration 0009)",
+    },
+    RetiredIndex {
+        name: "idx_lease",
+        columns: &["status", "lease_until"],
+        costs: "every claim, lease renewal and SENT mark moves an entry in it (migration 0010)",
+    },
+    RetiredIndex {
+        name: "idx_key_order",
+        columns: &["biz_key", "id"],
+        costs: "every INSERT adds an entry to it (migration 0013)",
     },
 ];
 
