@@ -28,6 +28,20 @@ impl TableName {
         })
     }
 
+    /// `outbox_event` of the connection's database: the default outbox table, the one the
+    /// migrations create and change.
+    pub fn default_outbox() -> Self {
+        Self {
+            schema: None,
+            table: super::DEFAULT_TABLE.to_string(),
+        }
+    }
+
+    /// Whether this is [`TableName::default_outbox`] (other outbox tables are only adopted).
+    pub fn is_default_outbox(&self) -> bool {
+        self.schema.is_none() && self.table == super::DEFAULT_TABLE
+    }
+
     /// The name as SQL: `` `schema`.`table` `` or `` `table` ``.
     pub fn sql(&self) -> String {
         match &self.schema {

@@ -196,10 +196,7 @@ pub struct Outbox {
 impl Default for Outbox {
     /// Table `outbox_event` in the connection's database, payloads up to 4 MiB.
     fn default() -> Self {
-        Self::new(
-            TableName::parse(crate::outbox::DEFAULT_TABLE).expect("valid name"),
-            DEFAULT_MAX_PAYLOAD_BYTES,
-        )
+        Self::new(TableName::default_outbox(), DEFAULT_MAX_PAYLOAD_BYTES)
     }
 }
 

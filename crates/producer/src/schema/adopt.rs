@@ -127,8 +127,10 @@ impl TablePlan {
             plan.compare_index(required, shape);
         }
         // Migrations drop them from `outbox_event` itself.
-        let migrated = table.schema.is_none() && table.table == crate::outbox::DEFAULT_TABLE;
-        for retired in RETIRED_INDEXES.iter().filter(|_| !migrated) {
+        for retired in RETIRED_INDEXES
+            .iter()
+            .filter(|_| !table.is_default_outbox())
+        {
             if shape
                 .index(retired.name)
                 .is_some_and(|existing| same_columns(existing, retired.columns))

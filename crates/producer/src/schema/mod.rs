@@ -275,7 +275,7 @@ async fn migrate_locked(
     // configured tables are created like `outbox_event`.
     report.finished = adopt_all(conn, outbox_tables, rule).await?;
     for table in outbox_tables {
-        if table.schema.is_none() && table.table == DEFAULT_TABLE {
+        if table.is_default_outbox() {
             continue;
         }
         let exists: Option<i64> = conn
@@ -313,10 +313,7 @@ async fn adopt_all(
 
 /// `outbox_event` and `outbox_tables`, each once: the tables `migrate` adopts or creates.
 fn outbox_tables_with_default(outbox_tables: &[TableName]) -> Vec<TableName> {
-    let mut tables = vec![TableName {
-        schema: None,
-        table: DEFAULT_TABLE.to_string(),
-    }];
+    let mut tables = vec![TableName::default_outbox()];
     for table in outbox_tables {
         if !tables.contains(table) {
             tables.push(table.clone());

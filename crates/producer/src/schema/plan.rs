@@ -33,11 +33,7 @@ pub async fn plan(
         .into_iter()
         .filter_map(|(version, _, applied)| applied.then_some(version))
         .collect();
-    let default_table = TableName {
-        schema: None,
-        table: DEFAULT_TABLE.to_string(),
-    };
-    let adopted = TableShape::read(conn, &default_table).await?;
+    let adopted = TableShape::read(conn, &TableName::default_outbox()).await?;
     for migration in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
         let _ = writeln!(
             out,
@@ -63,7 +59,7 @@ pub async fn plan(
     }
     for table in outbox_tables_with_default(outbox_tables) {
         let exists = plans.iter().any(|p| p.table == table);
-        if !exists && table != default_table {
+        if !exists && !table.is_default_outbox() {
             let _ = writeln!(out, "CREATE TABLE {} LIKE {DEFAULT_TABLE};", table.sql());
         }
     }
