@@ -2,6 +2,7 @@
 //! any machine), with a met / not met verdict.
 
 use crate::report::{verdict, Report};
+use crate::runs::System;
 use std::fmt::Write as _;
 
 /// CDC commit → stored p99 at 5k/s, at most this many times the client's single-send p99.
@@ -120,9 +121,10 @@ pub fn write(report: &Report<'_>, s: &mut String) {
 /// What the defaults cost: the sweeper-on runs against the sweeper-off runs of the same rate,
 /// and the relay's CPU at a steady 500/s with the defaults.
 fn sweeper_goals(report: &Report<'_>, s: &mut String) {
-    let run = |mode: &str, rate| report.latency_of(mode, rate);
+    let (off, on) = (System::Cdc.label(), System::CdcSweeper.label());
     for rate in [1000, 5000] {
-        let (Some(off), Some(on)) = (run("cdc", rate), run("cdc+sweeper", rate)) else {
+        let (Some(off), Some(on)) = (report.latency_of(off, rate), report.latency_of(on, rate))
+        else {
             continue;
         };
         for (name, off, on) in [("p50", off.p50, on.p50), ("p99", off.p99, on.p99)] {
@@ -135,7 +137,7 @@ fn sweeper_goals(report: &Report<'_>, s: &mut String) {
             );
         }
     }
-    if let Some(l) = run("cdc+sweeper", 500) {
+    if let Some(l) = report.latency_of(on, 500) {
         let _ = writeln!(
             s,
             "| relay CPU per event at a steady 500/s, defaults ≤ {STEADY_500_CPU_US:.0} µs | {:.1} µs | {} |",
