@@ -161,11 +161,7 @@ impl Claimer {
         } else {
             " AND created_at < NOW(3) - INTERVAL ? MICROSECOND"
         };
-        let hint = if hinted {
-            " FORCE INDEX (idx_pending)"
-        } else {
-            ""
-        };
+        let hint = super::waiting::pending_index_hint(hinted);
         let topics = match stalled {
             0 => String::new(),
             n => format!(" AND topic NOT IN ({})", vec!["?"; n].join(", ")),

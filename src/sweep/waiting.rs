@@ -70,6 +70,19 @@ pub async fn on_pending_index<Q: Queryable, T: FromRow + Send + 'static>(
     on_index(q, table, PENDING_INDEX, sql, params).await
 }
 
+/// ` FORCE INDEX (idx_pending)` when `hinted` (see [`on_pending_index`]), else nothing.
+pub fn pending_index_hint(hinted: bool) -> String {
+    index_hint(PENDING_INDEX.0, hinted)
+}
+
+/// ` FORCE INDEX (index)` when `hinted`, else nothing.
+fn index_hint(index: &str, hinted: bool) -> String {
+    match hinted {
+        true => format!(" FORCE INDEX ({index})"),
+        false => String::new(),
+    }
+}
+
 /// The index claims walk (migration 0008).
 const PENDING_INDEX: (&str, &str) = (
     "idx_pending",
@@ -189,11 +202,7 @@ fn undelivered_range() -> String {
 /// The SELECT of [`waiting_rows_of_keys`] for `keys` keys (binds: each key's topic and
 /// `biz_key`, then the highest bound).
 pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize) -> String {
-    let hint = if hinted {
-        format!(" FORCE INDEX ({})", WAITING_INDEX.0)
-    } else {
-        String::new()
-    };
+    let hint = index_hint(WAITING_INDEX.0, hinted);
     // A row constructor IN: MariaDB 10.11 and MySQL 9.7 both read it as one range of the index
     // per key, covering (no row read). (As an OR of `topic = ? AND biz_key = ? AND … AND id <
     // ?` per key, MySQL 9.7 scanned the whole index instead, each key's SENT history

@@ -105,11 +105,7 @@ pub(crate) async fn oldest_pending(
                  TIMESTAMPDIFF(MICROSECOND, created_at, NOW(3)) FROM {}{} \
                  WHERE {} ORDER BY id LIMIT 1",
                 table.sql(),
-                if hinted {
-                    " FORCE INDEX (idx_pending)"
-                } else {
-                    ""
-                },
+                crate::sweep::waiting::pending_index_hint(hinted),
                 Status::Pending.sql()
             )
         },
