@@ -185,3 +185,75 @@ async fn a_row_the_stream_never_saw_is_published_before_the_later_streamed_event
         "5 unlogged rows held their keys back; all 120 events SENT in {took:.1?}, in key order"
     );
 }
+
+/// The rows this session's statements have read so far (`Handler_read_*`, summed).
+async fn handler_reads(conn: &mut mysql_async::Conn) -> u64 {
+    let rows: Vec<(String, String)> = conn
+        .query("SHOW SESSION STATUS LIKE 'Handler_read%'")
+        .await
+        .unwrap();
+    rows.iter().filter_map(|(_, v)| v.parse::<u64>().ok()).sum()
+}
+
+/// The key-order question reads, per key asked, that key's rows still waiting below its bound:
+/// neither its SENT history nor the waiting backlog of other keys (a parked topic), on each
+/// server (one range of `idx_waiting_key` per key; as an OR, MySQL once scanned the whole index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_order_question_reads_only_the_asked_keys_waiting_rows() {
+    use rocketmq_outbox::outbox::TableName;
+    use rocketmq_outbox::sweep::waiting::{waiting_rows_of_keys, OrderKey};
+    let db = TestDb::migrated("waiting_reads").await;
+    let mut conn = db.conn().await;
+    // Key a of `orders`: 2,000 SENT rows of history, then one PENDING row, then its newest.
+    // Topic `stuck`: 2,000 PENDING rows of one key (a parked backlog). Key b: one SENDING row.
+    let rows = |n: usize, row: &dyn Fn(usize) -> String| (0..n).map(row).collect::<Vec<_>>();
+    let history = rows(2000, &|i| {
+        format!("('a-sent-{i}', 'a', 'orders', '{{}}', {SENT})")
+    });
+    let parked = rows(2000, &|i| {
+        format!("('p-{i}', 'p', 'stuck', '{{}}', {PENDING})")
+    });
+    let asked = [
+        "('a-waits', 'a', 'orders', '{}', 0)",
+        "('b-sending', 'b', 'orders', '{}', 1)",
+        "('a-newest', 'a', 'orders', '{}', 0)",
+        "('b-newest', 'b', 'orders', '{}', 0)",
+    ]
+    .map(String::from);
+    for values in [history, parked, asked.to_vec()] {
+        conn.query_drop(format!(
+            "INSERT INTO outbox_event (event_id, biz_key, topic, payload, status) VALUES {}",
+            values.join(", ")
+        ))
+        .await
+        .unwrap();
+    }
+    conn.query_drop("ANALYZE TABLE outbox_event").await.unwrap();
+    let mut ids = Vec::new();
+    for event in ["a-waits", "b-sending", "a-newest", "b-newest"] {
+        let id: Option<u64> = conn
+            .exec_first("SELECT id FROM outbox_event WHERE event_id = ?", (event,))
+            .await
+            .unwrap();
+        ids.push(id.unwrap());
+    }
+    let (a, b) = (OrderKey::new("orders", "a"), OrderKey::new("orders", "b"));
+    let table = TableName::parse("outbox_event").unwrap();
+    let before = handler_reads(&mut conn).await;
+    let waiting = waiting_rows_of_keys(&mut conn, &table, &[(&a, ids[2]), (&b, ids[3])])
+        .await
+        .unwrap();
+    let read = handler_reads(&mut conn).await - before;
+    let found: Vec<(u64, &str, bool)> = waiting
+        .iter()
+        .map(|r| (r.id, r.key.biz_key.as_str(), r.sending))
+        .collect();
+    assert_eq!(found, vec![(ids[0], "a", false), (ids[1], "b", true)]);
+    // Two keys' ranges: a handful of index entries, not a's 2,000 SENT rows nor the 2,000
+    // parked ones (the counter query itself reads none of the outbox).
+    println!("the key-order question read {read} rows (handler reads)");
+    assert!(
+        read < 50,
+        "the question read {read} rows: a key's history or the parked backlog"
+    );
+}
