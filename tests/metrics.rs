@@ -63,6 +63,14 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
     write_events(&db, &topic, 2, 10, 4).await;
     wait_until_sent(&db, 20, Duration::from_secs(30)).await;
+    // The marker counts a batch just after its UPDATE commits: a read of /metrics in between
+    // (CI, loaded, once: 8 of 20) sees the rows SENT and the counter not yet.
+    wait_for("the SENT counter", Duration::from_secs(10), || async {
+        get(&addr, "/metrics")
+            .and_then(|(_, body)| sample(&body, "outbox_events_sent_total"))
+            .is_some_and(|sent| sent >= 20.0)
+    })
+    .await;
     let body = get(&addr, "/metrics").unwrap().1;
     assert!(
         sample(&body, "outbox_events_sent_total").unwrap() >= 20.0,
