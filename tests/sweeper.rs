@@ -6,18 +6,20 @@
 use crate::common;
 
 use common::relay::{
-    assert_every_event_arrived_in_key_order, commit_events, count_status, current_position,
-    deliveries, seed_checkpoint, sweeping_config, wait_for, wait_until_sent, write_events,
-    RunningRelay,
+    assert_every_event_arrived_in_key_order, assert_key_order, commit_events, count_status,
+    current_position, deliveries, outbox_rows, seed_checkpoint, stored_messages, sweeping_config,
+    wait_for, wait_until_sent, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
+use outbox_devenv::ReceivedMessage;
 use rocketmq_outbox::outbox::status::codes::{FAILED, PENDING, SENT};
 use rocketmq_outbox::producer::{NewEvent, Outbox};
 use serde_json::json;
 use std::time::Duration;
+use tokio::task::JoinHandle;
 
 /// Commits `count` events for `topic` in one transaction that is not written to the binlog.
 async fn write_unlogged(db: &TestDb, topic: &str, count: usize) -> Vec<String> {
@@ -255,5 +257,140 @@ async fn the_key_order_question_reads_only_the_asked_keys_waiting_rows() {
     assert!(
         read < 50,
         "the question read {read} rows: a key's history or the parked backlog"
+    );
+}
+
+/// Commits one event of topic `topic` (keys `filler-0..3`) every 10 ms until `stop`; returns how
+/// many.
+fn fill(db: &TestDb, topic: &str, stop: tokio_util::sync::CancellationToken) -> JoinHandle<u64> {
+    let (pool, topic) = (db.pool.clone(), topic.to_string());
+    tokio::spawn(async move {
+        let mut conn = pool.get_conn().await.unwrap();
+        let mut n = 0;
+        while !stop.is_cancelled() {
+            let event = NewEvent::new(&topic, format!("filler-{}", n % 4), json!({ "n": n }));
+            commit_events(&mut conn, vec![event]).await;
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        n
+    })
+}
+
+/// Per-key order at no cost where nothing can break it: while every waiting row the stream has
+/// read past is its own (a look off its path confirms it), single-event transactions are handed
+/// on without a question. Rows it cannot see still hold their keys: ids it skipped (rows written
+/// with the binlog off) are asked about as a range, and a row put back to PENDING by hand is
+/// found by the next look. With `min_age` at a minute, only the guard's request to the sweeper
+/// sends those rows in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_table_is_asked_nothing_and_rows_the_stream_cannot_see_still_hold_their_keys() {
+    let db = TestDb::migrated("sweep_clean").await;
+    let topic = new_topic("sweep_clean");
+    let (mut config, _dir) = sweeping_config(&db);
+    config.sweeper.min_age = Duration::from_secs(60);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let filler = fill(&db, &topic, stop.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Ids the stream skips: each round, a row of a new key with the binlog off, then two
+    // streamed rows of that key, while the filler keeps the table known clean.
+    let mut conn = db.conn().await;
+    let mut hidden = Vec::new();
+    for round in 0..5 {
+        let key = format!("hidden-{round}");
+        let mut unlogged = db.conn().await;
+        unlogged
+            .query_drop("SET SESSION sql_log_bin = 0")
+            .await
+            .unwrap();
+        let event = NewEvent::new(&topic, &key, json!({ "hidden": round }));
+        hidden.extend(commit_events(&mut unlogged, vec![event]).await);
+        for n in 0..2 {
+            let event = NewEvent::new(&topic, &key, json!({ "streamed": n }));
+            commit_events(&mut conn, vec![event]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // A row put back to PENDING by hand: the next look finds it; its key's later events wait.
+    let (put_back, event_id): (u64, String) = conn
+        .query_first(
+            "SELECT id, event_id FROM outbox_event WHERE biz_key = 'filler-0' ORDER BY id LIMIT 1",
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    wait_for(
+        "the first filler row SENT",
+        Duration::from_secs(20),
+        || async { count_status(&db, rocketmq_outbox::outbox::Status::Sent).await > 0 },
+    )
+    .await;
+    conn.exec_drop(
+        format!("UPDATE outbox_event SET status = {PENDING}, msg_id = DEFAULT, sent_at = DEFAULT WHERE id = ? AND status = {SENT}"),
+        (put_back,),
+    )
+    .await
+    .unwrap();
+    // Written from here on, a second later (the looks come every 100 ms), filler-0's events
+    // must follow it.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let boundary: u64 = conn
+        .query_first("SELECT MAX(id) FROM outbox_event")
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    let filled = filler.await.unwrap();
+    let total = filled + 15;
+    wait_until_sent(&db, total, Duration::from_secs(20)).await;
+    let checks = relay.stop().await.key_order_checks;
+    println!("{filled} filler events; batches asked: {checks:?}");
+
+    let messages = stored_messages(&topic, total as usize + 1).await;
+    let rows = outbox_rows(&db).await;
+    assert_key_order(&rows, &messages);
+    for event in &hidden {
+        let copies = messages
+            .iter()
+            .filter(|m| m.properties["event_id"] == *event);
+        assert_eq!(copies.count(), 1, "unlogged {event} sent once");
+    }
+    // In the key's queue, by offset: the put-back row's second copy, then every filler-0 event
+    // written after the boundary.
+    let id_of: std::collections::HashMap<&str, u64> =
+        rows.iter().map(|r| (r.1.as_str(), r.0)).collect();
+    let mut key_queue: Vec<&ReceivedMessage> = (messages.iter())
+        .filter(|m| m.properties["biz_key"] == "filler-0")
+        .collect();
+    key_queue.sort_by_key(|m| m.queue_offset);
+    let again = (key_queue.iter())
+        .rposition(|m| m.properties["event_id"] == event_id)
+        .expect("the put-back row");
+    assert!(again > 0, "the put-back row was sent a second time");
+    let after_boundary =
+        |m: &&&ReceivedMessage| id_of[m.properties["event_id"].as_str()] > boundary;
+    let ahead: Vec<_> = key_queue[..again].iter().filter(after_boundary).collect();
+    assert!(
+        ahead.is_empty(),
+        "filler-0 events written after the boundary went ahead of the put-back row: {}",
+        ahead.len()
+    );
+    let behind = key_queue[again..].iter().filter(after_boundary).count();
+    assert!(
+        behind > 0,
+        "filler-0 events were written after the boundary"
+    );
+    assert!(
+        checks.none > checks.keys,
+        "most batches asked nothing: {checks:?}"
+    );
+    assert!(
+        checks.gap >= 1,
+        "the ids written with the binlog off were asked about: {checks:?}"
     );
 }

@@ -22,6 +22,18 @@ use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 
+/// What the stream's key-order guard asked the database before a dispatcher batch of one table
+/// was handed on: `none` (the table is known clean), `gap` (only the ids the stream skipped),
+/// `keys` (each key's older waiting rows). See `pipeline::key_order`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyOrderAsked {
+    pub asked: &'static str,
+}
+
+impl KeyOrderAsked {
+    pub const ALL: [&'static str; 3] = ["none", "gap", "keys"];
+}
+
 /// A send error's class: `retryable` (timeouts, broker unavailable), `rejected` (a bad message),
 /// `unauthorized` (the broker refuses the relay's account) or `misconfigured` (a topic's type
 /// the relay cannot send).
@@ -145,6 +157,8 @@ pub struct RelayMetrics {
     pub unclassified_errors: Counter,
     /// Keys whose stream events wait for an older row of the key the stream did not read.
     pub keys_held_for_order: Gauge,
+    /// Dispatcher batches of one table by what the key-order guard asked ([`KeyOrderAsked`]).
+    pub key_order_checks: Family<KeyOrderAsked, Counter>,
     /// Events waiting in each shard's input.
     pub shard_queue_depth: Family<ShardLabel, Gauge>,
     /// When (Unix seconds) a topic stopped accepting events; 0 once it accepts them again (see
@@ -202,6 +216,7 @@ impl RelayMetrics {
             xa_prepared_since: Family::default(),
             unclassified_errors: Counter::default(),
             keys_held_for_order: Gauge::default(),
+            key_order_checks: Family::default(),
             binlog_behind_transactions: Gauge::default(),
             binlog_behind_bytes: Gauge::default(),
             shard_queue_depth: Family::default(),
@@ -336,6 +351,18 @@ impl RelayMetrics {
             "keys_held_for_order",
             "Keys whose streamed events wait until an older row of the key that the stream did not read (a purged binlog, a row written without binlog, a row put back) is sent",
             metrics.keys_held_for_order.clone(),
+        );
+        for asked in KeyOrderAsked::ALL {
+            drop(
+                metrics
+                    .key_order_checks
+                    .get_or_create(&KeyOrderAsked { asked }),
+            );
+        }
+        registry.register(
+            "key_order_checks",
+            "Dispatcher batches of one table by what the key-order guard asked the database first: none (every waiting row up to the highest id read is the stream's own), gap (only the ids the stream skipped), keys (each key's older waiting rows)",
+            metrics.key_order_checks.clone(),
         );
         registry.register(
             "shard_queue_depth",

@@ -154,6 +154,7 @@ pub async fn run_cdc<S: Sink>(
         marked,
         checkpoint,
         unidentifiable: dispatched.unidentifiable,
+        key_order_checks: dispatched.key_order,
     })
 }
 

@@ -52,6 +52,8 @@ pub struct Dispatched {
     pub xa_rolled_back: u64,
     /// Events of a stalled topic left PENDING for the sweeper.
     pub parked: u64,
+    /// What the key-order guard asked before each batch (all zero without a sweeper).
+    pub key_order: key_order::KeyOrderChecks,
 }
 
 /// A prepared XA transaction waiting for its outcome.
@@ -221,6 +223,7 @@ pub async fn run(
         parking: StalledSet::default(),
         park_prepared_after: outputs.park_prepared_after,
         parked_xa: HashMap::new(),
+        catching_up: catch_up.is_some(),
     };
     let mut current: Option<TxSeq> = None;
     loop {
@@ -242,7 +245,7 @@ pub async fn run(
             Err(_) => {
                 d.look_at_prepared();
                 if !d.recheck_keys().await {
-                    return d.stats;
+                    return d.finish();
                 }
                 continue;
             }
@@ -265,6 +268,7 @@ pub async fn run(
         // event the batch hands on as the stream's own, so all of one topic's are parked or
         // none (a later batch's check then sees the parked rows waiting).
         let parking = d.inputs.stalls().parking();
+        d.catching_up = catch_up.is_some();
         d.check_key_order(batch_rows(&batch, &recorded, &parking))
             .await;
         d.parking = parking;
@@ -304,12 +308,12 @@ pub async fn run(
                 }
             };
             if !handed {
-                return d.stats; // shutting down
+                return d.finish(); // shutting down
             }
         }
         d.look_at_prepared();
         if !d.recheck_keys().await {
-            return d.stats;
+            return d.finish();
         }
         if catch_up.as_ref().is_some_and(CatchUp::done) {
             tracing::info!(
@@ -319,7 +323,7 @@ pub async fn run(
             catch_up = None;
         }
     }
-    d.stats
+    d.finish()
 }
 
 /// The streamed rows of `batch` that will be handed on now (not already recorded).
@@ -362,11 +366,21 @@ struct Dispatcher {
     park_prepared_after: Option<Duration>,
     /// Prepared XA transactions parked, and since when they were prepared.
     parked_xa: HashMap<Xid, Instant>,
+    /// Reading binlog a previous run may have handled (see [`CatchUp`]).
+    catching_up: bool,
 }
 
 impl Dispatcher {
     fn begin(&self) -> TxSeq {
         self.acks.begin()
+    }
+
+    /// What it saw, the key-order guard's questions included.
+    fn finish(mut self) -> Dispatched {
+        if let Some(order) = &self.key_order {
+            self.stats.key_order = order.checks;
+        }
+        self.stats
     }
 
     fn holding_keys(&self) -> bool {
@@ -376,7 +390,16 @@ impl Dispatcher {
     /// Asks the key-order guard about `rows` before they are handed on.
     async fn check_key_order<'a>(&mut self, rows: impl Iterator<Item = &'a DecodedRow>) {
         if let Some(order) = &mut self.key_order {
-            order.check(rows, &self.acks).await;
+            order.check(rows, &self.acks, self.catching_up).await;
+        }
+    }
+
+    /// The stream leaves a row of `table` (`None`: any) waiting without carrying it.
+    fn let_go(&mut self, table: Option<&Arc<TableName>>) {
+        match (&mut self.key_order, table) {
+            (Some(order), Some(table)) => order.let_go(table),
+            (Some(order), None) => order.let_go_all(),
+            (None, _) => {}
         }
     }
 
@@ -418,6 +441,7 @@ impl Dispatcher {
             {
                 self.stats.parked += 1;
                 crate::send::stall::count_parked(&row.message.topic);
+                self.let_go(Some(&row.table));
             }
             DecodedRow::Problem(problem)
                 if read_again && self.handed_on.already(&problem.table, problem.id) =>
@@ -439,8 +463,10 @@ impl Dispatcher {
                 let completion = Completion::bad_row(origin, problem);
                 return self.inputs.complete(completion).await.is_ok();
             }
-            DecodedRow::NotPending => {}
+            // Inserted as SENDING, or left PENDING unread: waiting, and not the stream's.
+            DecodedRow::NotPending => self.let_go(None),
             DecodedRow::Unidentifiable(reason) => {
+                self.let_go(None);
                 self.stats.unidentifiable += 1;
                 tracing::error!(%reason, "outbox row skipped: it cannot be identified or marked");
             }

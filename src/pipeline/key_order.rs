@@ -11,7 +11,10 @@
 //!
 //! Guarantee: the stream hands a key's event to its ordered sender only when no older row of
 //! that key (smaller id) is waiting (PENDING or SENDING, [`crate::sweep::waiting`]) other than
-//! the rows this stream itself carries (handed on earlier, in order, ahead of it). Otherwise the
+//! the rows this stream itself carries (handed on earlier, in order, ahead of it), as far as the
+//! stream can know: rows its binlog shows and rows committed when it asks; a row put back to
+//! PENDING, or written below ids already read with the binlog off, from at most
+//! [`known::FRESH`] after its commit. Otherwise the
 //! key is *held*: its events wait here, in order, while the sweeper is asked ([`Nudge`]) to
 //! claim the older PENDING rows at once; they go to the same ordered sender, and the held events
 //! follow, in id order, as soon as no older row waits for them (each event only for the rows
@@ -19,17 +22,24 @@
 //! waits; other keys flow. A held event's acknowledgement is out, so the checkpoint never passes
 //! it.
 //!
-//! The one question costs a query per table per dispatcher batch (at most 1,000 binlog items):
-//! one SELECT, a range of `idx_waiting_key` per key of the batch, reading the key's rows still
-//! PENDING or SENDING below the batch's newest id: normally the batch's own rows (dropped, they
-//! are this stream's) and those of its events in flight
+//! Mostly nothing needs asking: while a table is *clean* (every waiting row up to the highest id
+//! read is the stream's own, see [`known`]) a batch whose ids follow on from what was read is
+//! handed on at once, and one whose ids skip some asks about the skipped ids only, by range. A
+//! look off the stream's path (every [`known::LOOK_EVERY`] while batches flow) keeps the table
+//! known clean. A table not known clean (at start, while catching up, after the stream parked
+//! a row or a look found a row not its own) is asked by key, once per dispatcher batch (at most
+//! 1,000 binlog items): one SELECT, a range of `idx_waiting_key` per key of the batch, reading
+//! the key's rows still PENDING or SENDING below the batch's newest id: normally the batch's own
+//! rows (dropped, they are this stream's) and those of its events in flight
 //! ([`crate::sweep::waiting::waiting_rows_of_keys`]).
 
 use crate::binlog::DecodedRow;
 use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::outbox::TableName;
 use crate::send::{SendInputs, ShardEvent};
-use crate::sweep::waiting::{newest_per_key, waiting_rows_of_keys, OrderKey};
+use crate::sweep::waiting::{
+    newest_per_key, waiting_rows_between, waiting_rows_of_keys, OrderKey, WaitingRow,
+};
 use crate::sweep::Nudge;
 use mysql_async::Pool;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -37,8 +47,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
+mod known;
+use known::{Known, Question};
+
 /// How often held keys are looked at again.
 pub const RECHECK: Duration = Duration::from_millis(100);
+
+/// A gap question reading this many waiting rows or more asks by key instead.
+const GAP_LIMIT: usize = 1_000;
 
 /// A key is per table: ids, and so order, are.
 type Key = (Arc<TableName>, OrderKey);
@@ -54,6 +70,39 @@ struct HeldKey {
     warned: bool,
 }
 
+/// How many dispatcher batches of one table the guard let go after asking nothing, only about a
+/// gap, or by key ([`Question`]); also on `/metrics` (`outbox_key_order_checks_total`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KeyOrderChecks {
+    pub none: u64,
+    pub gap: u64,
+    pub keys: u64,
+}
+
+impl KeyOrderChecks {
+    fn count(&mut self, question: &Question) {
+        let asked = crate::metrics::KeyOrderAsked {
+            asked: question.label(),
+        };
+        crate::metrics::relay()
+            .key_order_checks
+            .get_or_create(&asked)
+            .inc();
+        *match question {
+            Question::None => &mut self.none,
+            Question::Gap(..) => &mut self.gap,
+            Question::Keys => &mut self.keys,
+        } += 1;
+    }
+
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: KeyOrderChecks) {
+        self.none += other.none;
+        self.gap += other.gap;
+        self.keys += other.keys;
+    }
+}
+
 /// See the module docs.
 pub struct KeyOrder {
     pool: Pool,
@@ -65,6 +114,10 @@ pub struct KeyOrder {
     held: HashMap<Key, HeldKey>,
     /// The oldest waiting row of each key of the batch being handed on (from its check).
     blockers: HashMap<Key, u64>,
+    /// What the stream knows of each table without asking ([`known`]).
+    known: HashMap<Arc<TableName>, Known>,
+    /// What the batches were asked.
+    pub checks: KeyOrderChecks,
     /// How long a key may be held before it is logged (the sweeper should have sent the older
     /// rows by then).
     warn_after: Duration,
@@ -81,6 +134,8 @@ impl KeyOrder {
             carried_ids: HashSet::new(),
             held: HashMap::new(),
             blockers: HashMap::new(),
+            known: HashMap::new(),
+            checks: KeyOrderChecks::default(),
             warn_after,
         }
     }
@@ -98,8 +153,10 @@ impl KeyOrder {
 
     /// Before the events of `rows` are handed on: learns, for each of their keys, the oldest
     /// row that waits (not carried by this stream), and asks the sweeper for the PENDING ones.
-    /// On a database error every key of `rows` waits until a recheck succeeds (order before
-    /// latency).
+    /// A table known clean ([`known`]) is asked nothing, or only about the ids the stream
+    /// skipped; `catching_up` (the stream re-reads what a previous run may have handled, and
+    /// skips rows someone else claimed) keeps every table asked by key. On a database error
+    /// every key of `rows` waits until a recheck succeeds (order before latency).
     ///
     /// `rows` are every row the stream is about to hand on: its bad rows (going to FAILED) name
     /// no key to check but are the stream's own, never rows it waits for.
@@ -107,6 +164,7 @@ impl KeyOrder {
         &mut self,
         rows: impl Iterator<Item = &'a DecodedRow>,
         acks: &Acknowledgements,
+        catching_up: bool,
     ) {
         self.forget_done(acks);
         let mut by_table: BTreeMap<Arc<TableName>, BatchOfTable> = BTreeMap::new();
@@ -126,7 +184,11 @@ impl KeyOrder {
             }
         }
         for (table, (batch, events)) in by_table {
+            let question = self.question(&table, &batch, catching_up);
             if events.is_empty() {
+                if question != Question::None {
+                    self.known_of(&table).spoil(); // a gap nobody asked about
+                }
                 continue;
             }
             // Each key with the newest id of its events in the batch.
@@ -135,7 +197,15 @@ impl KeyOrder {
                 .map(|((topic, biz_key), id)| (OrderKey::new(topic, biz_key), id))
                 .collect();
             let exclude = |id: u64| batch.contains(&id);
-            match self.oldest_waiting(&table, &keys, exclude).await {
+            self.checks.count(&question);
+            let answer = match question {
+                Question::None => Ok(HashMap::new()),
+                Question::Gap(from, to) => {
+                    self.oldest_in_gap(&table, (from, to), &keys, exclude).await
+                }
+                Question::Keys => self.oldest_waiting(&table, &keys, exclude).await,
+            };
+            match answer {
                 Ok(oldest) => {
                     for (key, id) in oldest {
                         let bound = self.blockers.entry((Arc::clone(&table), key)).or_insert(id);
@@ -145,12 +215,55 @@ impl KeyOrder {
                 Err(e) => {
                     tracing::warn!(%table, error = %e,
                         "cannot check for older rows of the streamed keys; holding them until the check succeeds");
+                    self.known_of(&table).spoil();
                     for (key, _) in keys {
                         self.blockers.insert((Arc::clone(&table), key), 0);
                     }
                 }
             }
         }
+    }
+
+    /// What to ask about a batch of `table` with row ids `batch`; takes a finished look's answer
+    /// first and issues the next look when one is due.
+    fn question(
+        &mut self,
+        table: &Arc<TableName>,
+        batch: &HashSet<u64>,
+        catching_up: bool,
+    ) -> Question {
+        let carried = &self.carried_ids;
+        let known = self.known.entry(Arc::clone(table)).or_default();
+        known.take_look(|id| carried.contains(&(Arc::clone(table), id)));
+        if catching_up {
+            known.spoil();
+        }
+        let question = known.question(batch.iter().copied());
+        if !catching_up {
+            // The batch's rows are carried once handed on, right after this.
+            let own = (carried.iter())
+                .filter(|(t, _)| t == table)
+                .map(|(_, id)| *id)
+                .chain(batch.iter().copied());
+            known.look_if_due(&self.pool, table, own);
+        }
+        question
+    }
+
+    fn known_of(&mut self, table: &Arc<TableName>) -> &mut Known {
+        self.known.entry(Arc::clone(table)).or_default()
+    }
+
+    /// The stream leaves a row of `table` waiting without carrying it (a parked event): its
+    /// table is asked by key again until a look finds it clean.
+    pub fn let_go(&mut self, table: &Arc<TableName>) {
+        self.known_of(table).spoil();
+    }
+
+    /// Rows of unknown tables may wait that the stream does not carry (a parked or unknown XA
+    /// transaction committed): every table is asked by key again until a look finds it clean.
+    pub fn let_go_all(&mut self) {
+        self.known.values_mut().for_each(Known::spoil);
     }
 
     /// Row `id` of `table`, of stream transaction `seq`, is handed on by the stream (an event, or
@@ -256,6 +369,43 @@ impl KeyOrder {
             waiting_rows_of_keys(&mut conn, table, &keys).await
         })
         .await?;
+        Ok(self.oldest_foreign(table, waiting, exclude))
+    }
+
+    /// [`Self::oldest_waiting`] for a clean table: the waiting rows among the ids the stream
+    /// skipped (`from`..=`to`), any key; by key when there are many. Any found leave the table
+    /// no longer clean.
+    async fn oldest_in_gap(
+        &mut self,
+        table: &Arc<TableName>,
+        (from, to): (u64, u64),
+        keys: &[(OrderKey, u64)],
+        exclude: impl Fn(u64) -> bool,
+    ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
+        let waiting = crate::db::bounded(async {
+            let mut conn = self.pool.get_conn().await?;
+            waiting_rows_between(&mut conn, table, (from, to), GAP_LIMIT).await
+        })
+        .await?;
+        let Some(waiting) = waiting else {
+            self.known_of(table).spoil();
+            return self.oldest_waiting(table, keys, exclude).await;
+        };
+        let oldest = self.oldest_foreign(table, waiting, exclude);
+        if !oldest.is_empty() {
+            self.known_of(table).spoil();
+        }
+        Ok(oldest)
+    }
+
+    /// Of `waiting` (rows of `table`), those neither this stream's nor named by `exclude`: the
+    /// oldest id of each of their keys. Asks the sweeper for the PENDING ones.
+    fn oldest_foreign(
+        &self,
+        table: &Arc<TableName>,
+        waiting: Vec<WaitingRow>,
+        exclude: impl Fn(u64) -> bool,
+    ) -> HashMap<OrderKey, u64> {
         let foreign: Vec<_> = waiting
             .into_iter()
             .filter(|row| !exclude(row.id))
@@ -278,7 +428,7 @@ impl KeyOrder {
             let id = oldest.entry(row.key).or_insert(row.id);
             *id = (*id).min(row.id);
         }
-        Ok(oldest)
+        oldest
     }
 
     /// Forgets the carried rows of transactions whose events are all recorded. Called before a

@@ -24,6 +24,7 @@ mod poll;
 pub use builder::{Marked, PipelineBuilder, SendStage};
 pub use cdc::run_cdc;
 pub use instance::run_instance;
+pub use key_order::KeyOrderChecks;
 pub use poll::{run_poll, run_sweeper_alone};
 
 use crate::binlog::BinlogPosition;
@@ -39,6 +40,8 @@ pub struct RunSummary {
     pub checkpoint: BinlogPosition,
     /// Rows that could not even be identified (no primary key): logged, not marked.
     pub unidentifiable: u64,
+    /// What the stream's key-order guard asked the database before its batches.
+    pub key_order_checks: KeyOrderChecks,
 }
 
 impl RunSummary {
@@ -47,6 +50,7 @@ impl RunSummary {
         self.marked.sent += later.marked.sent;
         self.marked.failed += later.marked.failed;
         self.unidentifiable += later.unidentifiable;
+        self.key_order_checks.add(later.key_order_checks);
         if !later.checkpoint.is_unknown() {
             self.checkpoint = later.checkpoint;
         }

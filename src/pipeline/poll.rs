@@ -75,5 +75,6 @@ pub async fn run_sweeper_alone<S: Sink>(
         marked,
         checkpoint: BinlogPosition::default(),
         unidentifiable: 0,
+        key_order_checks: Default::default(),
     })
 }

@@ -62,10 +62,14 @@ impl Dispatcher {
                 "XA ROLLBACK: nothing to send"
             };
             tracing::info!(%xid, prepared_for = ?since.elapsed(), "parked XA transaction ended with {outcome}");
+            if committed {
+                self.let_go(None); // its rows are PENDING now, for the sweeper
+            }
             return true;
         }
         let Some(held) = self.held.remove(xid) else {
             if committed {
+                self.let_go(None);
                 tracing::warn!(%xid,
                     "XA COMMIT of a transaction prepared before the relay's start position: its \
                      events are left to the sweeper");

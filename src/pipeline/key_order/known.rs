@@ -1,0 +1,239 @@
+//! What the key-order guard knows of one outbox table without asking: whether every waiting row
+//! the stream has read past is its own.
+//!
+//! A table is *clean* when no row other than the ones the stream carries waits (PENDING or
+//! SENDING) with an id up to the highest id the stream has read of it (`read_max`). Then a batch
+//! whose ids follow on from `read_max` with no gap needs no question at all: an older row of one
+//! of its keys that waits would have to be one the stream carries. A gap (ids the stream has not
+//! read: a rolled-back insert, a row written with the binlog off, one committed later) is asked
+//! about as a range of ids, and the answer names the keys its waiting rows hold back.
+//!
+//! The table becomes clean by a *look*: a query, off the stream's path, for the ids of the
+//! waiting rows up to `read_max`; clean when each is carried. It stays clean only while looks
+//! keep confirming it ([`FRESH`]), because some changes reach no binlog the stream reads and
+//! cannot be seen otherwise: a row put back to PENDING (`retry`, `resend`, or by hand), written
+//! with `sql_log_bin = 0` below `read_max`. Anything the stream itself does that leaves a row
+//! waiting without carrying it (parking a stalled topic's events or an XA transaction, catching
+//! up past rows someone else claimed, a failed question) ends it at once ([`Known::spoil`]).
+
+use crate::outbox::TableName;
+use crate::sweep::waiting::waiting_ids_up_to;
+use mysql_async::Pool;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+
+/// How often a clean table is looked at again while batches flow.
+pub const LOOK_EVERY: Duration = Duration::from_millis(100);
+
+/// How long a look's answer counts: after this without a newer confirming look the table is
+/// asked about by key again (a look that takes longer is no use).
+pub const FRESH: Duration = Duration::from_millis(300);
+
+/// A look reads at most this many waiting ids (more: not clean).
+const LOOK_LIMIT: usize = 20_000;
+
+/// A look in flight.
+struct Look {
+    task: JoinHandle<Result<Vec<u64>, mysql_async::Error>>,
+    issued: Instant,
+    /// `read_max` when it was issued: what it asked about.
+    up_to: u64,
+    generation: u64,
+    limit: usize,
+    /// The table's rows the stream carried when it was issued: one done since (recorded, so no
+    /// longer carried) may still have been waiting when the look read.
+    carried: HashSet<u64>,
+}
+
+/// See the module docs.
+#[derive(Default)]
+pub struct Known {
+    /// The highest id the stream has read of the table.
+    read_max: u64,
+    /// When the look that last confirmed the table clean was issued; `None`: not clean.
+    clean_since: Option<Instant>,
+    /// Moves on at every [`Known::spoil`]: a look issued before answers nothing.
+    generation: u64,
+    look: Option<Look>,
+    last_look: Option<Instant>,
+}
+
+/// What to ask before a batch of the table is handed on.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Question {
+    /// Nothing: the table is clean and the batch's ids follow on from what was read.
+    None,
+    /// The waiting rows with ids in this range (inclusive): the ids the stream skipped.
+    Gap(u64, u64),
+    /// Each key's older waiting rows (the table is not known to be clean).
+    Keys,
+}
+
+impl Question {
+    /// Its `asked` label on `/metrics`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Question::None => "none",
+            Question::Gap(..) => "gap",
+            Question::Keys => "keys",
+        }
+    }
+}
+
+impl Known {
+    /// Whether the table is clean now.
+    fn is_clean(&self) -> bool {
+        self.clean_since.is_some_and(|at| at.elapsed() < FRESH)
+    }
+
+    /// Something may have left a row waiting that the stream does not carry: ask by key until a
+    /// look finds the table clean again.
+    pub fn spoil(&mut self) {
+        self.clean_since = None;
+        self.generation += 1;
+    }
+
+    /// The question for a batch of the table with row ids `ids`, which the stream then counts as
+    /// read.
+    pub fn question(&mut self, ids: impl IntoIterator<Item = u64>) -> Question {
+        let mut ids: Vec<u64> = ids.into_iter().collect();
+        ids.sort_unstable();
+        let question = match self.is_clean() {
+            true => match gap(self.read_max, &ids) {
+                Some((from, to)) => Question::Gap(from, to),
+                None => Question::None,
+            },
+            false => Question::Keys,
+        };
+        self.read_max = self.read_max.max(ids.last().copied().unwrap_or(0));
+        question
+    }
+
+    /// Takes the answer of a finished look: clean when every waiting id it read is one the stream
+    /// carries (`carried`), no spoil came since it was issued, and it read fewer than its limit.
+    pub fn take_look(&mut self, carried: impl Fn(u64) -> bool) {
+        if !self
+            .look
+            .as_ref()
+            .is_some_and(|look| look.task.is_finished())
+        {
+            return;
+        }
+        let look = self.look.take().expect("finished");
+        let answer = match futures_util::FutureExt::now_or_never(look.task) {
+            Some(Ok(Ok(ids))) => ids,
+            Some(Ok(Err(e))) => {
+                tracing::debug!(error = %e, "a look for waiting rows failed; asking by key");
+                return;
+            }
+            _ => return,
+        };
+        if look.generation != self.generation {
+            return;
+        }
+        let clean = answer.len() < look.limit
+            && (answer.into_iter()).all(|id| look.carried.contains(&id) || carried(id));
+        if !clean {
+            self.spoil();
+            return;
+        }
+        // Clean all along (no spoil, no lapse): what was read since was asked about by gap.
+        // Otherwise only what the look asked about is known; later ids count as a gap.
+        if !self.is_clean() {
+            self.read_max = look.up_to;
+        }
+        self.clean_since = Some(look.issued);
+    }
+
+    /// Issues a look at `table` when one is due ([`LOOK_EVERY`]; none in flight; something
+    /// read). `carried` are the table's rows the stream carries: more waiting ids than those, and
+    /// some are not its own.
+    pub fn look_if_due(
+        &mut self,
+        pool: &Pool,
+        table: &Arc<TableName>,
+        carried: impl Iterator<Item = u64>,
+    ) {
+        let due = self.look.is_none()
+            && self.read_max > 0
+            && self.last_look.is_none_or(|at| at.elapsed() >= LOOK_EVERY);
+        if !due {
+            return;
+        }
+        let carried: HashSet<u64> = carried.collect();
+        let (pool, table_name) = (pool.clone(), Arc::clone(table));
+        let (up_to, limit) = (self.read_max, (carried.len() + 1).min(LOOK_LIMIT));
+        let task = tokio::spawn(crate::db::bounded(async move {
+            let mut conn = pool.get_conn().await?;
+            waiting_ids_up_to(&mut conn, &table_name, up_to, limit).await
+        }));
+        let issued = Instant::now();
+        self.last_look = Some(issued);
+        self.look = Some(Look {
+            task,
+            issued,
+            up_to,
+            generation: self.generation,
+            limit,
+            carried,
+        });
+    }
+}
+
+/// The range from the first to the last id after `read_max` missing from `ids` (sorted), if any.
+fn gap(read_max: u64, ids: &[u64]) -> Option<(u64, u64)> {
+    let mut expected = read_max + 1;
+    let mut range: Option<(u64, u64)> = None;
+    for &id in ids.iter().filter(|&&id| id > read_max) {
+        if id > expected {
+            let from = range.map_or(expected, |(from, _)| from);
+            range = Some((from, id - 1));
+        }
+        expected = expected.max(id + 1);
+    }
+    range
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_that_follow_on_leave_no_gap() {
+        assert_eq!(gap(10, &[11, 12, 13]), None);
+        // Late commits below what was read are the stream's own now: no gap either.
+        assert_eq!(gap(10, &[4, 11, 12]), None);
+        assert_eq!(gap(10, &[]), None);
+    }
+
+    #[test]
+    fn skipped_ids_are_one_range_from_the_first_to_the_last() {
+        assert_eq!(gap(10, &[13]), Some((11, 12)));
+        assert_eq!(gap(10, &[11, 13, 14, 17]), Some((12, 16)));
+        assert_eq!(gap(0, &[5, 6]), Some((1, 4)));
+    }
+
+    #[test]
+    fn a_table_not_known_clean_is_asked_by_key_and_its_ids_count_as_read() {
+        let mut known = Known::default();
+        assert_eq!(known.question([7, 5]), Question::Keys);
+        assert_eq!(known.read_max, 7);
+        known.clean_since = Some(Instant::now());
+        assert_eq!(known.question([8, 9]), Question::None);
+        assert_eq!(known.question([12]), Question::Gap(10, 11));
+        known.spoil();
+        assert_eq!(known.question([13]), Question::Keys);
+    }
+
+    #[test]
+    fn a_confirmation_lapses() {
+        let mut known = Known {
+            clean_since: Some(Instant::now() - FRESH),
+            read_max: 3,
+            ..Known::default()
+        };
+        assert_eq!(known.question([4]), Question::Keys);
+    }
+}
