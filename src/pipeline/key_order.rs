@@ -24,7 +24,8 @@
 //!
 //! Mostly nothing needs asking: while a table is *clean* (every waiting row up to the highest id
 //! read is the stream's own, see [`known`]) a batch whose ids follow on from what was read is
-//! handed on at once, and one whose ids skip some asks about the skipped ids only, by range. A
+//! handed on at once, and one whose ids skip some asks which of the skipped ids wait (one range
+//! of `idx_pending`, covering), and by key only when one does. A
 //! look off the stream's path (every [`known::LOOK_EVERY`] while batches flow) keeps the table
 //! known clean. A table not known clean (at start, while catching up, after the stream parked
 //! a row or a look found a row not its own) is asked by key, once per dispatcher batch (at most
@@ -38,7 +39,7 @@ use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::outbox::TableName;
 use crate::send::{SendInputs, ShardEvent};
 use crate::sweep::waiting::{
-    newest_per_key, waiting_rows_between, waiting_rows_of_keys, OrderKey, WaitingRow,
+    newest_per_key, waiting_ids, waiting_rows_of_keys, OrderKey, WaitingRow,
 };
 use crate::sweep::Nudge;
 use mysql_async::Pool;
@@ -372,9 +373,9 @@ impl KeyOrder {
         Ok(self.oldest_foreign(table, waiting, exclude))
     }
 
-    /// [`Self::oldest_waiting`] for a clean table: the waiting rows among the ids the stream
-    /// skipped (`from`..=`to`), any key; by key when there are many. Any found leave the table
-    /// no longer clean.
+    /// [`Self::oldest_waiting`] for a clean table: asks for the waiting ids among the ids the
+    /// stream skipped (`from`..=`to`); only when one is not its own (or there are many), by key,
+    /// and the table is no longer clean.
     async fn oldest_in_gap(
         &mut self,
         table: &Arc<TableName>,
@@ -384,18 +385,15 @@ impl KeyOrder {
     ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
         let waiting = crate::db::bounded(async {
             let mut conn = self.pool.get_conn().await?;
-            waiting_rows_between(&mut conn, table, (from, to), GAP_LIMIT).await
+            waiting_ids(&mut conn, table, (from, to), GAP_LIMIT).await
         })
         .await?;
-        let Some(waiting) = waiting else {
-            self.known_of(table).spoil();
-            return self.oldest_waiting(table, keys, exclude).await;
-        };
-        let oldest = self.oldest_foreign(table, waiting, exclude);
-        if !oldest.is_empty() {
-            self.known_of(table).spoil();
+        let own = |id: &u64| exclude(*id) || self.carried_ids.contains(&(Arc::clone(table), *id));
+        if waiting.len() < GAP_LIMIT && waiting.iter().all(own) {
+            return Ok(HashMap::new());
         }
-        Ok(oldest)
+        self.known_of(table).spoil();
+        self.oldest_waiting(table, keys, exclude).await
     }
 
     /// Of `waiting` (rows of `table`), those neither this stream's nor named by `exclude`: the

@@ -150,61 +150,27 @@ pub async fn waiting_rows_of_keys<Q: Queryable>(
     Ok(below_own_bounds(rows, keys))
 }
 
-/// The ids of `table`'s waiting rows at or below `up_to`, at most `limit` of them, read
-/// through `idx_pending (status)` (covering: the index holds the id), two ranges: PENDING and
-/// SENDING. The stream's key-order guard asks this to learn that every waiting row it has read
-/// past is its own (see `pipeline::key_order`). Non-locking.
-pub async fn waiting_ids_up_to<Q: Queryable>(
-    q: &mut Q,
-    table: &TableName,
-    up_to: u64,
-    limit: usize,
-) -> Result<Vec<u64>, mysql_async::Error> {
-    let sql = |hinted| {
-        format!(
-            "SELECT id FROM {}{} WHERE {} AND id <= ? LIMIT {limit}",
-            table.sql(),
-            pending_index_hint(hinted),
-            waiting_ranges()
-        )
-    };
-    on_pending_index(q, table, sql, vec![Value::from(up_to)]).await
-}
-
-/// The waiting rows of `table` with an id from `from` to `to` (inclusive), any key, in id order;
-/// `None` when there are `limit` or more (the caller then asks by key). Read through
-/// `idx_pending (status)`: one range of ids per status, then each row by primary key for its
-/// key. Non-locking.
-pub async fn waiting_rows_between<Q: Queryable>(
+/// The ids of `table`'s waiting rows from `from` to `to` (inclusive), at most `limit` of them,
+/// read through `idx_pending (status)` (covering: the index holds the id), one range of ids per
+/// status (PENDING, SENDING). The stream's key-order guard asks this to learn that every
+/// waiting row it has read past, or skipped, is its own (see `pipeline::key_order`).
+/// Non-locking.
+pub async fn waiting_ids<Q: Queryable>(
     q: &mut Q,
     table: &TableName,
     (from, to): (u64, u64),
     limit: usize,
-) -> Result<Option<Vec<WaitingRow>>, mysql_async::Error> {
+) -> Result<Vec<u64>, mysql_async::Error> {
     let sql = |hinted| {
         format!(
-            "SELECT id, topic, biz_key, status FROM {}{} WHERE {} AND id BETWEEN ? AND ? \
-             LIMIT {limit}",
+            "SELECT id FROM {}{} WHERE {} AND id BETWEEN ? AND ? LIMIT {limit}",
             table.sql(),
             pending_index_hint(hinted),
             waiting_ranges()
         )
     };
     let params = vec![Value::from(from), Value::from(to)];
-    let rows: Vec<(u64, String, String, i8)> = on_pending_index(q, table, sql, params).await?;
-    if rows.len() >= limit {
-        return Ok(None);
-    }
-    let mut rows: Vec<WaitingRow> = rows
-        .into_iter()
-        .map(|(id, topic, biz_key, status)| WaitingRow {
-            id,
-            key: OrderKey { topic, biz_key },
-            sending: status == Status::Sending.code(),
-        })
-        .collect();
-    rows.sort_unstable_by_key(|row| row.id);
-    Ok(Some(rows))
+    on_pending_index(q, table, sql, params).await
 }
 
 /// The rows `(id, topic, biz_key, status)` read below the highest bound that are also below

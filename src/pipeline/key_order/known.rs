@@ -6,7 +6,7 @@
 //! whose ids follow on from `read_max` with no gap needs no question at all: an older row of one
 //! of its keys that waits would have to be one the stream carries. A gap (ids the stream has not
 //! read: a rolled-back insert, a row written with the binlog off, one committed later) is asked
-//! about as a range of ids, and the answer names the keys its waiting rows hold back.
+//! about as a range of ids; only when one of them waits are the batch's keys asked about.
 //!
 //! The table becomes clean by a *look*: a query, off the stream's path, for the ids of the
 //! waiting rows up to `read_max`; clean when each is carried. It stays clean only while looks
@@ -17,7 +17,7 @@
 //! up past rows someone else claimed, a failed question) ends it at once ([`Known::spoil`]).
 
 use crate::outbox::TableName;
-use crate::sweep::waiting::waiting_ids_up_to;
+use crate::sweep::waiting::waiting_ids;
 use mysql_async::Pool;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -167,7 +167,7 @@ impl Known {
         let (up_to, limit) = (self.read_max, (carried.len() + 1).min(LOOK_LIMIT));
         let task = tokio::spawn(crate::db::bounded(async move {
             let mut conn = pool.get_conn().await?;
-            waiting_ids_up_to(&mut conn, &table_name, up_to, limit).await
+            waiting_ids(&mut conn, &table_name, (0, up_to), limit).await
         }));
         let issued = Instant::now();
         self.last_look = Some(issued);
