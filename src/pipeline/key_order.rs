@@ -374,8 +374,9 @@ impl KeyOrder {
     }
 
     /// [`Self::oldest_waiting`] for a clean table: asks for the waiting ids among the ids the
-    /// stream skipped (`from`..=`to`); only when one is not its own (or there are many), by key,
-    /// and the table is no longer clean.
+    /// stream skipped (`from`..=`to`). Those not its own are *suspects* (mostly another writer's
+    /// older id committed just now, which the stream reads next; see [`known::SETTLE`]): while
+    /// any is outstanding the batch is asked by key. Many: no longer clean.
     async fn oldest_in_gap(
         &mut self,
         table: &Arc<TableName>,
@@ -388,11 +389,18 @@ impl KeyOrder {
             waiting_ids(&mut conn, table, (from, to), GAP_LIMIT).await
         })
         .await?;
-        let own = |id: &u64| exclude(*id) || self.carried_ids.contains(&(Arc::clone(table), *id));
-        if waiting.len() < GAP_LIMIT && waiting.iter().all(own) {
-            return Ok(HashMap::new());
+        if waiting.len() >= GAP_LIMIT {
+            self.known_of(table).spoil();
+        } else {
+            let carried = &self.carried_ids;
+            let own = |id: &u64| exclude(*id) || carried.contains(&(Arc::clone(table), *id));
+            let suspects: Vec<u64> = waiting.into_iter().filter(|id| !own(id)).collect();
+            let known = self.known.entry(Arc::clone(table)).or_default();
+            known.suspect(suspects);
+            if !known.suspecting() {
+                return Ok(HashMap::new());
+            }
         }
-        self.known_of(table).spoil();
         self.oldest_waiting(table, keys, exclude).await
     }
 

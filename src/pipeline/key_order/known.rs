@@ -6,10 +6,14 @@
 //! whose ids follow on from `read_max` with no gap needs no question at all: an older row of one
 //! of its keys that waits would have to be one the stream carries. A gap (ids the stream has not
 //! read: a rolled-back insert, a row written with the binlog off, one committed later) is asked
-//! about as a range of ids; only when one of them waits are the batch's keys asked about.
+//! about as a range of ids. A waiting row found there is mostly another writer's older id
+//! committed just after the batch, which the stream reads next; until it does (at most
+//! [`SETTLE`]: otherwise it is not in the binlog and the table is no longer clean) batches are
+//! asked by key.
 //!
 //! The table becomes clean by a *look*: a query, off the stream's path, for the ids of the
-//! waiting rows up to `read_max`; clean when each is carried. It stays clean only while looks
+//! waiting rows up to `read_max`; clean when each is the stream's (carried, or read within
+//! [`SETTLE`] of the look). It stays clean only while looks
 //! keep confirming it ([`FRESH`]), because some changes reach no binlog the stream reads and
 //! cannot be seen otherwise: a row put back to PENDING (`retry`, `resend`, or by hand), written
 //! with `sql_log_bin = 0` below `read_max`. Anything the stream itself does that leaves a row
@@ -19,7 +23,7 @@
 use crate::outbox::TableName;
 use crate::sweep::waiting::waiting_ids;
 use mysql_async::Pool;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
@@ -30,6 +34,13 @@ pub const LOOK_EVERY: Duration = Duration::from_millis(100);
 /// How long a look's answer counts: after this without a newer confirming look the table is
 /// asked about by key again (a look that takes longer is no use).
 pub const FRESH: Duration = Duration::from_millis(300);
+
+/// How long a waiting row the stream has not read may take to reach it: a row committed just
+/// before a look or a gap question, behind the stream's position (another writer's commit of an
+/// older id), is read within this; one still unread after it is not in the binlog the stream
+/// reads (written with the binlog off), and the table is no longer clean. A look is judged this
+/// long after it was issued.
+pub const SETTLE: Duration = Duration::from_millis(50);
 
 /// A look reads at most this many waiting ids (more: not clean).
 const LOOK_LIMIT: usize = 20_000;
@@ -45,6 +56,8 @@ struct Look {
     /// The table's rows the stream carried when it was issued: one done since (recorded, so no
     /// longer carried) may still have been waiting when the look read.
     carried: HashSet<u64>,
+    /// The table's rows the stream read since it was issued (see [`SETTLE`]).
+    read: HashSet<u64>,
 }
 
 /// See the module docs.
@@ -58,6 +71,9 @@ pub struct Known {
     generation: u64,
     look: Option<Look>,
     last_look: Option<Instant>,
+    /// Waiting rows found in a gap that the stream has not read yet, and since when: while
+    /// any is outstanding, batches are asked by key ([`SETTLE`]).
+    suspects: HashMap<u64, Instant>,
 }
 
 /// What to ask before a batch of the table is handed on.
@@ -67,7 +83,8 @@ pub enum Question {
     None,
     /// The waiting rows with ids in this range (inclusive): the ids the stream skipped.
     Gap(u64, u64),
-    /// Each key's older waiting rows (the table is not known to be clean).
+    /// Each key's older waiting rows (the table is not known to be clean, or rows found in a
+    /// gap have not reached the stream yet).
     Keys,
 }
 
@@ -93,6 +110,21 @@ impl Known {
     pub fn spoil(&mut self) {
         self.clean_since = None;
         self.generation += 1;
+        self.suspects.clear();
+    }
+
+    /// Waiting rows found in a gap, not the stream's: expected in the binlog shortly (see
+    /// [`SETTLE`]).
+    pub fn suspect(&mut self, ids: impl IntoIterator<Item = u64>) {
+        let now = Instant::now();
+        for id in ids {
+            self.suspects.entry(id).or_insert(now);
+        }
+    }
+
+    /// Whether rows found in a gap have yet to reach the stream.
+    pub fn suspecting(&self) -> bool {
+        !self.suspects.is_empty()
     }
 
     /// The question for a batch of the table with row ids `ids`, which the stream then counts as
@@ -100,25 +132,30 @@ impl Known {
     pub fn question(&mut self, ids: impl IntoIterator<Item = u64>) -> Question {
         let mut ids: Vec<u64> = ids.into_iter().collect();
         ids.sort_unstable();
-        let question = match self.is_clean() {
-            true => match gap(self.read_max, &ids) {
-                Some((from, to)) => Question::Gap(from, to),
-                None => Question::None,
-            },
-            false => Question::Keys,
+        for id in &ids {
+            self.suspects.remove(id);
+        }
+        if let Some(look) = &mut self.look {
+            look.read.extend(ids.iter().copied());
+        }
+        if self.suspects.values().any(|at| at.elapsed() >= SETTLE) {
+            self.spoil(); // a row the stream will not read waits
+        }
+        let question = match (self.is_clean(), gap(self.read_max, &ids)) {
+            (true, Some((from, to))) => Question::Gap(from, to),
+            (true, None) if !self.suspecting() => Question::None,
+            _ => Question::Keys,
         };
         self.read_max = self.read_max.max(ids.last().copied().unwrap_or(0));
         question
     }
 
-    /// Takes the answer of a finished look: clean when every waiting id it read is one the stream
-    /// carries (`carried`), no spoil came since it was issued, and it read fewer than its limit.
+    /// Takes the answer of a look finished and [`SETTLE`]d: clean when every waiting id it read
+    /// is the stream's (carried then or now, `carried`, or read since), no spoil came since it
+    /// was issued, and it read fewer than its limit.
     pub fn take_look(&mut self, carried: impl Fn(u64) -> bool) {
-        if !self
-            .look
-            .as_ref()
-            .is_some_and(|look| look.task.is_finished())
-        {
+        let settled = |look: &Look| look.task.is_finished() && look.issued.elapsed() >= SETTLE;
+        if !self.look.as_ref().is_some_and(settled) {
             return;
         }
         let look = self.look.take().expect("finished");
@@ -133,8 +170,8 @@ impl Known {
         if look.generation != self.generation {
             return;
         }
-        let clean = answer.len() < look.limit
-            && (answer.into_iter()).all(|id| look.carried.contains(&id) || carried(id));
+        let own = |id: &u64| look.carried.contains(id) || look.read.contains(id) || carried(*id);
+        let clean = answer.len() < look.limit && answer.iter().all(own);
         if !clean {
             self.spoil();
             return;
@@ -178,6 +215,7 @@ impl Known {
             generation: self.generation,
             limit,
             carried,
+            read: HashSet::new(),
         });
     }
 }
@@ -225,6 +263,28 @@ mod tests {
         assert_eq!(known.question([12]), Question::Gap(10, 11));
         known.spoil();
         assert_eq!(known.question([13]), Question::Keys);
+    }
+
+    #[test]
+    fn rows_found_in_a_gap_are_asked_by_key_until_the_stream_reads_them() {
+        let mut known = Known {
+            clean_since: Some(Instant::now()),
+            read_max: 10,
+            ..Known::default()
+        };
+        assert_eq!(known.question([12]), Question::Gap(11, 11));
+        known.suspect([11]);
+        assert_eq!(known.question([13]), Question::Keys);
+        assert_eq!(
+            known.question([11, 14]),
+            Question::None,
+            "11 was a late commit"
+        );
+        // One never read: after SETTLE the table is no longer known clean.
+        known.suspect([9]);
+        known.suspects.insert(9, Instant::now() - SETTLE);
+        assert_eq!(known.question([15]), Question::Keys);
+        assert!(!known.is_clean() && !known.suspecting());
     }
 
     #[test]
