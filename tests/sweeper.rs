@@ -150,18 +150,27 @@ async fn a_topic_the_broker_rejects_is_failed_with_its_reason_while_other_keys_f
     assert_eq!(per_event.len(), 200, "the other keys kept flowing");
 }
 
+/// A relay streaming into a new topic `name`, with a sweeper that would take a row only after a
+/// minute: a row the stream did not read goes out in time only when the key-order guard asks
+/// the sweeper for it.
+async fn relay_sweeping_on_request(
+    db: &TestDb,
+    name: &str,
+) -> (RunningRelay, String, tempfile::TempDir) {
+    let topic = new_topic(name);
+    let (mut config, dir) = sweeping_config(db);
+    config.sweeper.min_age = Duration::from_secs(60);
+    seed_checkpoint(&config, &current_position(db).await);
+    (RunningRelay::start(&config).await, topic, dir)
+}
+
 /// Per-key order across the stream and the sweeper (contract 4): a row the stream cannot see
 /// (written with `sql_log_bin = 0`) holds its key's streamed events back until it is sent, and
 /// the sweeper is asked for it at once instead of after `min_age`. Other keys flow meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_the_stream_never_saw_is_published_before_the_later_streamed_events_of_its_key() {
     let db = TestDb::migrated("sweep_key_order").await;
-    let topic = new_topic("sweep_key_order");
-    let (mut config, _dir) = sweeping_config(&db);
-    // Left to its own pace the sweeper would take the hidden rows only after a minute.
-    config.sweeper.min_age = Duration::from_secs(60);
-    seed_checkpoint(&config, &current_position(&db).await);
-    let relay = RunningRelay::start(&config).await;
+    let (relay, topic, _dir) = relay_sweeping_on_request(&db, "sweep_key_order").await;
 
     // Keys hidden-0..4 each get an unlogged row, then three streamed ones; other keys flow.
     let hidden = write_unlogged(&db, &topic, 5).await;
@@ -286,11 +295,7 @@ fn fill(db: &TestDb, topic: &str, stop: tokio_util::sync::CancellationToken) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_table_is_asked_nothing_and_rows_the_stream_cannot_see_still_hold_their_keys() {
     let db = TestDb::migrated("sweep_clean").await;
-    let topic = new_topic("sweep_clean");
-    let (mut config, _dir) = sweeping_config(&db);
-    config.sweeper.min_age = Duration::from_secs(60);
-    seed_checkpoint(&config, &current_position(&db).await);
-    let relay = RunningRelay::start(&config).await;
+    let (relay, topic, _dir) = relay_sweeping_on_request(&db, "sweep_clean").await;
     let stop = tokio_util::sync::CancellationToken::new();
     let filler = fill(&db, &topic, stop.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -265,25 +265,19 @@ impl RelayMetrics {
             "1 while this instance streams the binlog as the leader",
             metrics.leader.clone(),
         );
-        for reason in LeadershipEnd::ALL {
-            drop(
-                metrics
-                    .leadership_ended
-                    .get_or_create(&LeadershipEnd { reason }),
-            );
-        }
-        registry.register(
+        register_at_zero(
+            &mut registry,
             "leadership_ended",
             "Leaderships of this instance that ended while it streamed, by reason (superseded and mirror_refused: another instance led at the same time)",
-            metrics.leadership_ended.clone(),
+            &metrics.leadership_ended,
+            LeadershipEnd::ALL.map(|reason| LeadershipEnd { reason }),
         );
-        for class in ErrorClass::ALL {
-            drop(metrics.send_errors.get_or_create(&ErrorClass { class })); // the series at 0
-        }
-        registry.register(
+        register_at_zero(
+            &mut registry,
             "send_errors",
             "Failed send attempts by class (retryable, rejected or unauthorized)",
-            metrics.send_errors.clone(),
+            &metrics.send_errors,
+            ErrorClass::ALL.map(|class| ErrorClass { class }),
         );
         registry.register(
             "send_retries",
@@ -352,17 +346,12 @@ impl RelayMetrics {
             "Keys whose streamed events wait until an older row of the key that the stream did not read (a purged binlog, a row written without binlog, a row put back) is sent",
             metrics.keys_held_for_order.clone(),
         );
-        for asked in KeyOrderAsked::ALL {
-            drop(
-                metrics
-                    .key_order_checks
-                    .get_or_create(&KeyOrderAsked { asked }),
-            );
-        }
-        registry.register(
+        register_at_zero(
+            &mut registry,
             "key_order_checks",
             "Dispatcher batches of one table by what the key-order guard asked the database first: none (every waiting row up to the highest id read is the stream's own), gap (only the ids the stream skipped), keys (each key's older waiting rows)",
-            metrics.key_order_checks.clone(),
+            &metrics.key_order_checks,
+            KeyOrderAsked::ALL.map(|asked| KeyOrderAsked { asked }),
         );
         registry.register(
             "shard_queue_depth",
@@ -458,6 +447,23 @@ pub fn relay() -> &'static RelayMetrics {
 /// Counts a restart from the oldest binlog position.
 pub fn binlog_position_lost() {
     relay().binlog_position_lost.inc();
+}
+
+/// Registers the counter `family` with a series at 0 for each of `labels`, known in advance
+/// (see [`ErrorClass::ALL`] for why).
+fn register_at_zero<L>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    family: &Family<L, Counter>,
+    labels: impl IntoIterator<Item = L>,
+) where
+    L: EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+{
+    for label in labels {
+        drop(family.get_or_create(&label));
+    }
+    registry.register(name, help, family.clone());
 }
 
 #[cfg(test)]
