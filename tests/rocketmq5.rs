@@ -344,14 +344,21 @@ async fn in_a_namespace_the_relay_and_the_consumer_library_use_the_brokers_names
         || async { seen.lock().unwrap().len() >= 40 },
     )
     .await;
-    // The consumer commits its offsets every few seconds: until then the broker has none.
+    // The broker knows the group by its `<namespace>%<group>` name: as an online consumer of
+    // the namespaced topic (the proxy's heartbeats), or by its committed offsets (every few
+    // seconds). Either may lag on a loaded machine (CI once saw neither in 45 s of offsets
+    // alone while the retry topic's consumer list was still unknown), so both are asked.
     let group_on_broker = format!("{namespace}%{group}");
     let mut progress = String::new();
     let asked = std::time::Instant::now();
-    while !progress.contains(&on_broker) && asked.elapsed() < Duration::from_secs(45) {
+    let views = ["consumerConnection", "consumerProgress"];
+    let mut view = views.iter().cycle();
+    while !progress.contains(&on_broker) && asked.elapsed() < Duration::from_secs(90) {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let command = view.next().expect("cycles");
         progress = rocketmq()
-            .mqadmin(&["consumerProgress", "-g", &group_on_broker])
+            .mqadmin(&[command, "-g", &group_on_broker])
+            .map(|out| format!("{command}:\n{out}"))
             .unwrap_or_else(|e| e.to_string());
     }
     consumer.shutdown().await;
