@@ -93,6 +93,12 @@ impl StageSplit {
         })
     }
 
+    /// Percentile `p` of commit → SEND_OK in ms (µs resolution, the relay's and the writer's
+    /// clock: one machine).
+    pub fn total_ms(&self, p: f64) -> f64 {
+        crate::percentile(&self.total, p) as f64 / 1000.0
+    }
+
     /// Percentile `p` of step `i` in ms.
     pub fn step_ms(&self, i: usize, p: f64) -> f64 {
         crate::percentile(&self.steps[i], p) as f64 / 1000.0
