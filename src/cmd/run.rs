@@ -47,10 +47,19 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
         .join()
         .await?;
     match config.relay.mode {
-        RelayMode::Cdc => eprintln!(
-            "stopped: {} sent, {} failed, checkpoint {}",
-            summary.marked.sent, summary.marked.failed, summary.checkpoint
-        ),
+        RelayMode::Cdc => {
+            eprintln!(
+                "stopped: {} sent, {} failed, checkpoint {}",
+                summary.marked.sent, summary.marked.failed, summary.checkpoint
+            );
+            let asked = summary.key_order_checks;
+            if asked != Default::default() {
+                eprintln!(
+                    "key-order check, batches that asked nothing / about skipped ids / by key: {} / {} / {}",
+                    asked.none, asked.gap, asked.keys
+                );
+            }
+        }
         RelayMode::Poll => eprintln!(
             "stopped: {} sent, {} failed",
             summary.marked.sent, summary.marked.failed
