@@ -463,7 +463,8 @@ impl Dispatcher {
                 let completion = Completion::bad_row(origin, problem);
                 return self.inputs.complete(completion).await.is_ok();
             }
-            // Inserted as SENDING, or left PENDING unread: waiting, and not the stream's.
+            // Inserted with another status (SENDING would be waiting), or a row the stream
+            // cannot locate (left PENDING for the sweeper): neither is carried by the stream.
             DecodedRow::NotPending => self.let_go(None),
             DecodedRow::Unidentifiable(reason) => {
                 self.let_go(None);
