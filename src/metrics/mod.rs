@@ -31,7 +31,10 @@ pub struct KeyOrderAsked {
 }
 
 impl KeyOrderAsked {
-    pub const ALL: [&'static str; 3] = ["none", "gap", "keys"];
+    pub const NONE: &'static str = "none";
+    pub const GAP: &'static str = "gap";
+    pub const KEYS: &'static str = "keys";
+    pub const ALL: [&'static str; 3] = [Self::NONE, Self::GAP, Self::KEYS];
 }
 
 /// A send error's class: `retryable` (timeouts, broker unavailable), `rejected` (a bad message),

@@ -164,13 +164,15 @@ pub async fn waiting_ids<Q: Queryable>(
     // Through the index or not at all: unhinted, a look could walk the primary key over every
     // row up to the highest id read, every 100 ms. Without the index (its migration not applied)
     // this fails, and the guard asks by key as before.
+    // The limit is bound, not written in: one statement text, prepared once per connection
+    // (a look's limit changes with every look).
     let sql = format!(
-        "SELECT id FROM {}{} WHERE {} AND id BETWEEN ? AND ? LIMIT {limit}",
+        "SELECT id FROM {}{} WHERE {} AND id BETWEEN ? AND ? LIMIT ?",
         table.sql(),
         pending_index_hint(true),
         waiting_ranges()
     );
-    q.exec(sql, (from, to)).await
+    q.exec(sql, (from, to, limit as u64)).await
 }
 
 /// The rows `(id, topic, biz_key, status)` read below the highest bound that are also below

@@ -56,7 +56,7 @@ struct Look {
     /// The table's rows the stream carried when it was issued: one done since (recorded, so no
     /// longer carried) may still have been waiting when the look read.
     carried: HashSet<u64>,
-    /// The table's rows the stream read since it was issued (see [`SETTLE`]).
+    /// The table's rows up to `up_to` the stream read since it was issued (see [`SETTLE`]).
     read: HashSet<u64>,
 }
 
@@ -91,10 +91,11 @@ pub enum Question {
 impl Question {
     /// Its `asked` label on `/metrics`.
     pub fn label(&self) -> &'static str {
+        use crate::metrics::KeyOrderAsked;
         match self {
-            Question::None => "none",
-            Question::Gap(..) => "gap",
-            Question::Keys => "keys",
+            Question::None => KeyOrderAsked::NONE,
+            Question::Gap(..) => KeyOrderAsked::GAP,
+            Question::Keys => KeyOrderAsked::KEYS,
         }
     }
 }
@@ -132,11 +133,15 @@ impl Known {
     pub fn question(&mut self, ids: impl IntoIterator<Item = u64>) -> Question {
         let mut ids: Vec<u64> = ids.into_iter().collect();
         ids.sort_unstable();
-        for id in &ids {
-            self.suspects.remove(id);
+        if !self.suspects.is_empty() {
+            for id in &ids {
+                self.suspects.remove(id);
+            }
         }
         if let Some(look) = &mut self.look {
-            look.read.extend(ids.iter().copied());
+            // Only ids it asked about can be in its answer: the late commits below `up_to`.
+            look.read
+                .extend(ids.iter().copied().filter(|&id| id <= look.up_to));
         }
         if self.suspects.values().any(|at| at.elapsed() >= SETTLE) {
             self.spoil(); // a row the stream will not read waits
