@@ -366,12 +366,7 @@ async fn in_a_namespace_the_relay_and_the_consumer_library_use_the_brokers_names
             .map(|out| format!("{command}:\n{out}"))
             .unwrap_or_else(|e| e.to_string());
         known = match command {
-            // One line per field: `groupName<padding>=  <name>`.
-            "getConsumerConfig" => progress.lines().any(|line| {
-                line.split_once('=').is_some_and(|(field, value)| {
-                    field.trim() == "groupName" && value.trim() == group_on_broker
-                })
-            }),
+            "getConsumerConfig" => names_group(&progress, &group_on_broker),
             _ => progress.contains(&on_broker),
         };
         match known {
@@ -391,6 +386,23 @@ async fn in_a_namespace_the_relay_and_the_consumer_library_use_the_brokers_names
         known,
         "the broker knows group {group_on_broker} (on {on_broker}):\n{progress}"
     );
+    // And not by the name the application gave it: nothing subscribed outside the namespace.
+    let bare = rocketmq()
+        .mqadmin(&["getConsumerConfig", "-g", &group])
+        .unwrap_or_else(|e| e.to_string());
+    assert!(
+        !names_group(&bare, &group),
+        "no group {group} outside the namespace:\n{bare}"
+    );
+}
+
+/// Whether `mqadmin getConsumerConfig` output describes `group` (one line per field:
+/// `groupName<padding>=  <name>`).
+fn names_group(output: &str, group: &str) -> bool {
+    output.lines().any(|line| {
+        line.split_once('=')
+            .is_some_and(|(field, value)| field.trim() == "groupName" && value.trim() == group)
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
