@@ -162,7 +162,7 @@ async fn refusal_of(account: &AclAccount, topic: &str) -> (SendError, String) {
         .find(|line| line.contains("CODE:"))
         .map(|line| line.trim().to_string())
         .unwrap_or_else(|| format!("no refusal printed: {}{}", out.stdout, out.stderr));
-    (answer.expect_err("the broker refuses"), remark)
+    (answer.expect_err("the broker refuses").error, remark)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -129,6 +129,71 @@ impl SteadyLoad {
     }
 }
 
+/// The key of the rows [`write_hidden_rows`] writes.
+const HIDDEN_KEY: &str = "hidden";
+
+/// Writes a row of `topic` with `sql_log_bin = 0` (only a sweeper sees it) 5 s and 10 s from
+/// now; once each is SENT, how long after its commit (the test fails on one not SENT in 60 s).
+async fn write_hidden_rows(db: TestDb, topic: String) -> Vec<(String, f64)> {
+    let outbox = Outbox::default();
+    let mut written = Vec::new();
+    for n in 0..2 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let mut conn = db.conn().await;
+        conn.query_drop("SET SESSION sql_log_bin = 0")
+            .await
+            .unwrap();
+        let mut tx = conn
+            .start_transaction(mysql_async::TxOpts::default())
+            .await
+            .unwrap();
+        let event = NewEvent::new(
+            topic.clone(),
+            format!("{HIDDEN_KEY}-{n}"),
+            json!({ "n": n }),
+        );
+        let event_id = outbox.enqueue(&mut tx, event).await.unwrap().to_string();
+        tx.commit().await.unwrap();
+        written.push(event_id);
+    }
+    let mut waited = Vec::new();
+    for event_id in written {
+        let sql = "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, sent_at) / 1e6 FROM outbox_event \
+                   WHERE event_id = ? AND status = ?";
+        let mut after: Option<f64> = None;
+        for _ in 0..600 {
+            let mut conn = db.conn().await;
+            after = conn
+                .exec_first(sql, (&event_id, Status::Sent.code()))
+                .await
+                .unwrap();
+            if after.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let after = after.unwrap_or_else(|| panic!("row {event_id} was not SENT within 60 s"));
+        waited.push((event_id, after));
+    }
+    waited
+}
+
+/// How far behind the database's clock the checkpoint mirror is, in seconds: how long ago it
+/// was written, or how long ago the stream was done up to (`stream_at`), whichever is more.
+async fn mirror_behind(db: &TestDb) -> f64 {
+    let behind: Option<Option<f64>> = db
+        .conn()
+        .await
+        .query_first(
+            "SELECT GREATEST(TIMESTAMPDIFF(MICROSECOND, checkpoint_at, NOW(3)), \
+                    TIMESTAMPDIFF(MICROSECOND, COALESCE(stream_at, checkpoint_at), NOW(3))) / 1e6 \
+             FROM outbox_relay_state",
+        )
+        .await
+        .unwrap();
+    behind.flatten().unwrap_or(f64::INFINITY)
+}
+
 /// The database's clock, Unix seconds.
 async fn db_now(db: &TestDb) -> f64 {
     db.conn()
@@ -303,7 +368,17 @@ async fn stuck_topic_run(
     let started = Instant::now();
     let fault_from = stalled_since.get() - load.t0;
     let hold = crate::common::fault_hold(Duration::from_secs(20));
-    tokio::time::sleep(hold).await;
+    // Meanwhile: the healthy topic's rows only the sweeper can see, 5 s and 10 s in; the
+    // checkpoint mirror's lag, from when the stuck topic's events leave memory (park_after)
+    // and the mirror has had a period to follow.
+    let hidden = tokio::spawn(write_hidden_rows(db.clone_handle(), healthy.clone()));
+    let settled = config.relay.park_after + config.rocketmq.send_timeout + Duration::from_secs(2);
+    tokio::time::sleep(settled.min(hold)).await;
+    let mut mirror_lag: f64 = 0.0;
+    while started.elapsed() < hold {
+        mirror_lag = mirror_lag.max(mirror_behind(db).await);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let waiting = load.not_sent(stuck).await;
     (fault.set)(false);
     let fault_lasted = started.elapsed().as_secs_f64();
@@ -321,8 +396,34 @@ async fn stuck_topic_run(
 
     // Both measured in this run.
     let before = load.latencies(healthy, 1.0, 8.0).await;
-    let during = (load.latencies(healthy, fault_from, fault_from + fault_lasted)).await;
+    let streamed = |key: &str| !key.starts_with(HIDDEN_KEY);
+    let during =
+        (load.latencies_of(healthy, streamed, fault_from, fault_from + fault_lasted)).await;
     assert_only_the_stuck_topic_waited(&before, &during, waiting, fault.name);
+    // The checkpoint went on past the stuck topic's events, and so did the sweeper.
+    println!(
+        "{}: checkpoint mirror at most {mirror_lag:.1} s behind the server",
+        fault.name
+    );
+    assert!(
+        mirror_lag <= 10.0,
+        "{}: the checkpoint mirror waited for the stuck topic: {mirror_lag:.1} s behind",
+        fault.name
+    );
+    let hidden = hidden.await.unwrap();
+    let bound = (config.sweeper.min_age + config.sweeper.interval).as_secs_f64() + 10.0;
+    for (event_id, waited) in &hidden {
+        println!(
+            "{}: a row only the sweeper saw, SENT after {waited:.1} s",
+            fault.name
+        );
+        assert!(
+            *waited <= bound,
+            "{}: healthy row {event_id}, written without binlog, waited {waited:.1} s for the \
+             stuck topic (bound {bound:.1} s)",
+            fault.name
+        );
+    }
     assert!(
         rocketmq_outbox::metrics::relay()
             .events_parked

@@ -27,7 +27,7 @@ use rocketmq_outbox::consumer::{
 };
 use rocketmq_outbox::outbox::OutboundMessage;
 use rocketmq_outbox::outbox::Status;
-use rocketmq_outbox::send::{RocketMqSink, SendError, Sink};
+use rocketmq_outbox::send::{RocketMqSink, SendError, SendFailure, Sink};
 use rocketmq_outbox::test_utils::sample_message;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -170,7 +170,10 @@ async fn a_topic_type_the_relay_cannot_serve_is_a_configuration_error_not_the_ev
     let refused = sink.send(&transaction, 0, &[&message]).await;
     sink.shutdown().await;
     match refused {
-        Err(SendError::Misconfigured(reason)) => {
+        Err(SendFailure {
+            error: SendError::Misconfigured(reason),
+            ..
+        }) => {
             assert!(
                 reason.contains(&transaction) && reason.contains("TRANSACTION"),
                 "{reason}"
@@ -185,7 +188,10 @@ async fn a_topic_type_the_relay_cannot_serve_is_a_configuration_error_not_the_ev
     let refused = straight.send(&transaction, 0, &[&message]).await;
     straight.shutdown().await;
     match refused {
-        Err(SendError::Misconfigured(reason)) => {
+        Err(SendFailure {
+            error: SendError::Misconfigured(reason),
+            ..
+        }) => {
             assert!(
                 reason.contains("TRANSACTION topic (its broker says so)"),
                 "{reason}"

@@ -198,3 +198,96 @@ async fn scheduled_events_reach_consumers_no_earlier_than_their_time() {
         }
     }
 }
+
+/// One event's refusal is that event's: a DELAY topic through the proxy, with
+/// `outbox.max_delay` above the broker's `timerMaxDelaySec` (3 days), an event due in 5 days
+/// among ordinary ones. The broker refuses it (code 13, as it refuses a message of the wrong
+/// type); the relay, which has seen the topic take timer messages, FAILs it at its first
+/// attempt with what is known of why, and its neighbours go out within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_proxy_an_event_due_beyond_the_broker_s_limit_fails_alone_at_once() {
+    use common::relay::{count_status, wait_for, wait_until_sent, write_events, RunningRelay};
+    common::init_logging();
+    let Some(proxy) = proxy() else { return };
+    let db = TestDb::migrated("sched_refused").await;
+    let delay = typed_topic("DELAY");
+    let (mut config, _dir) = relay_fixture(&db).on(&proxy.addr()).build();
+    config.outbox.max_delay = Duration::from_secs(7 * 86_400);
+    seed_checkpoint(&config, &current_position(&db).await);
+    let relay = RunningRelay::start(&config).await;
+    // The topic takes timer messages: learnt from its first events.
+    write_events(&db, &delay, 1, 20, 5).await;
+    wait_until_sent(&db, 20, Duration::from_secs(60)).await;
+
+    let mut tx = db.pool.start_transaction(Default::default()).await.unwrap();
+    let far = SystemTime::now() + Duration::from_secs(5 * 86_400);
+    let mut events = vec![NewEvent::new(&delay, "order-far", json!({})).deliver_at(far)];
+    events.extend((0..5).map(|i| NewEvent::new(&delay, format!("order-{i}"), json!({ "i": i }))));
+    let ids = Outbox::default()
+        .enqueue_batch(&mut tx, events)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let committed = std::time::Instant::now();
+    let far_id = ids[0].to_string();
+    let failed = format!(
+        "event_id = '{far_id}' AND status = {}",
+        Status::Failed.code()
+    );
+    wait_for(
+        "the event due in 5 days FAILED",
+        Duration::from_secs(30),
+        || async { count_where(&db, &failed).await == 1 },
+    )
+    .await;
+    let failed_after = committed.elapsed();
+    wait_until_sent(&db, 25, Duration::from_secs(30)).await;
+    let sent_after = committed.elapsed();
+    relay.stop().await;
+
+    let (reason, retries): (String, u32) = db
+        .conn()
+        .await
+        .exec_first(
+            "SELECT last_error, retry_count FROM outbox_event WHERE event_id = ?",
+            (&far_id,),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    println!("refused event FAILED after {failed_after:?}: {reason}; the others SENT after {sent_after:?}");
+    assert_eq!(retries, 0, "FAILED at its first attempt");
+    assert!(
+        reason.contains("5days ahead") && reason.contains("timerMaxDelaySec"),
+        "the reason says what is known: {reason}"
+    );
+    assert!(
+        reason.contains("not the topic's type") && !reason.contains("probably"),
+        "{reason}"
+    );
+    assert!(failed_after < Duration::from_secs(5), "{failed_after:?}");
+    assert!(
+        sent_after < Duration::from_secs(3),
+        "its neighbours went out at once: {sent_after:?}"
+    );
+    assert_eq!(count_status(&db, Status::Failed).await, 1, "only that one");
+    // The broker stored the other 25, each once.
+    let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &delay)
+        .await
+        .expect("reader");
+    let stored = reader
+        .read_at_least(25, Duration::from_secs(60))
+        .await
+        .expect("the topic's messages");
+    reader.close().await;
+    let stored_ids: std::collections::HashSet<&str> = stored
+        .iter()
+        .map(|m| m.properties["event_id"].as_str())
+        .collect();
+    assert_eq!(
+        (stored.len(), stored_ids.len()),
+        (25, 25),
+        "each stored once"
+    );
+    assert!(!stored_ids.contains(far_id.as_str()));
+}

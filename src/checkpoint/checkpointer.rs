@@ -25,6 +25,11 @@ pub const SAVE_FAILING_BEFORE_STOP: Duration = Duration::from_secs(60);
 /// than [`SAVE_FAILING_BEFORE_STOP`]), so that a long save period still gets several tries.
 pub const SAVE_FAILURES_BEFORE_STOP: u32 = 5;
 
+/// While the position stands still (nothing written, or every transaction read since the last
+/// mirror is still on its way) the mirror is written again, for the standbys' `stream_at`,
+/// once this many mirror periods have passed and the stream has read further.
+const STREAM_AT_EVERY: u32 = 5;
+
 /// While saves keep failing: an ERROR line at the first failure, then one per this period.
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -73,7 +78,8 @@ impl Default for CheckpointSettings {
 
 /// Saves until `stop`, then saves and mirrors the final position and returns it. The mirror
 /// also records how far the stream is done ([`Acknowledgements::done_up_to`]: read, and nothing
-/// older still on its way) for the standbys' sweepers. See the module guarantee for failed saves.
+/// older still on its way) for the standbys' sweepers; that moves on without the position too
+/// (an idle server's heartbeats), and is mirrored every [`STREAM_AT_EVERY`] mirror periods then. See the module guarantee for failed saves.
 pub async fn run_checkpointer(
     acks: Acknowledgements,
     store: Arc<dyn CheckpointStore>,
@@ -117,6 +123,7 @@ impl Parts<'_> {
         let (acks, settings) = (&self.acks, &self.settings);
         let mut saved = acks.position();
         let mut mirrored = saved.clone();
+        let mut mirrored_done: Option<u64> = None;
         let mut last_mirror = Instant::now();
         let mut last_moved = Instant::now();
         let mut failing: Option<Failing> = None;
@@ -162,11 +169,15 @@ impl Parts<'_> {
                     }
                 }
             }
-            if saved != mirrored && (stopping || last_mirror.elapsed() >= settings.mirror_every) {
-                // The standbys' sweepers count their age bound from here (sweep::gate).
-                let done_up_to = acks.done_up_to(self.clock.read_up_to());
+            // The standbys' sweepers count their age bound from here (sweep::gate).
+            let done_up_to = acks.done_up_to(self.clock.read_up_to());
+            let since_mirror = last_mirror.elapsed();
+            let due = (saved != mirrored && (stopping || since_mirror >= settings.mirror_every))
+                || (done_up_to > mirrored_done
+                    && since_mirror >= settings.mirror_every * STREAM_AT_EVERY);
+            if due {
                 match mirror_once(&self.mirror, &self.pool, &saved, done_up_to).await {
-                    Ok(()) => mirrored = saved.clone(),
+                    Ok(()) => (mirrored, mirrored_done) = (saved.clone(), done_up_to),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot mirror the checkpoint into MySQL; will retry")
                     }

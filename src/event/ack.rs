@@ -61,12 +61,39 @@ pub enum Origin {
     /// Claimed from the table under a lease (poll mode, a sweeper, replay): nothing to
     /// acknowledge; the row's status is its record.
     Claimed,
+    /// Read from the binlog, then *released*: its topic stalled for longer than
+    /// `relay.park_after`, so its acknowledgement was given back ([`Origin::release`]) and the
+    /// checkpoint passed it. Its row is still PENDING, as a parked event's is; if it is sent
+    /// after all, it is marked as a streamed event is, with nothing to acknowledge.
+    Released,
 }
 
 impl Origin {
-    /// Whether the event was read from the binlog.
+    /// Whether the event was read from the binlog (released or not).
     pub fn is_stream(&self) -> bool {
+        matches!(self, Origin::Stream(_) | Origin::Released)
+    }
+
+    /// Whether the checkpoint waits for this event (read from the binlog, not released).
+    pub fn holds_checkpoint(&self) -> bool {
         matches!(self, Origin::Stream(_))
+    }
+
+    /// Gives a streamed event's acknowledgement back without an outcome: its row stays PENDING
+    /// (the sweeper's to send, like a parked event's) and the checkpoint may pass it. The origin
+    /// becomes [`Origin::Released`]; a claimed or released one is left as it is. True if there
+    /// was an acknowledgement to give back.
+    pub fn release(&mut self) -> bool {
+        match std::mem::replace(self, Origin::Released) {
+            Origin::Stream(ack) => {
+                ack.acknowledge();
+                true
+            }
+            other => {
+                *self = other;
+                false
+            }
+        }
     }
 
     /// The event's outcome is recorded: acknowledges a streamed event (nothing for a claimed one).
@@ -100,5 +127,22 @@ mod tests {
         Origin::Claimed.acknowledge();
         drop(dropped);
         assert_eq!(*recorder.0.lock().unwrap(), vec![2]);
+    }
+
+    #[test]
+    fn releasing_gives_the_acknowledgement_back_once_and_keeps_the_event_streamed() {
+        let recorder = Arc::new(Recorder::default());
+        let to: Arc<dyn Acknowledge> = recorder.clone();
+        let mut origin = Origin::Stream(Ack::new(to, 7));
+        assert!(origin.holds_checkpoint());
+        assert!(origin.release());
+        assert!(!origin.release(), "nothing left to give back");
+        assert_eq!(origin, Origin::Released);
+        assert!(origin.is_stream() && !origin.holds_checkpoint());
+        origin.acknowledge();
+        let mut claimed = Origin::Claimed;
+        assert!(!claimed.release());
+        assert_eq!(claimed, Origin::Claimed);
+        assert_eq!(*recorder.0.lock().unwrap(), vec![7]);
     }
 }

@@ -14,7 +14,8 @@
 //!
 //! Which rows an UPDATE may touch depends on where the event came from (one marker serves both
 //! when the sweeper runs beside the stream):
-//! - An event read from the binlog ([`Origin::Stream`]) marks its row SENT while still
+//! - An event read from the binlog ([`Origin::Stream`], or [`Origin::Released`]: its
+//!   acknowledgement given back during a stall) marks its row SENT while still
 //!   PENDING or SENDING (or with a NULL status, in a hand-made table, which the decoder
 //!   fails): it was delivered, so it also settles a row a sweeper claimed meanwhile.
 //! - Its FAILED mark never touches a row that a sweeper (of any instance, this one included)
@@ -98,8 +99,12 @@ impl MarkerContext {
         static CLAIMED: LazyLock<String> =
             LazyLock::new(|| format!("{} AND owner = ?", Status::Sending.sql()));
         match (&completion.origin, &completion.outcome) {
-            (Origin::Stream(_), SendOutcome::Sent { .. }) => (STREAMED_SENT.as_str(), None),
-            (Origin::Stream(_), SendOutcome::Failed { .. }) => (STREAMED_FAILED.as_str(), None),
+            (Origin::Stream(_) | Origin::Released, SendOutcome::Sent { .. }) => {
+                (STREAMED_SENT.as_str(), None)
+            }
+            (Origin::Stream(_) | Origin::Released, SendOutcome::Failed { .. }) => {
+                (STREAMED_FAILED.as_str(), None)
+            }
             (Origin::Claimed, _) => (CLAIMED.as_str(), Some(&self.owner)),
         }
     }

@@ -268,6 +268,11 @@ pub async fn run(
         // event the batch hands on as the stream's own, so all of one topic's are parked or
         // none (a later batch's check then sees the parked rows waiting).
         let parking = d.inputs.stalls().parking();
+        if parking.grew_since(&d.parking) {
+            // The shards release the streamed events they hold of what parks now: rows the
+            // stream no longer carries.
+            d.let_go(None);
+        }
         d.catching_up = catch_up.is_some();
         d.check_key_order(batch_rows(&batch, &recorded, &parking))
             .await;
@@ -406,6 +411,14 @@ impl Dispatcher {
     /// Lets held keys go whose older rows are sent (at most every [`key_order::RECHECK`]);
     /// false once the shards are gone.
     async fn recheck_keys(&mut self) -> bool {
+        if !self.holding_keys() {
+            return true;
+        }
+        if self.inputs.stalls().any() {
+            let parking = self.inputs.stalls().parking();
+            let order = self.key_order.as_mut().expect("holding keys");
+            order.park_held(&parking);
+        }
         if !self.holding_keys() || self.last_recheck.elapsed() < key_order::RECHECK {
             return true;
         }

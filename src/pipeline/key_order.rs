@@ -37,7 +37,7 @@
 use crate::binlog::DecodedRow;
 use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::outbox::TableName;
-use crate::send::{SendInputs, ShardEvent};
+use crate::send::{SendInputs, ShardEvent, StalledSet};
 use crate::sweep::waiting::{
     newest_per_key, waiting_ids, waiting_rows_of_keys, OrderKey, WaitingRow,
 };
@@ -302,6 +302,31 @@ impl KeyOrder {
             return true;
         }
         inputs.send(event).await.is_ok()
+    }
+
+    /// Lets go of the held keys whose topic (or queue) parks now (see [`crate::send::Stalls`]):
+    /// the sweeper claims no row of a stalled topic, so they would wait for the topic with
+    /// their acknowledgements out, holding the checkpoint back. Their acknowledgements are
+    /// given back and their rows stay PENDING, for the sweeper once the topic accepts events
+    /// again (in key order: behind the older rows they waited for); their tables are asked by
+    /// key again.
+    pub fn park_held(&mut self, parking: &StalledSet) {
+        if self.held.is_empty() || parking.is_empty() {
+            return;
+        }
+        let parked: Vec<Key> = (self.held.keys())
+            .filter(|(_, key)| parking.contains(&key.topic, &key.biz_key))
+            .cloned()
+            .collect();
+        for key in parked {
+            let held = self.held.remove(&key).expect("present");
+            for mut event in held.events {
+                event.origin.release();
+                crate::send::stall::count_parked(&key.1.topic);
+            }
+            self.known_of(&key.0).spoil();
+        }
+        self.publish();
     }
 
     /// Looks at the held keys again: hands on, in order, each key's events that no older row

@@ -57,10 +57,30 @@ impl SendError {
     }
 }
 
+/// A send that did not store every message: the ids of those the broker did store (a prefix of
+/// the messages, in order: a send may take several requests), and why the rest were not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendFailure {
+    pub stored: Vec<String>,
+    pub error: SendError,
+}
+
+/// A failure before anything was stored.
+impl From<SendError> for SendFailure {
+    fn from(error: SendError) -> Self {
+        SendFailure {
+            stored: Vec::new(),
+            error,
+        }
+    }
+}
+
 /// Where events are published. The seam between the pipeline and the broker client.
 ///
 /// Guarantee of an implementation: `send` returns `Ok` only when the broker acknowledged every
-/// message of the batch with `SEND_OK`, with one message id per message, in order.
+/// message of the batch with `SEND_OK`, with one message id per message, in order; an `Err`
+/// names the messages the broker did store before the failure ([`SendFailure::stored`]), so a
+/// retry sends only the rest.
 pub trait Sink: Send + Sync + 'static {
     /// How many write queues `topic` has (implementations cache the route).
     fn queue_count(&self, topic: &str) -> impl Future<Output = Result<usize, SendError>> + Send;
@@ -84,5 +104,5 @@ pub trait Sink: Send + Sync + 'static {
         topic: &str,
         queue_index: usize,
         messages: &[&OutboundMessage],
-    ) -> impl Future<Output = Result<Vec<String>, SendError>> + Send;
+    ) -> impl Future<Output = Result<Vec<String>, SendFailure>> + Send;
 }

@@ -14,7 +14,7 @@
 //! refusal logs at ERROR what to fix, and `/readyz` fails until a send to that topic is accepted.
 
 use super::stall::QueueIndex;
-use super::{OutboundMessage, SendError, Sink, Stalls};
+use super::{OutboundMessage, SendError, SendFailure, Sink, Stalls};
 use crate::event::{now_us, Ack, Origin, OutboxRow, RowProblem, Stamps};
 use crate::leader::Fence;
 use crate::outbox::TableName;
@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 mod interrupt;
 mod lane;
 mod retry;
-use interrupt::{Halt, Interrupt, OnFailure, Stalled, Stop};
+use interrupt::{Halt, Interrupt, Stalled, Stop};
 use lane::Lanes;
 pub use retry::WakeUp;
 use retry::{Backoff, Next, Refusal};
@@ -175,7 +175,6 @@ pub async fn run_shard<S: Sink>(
     let stop = Stop {
         cancel: &cancel,
         fence: &options.fence,
-        on_failure: OnFailure::Stall,
     };
     loop {
         depth.set(input.len() as i64);
@@ -192,15 +191,7 @@ pub async fn run_shard<S: Sink>(
             Ok(None) => continue,
             Err(()) => return,
         };
-        let next = next_batch(
-            &*sink,
-            first,
-            &mut input,
-            &mut held,
-            &completions,
-            &options,
-            stop,
-        );
+        let next = next_batch(&*sink, first, &mut input, &mut held, &completions, &options);
         match next.await {
             Ok(Some((batch, queue))) => {
                 let backoff = Backoff::new(&options.retry, &options.wake);
@@ -219,25 +210,35 @@ pub async fn run_shard<S: Sink>(
     lanes.finish().await;
 }
 
+/// Where a sender takes the events that may join a batch: the ones already waiting.
+trait EventSource {
+    /// The next event waiting, if one is there now.
+    fn try_next(&mut self) -> Option<ShardEvent>;
+}
+
+impl EventSource for mpsc::Receiver<ShardEvent> {
+    fn try_next(&mut self) -> Option<ShardEvent> {
+        self.try_recv().ok()
+    }
+}
+
 /// The batch that starts with `first`: its queue, and the events waiting in `input` that go to
 /// the same topic and queue (the first that does not is put in `held`, so the order is kept).
 /// `Ok(None)` once `first` has its outcome already (FAILED: its route cannot be found).
 async fn next_batch<S: Sink>(
     sink: &S,
     first: ShardEvent,
-    input: &mut mpsc::Receiver<ShardEvent>,
+    input: &mut impl EventSource,
     held: &mut Option<ShardEvent>,
     completions: &mpsc::Sender<Completion>,
     options: &ShardOptions,
-    stop: Stop<'_>,
 ) -> Result<Option<(Vec<ShardEvent>, usize)>, Interrupt> {
     // The first event's route look-up has retries of its own; the batch's start afresh.
     let mut look_up = Backoff::new(&options.retry, &options.wake);
     let first = vec![first];
-    let queue = match route(sink, &first, &mut look_up, stop).await {
+    let queue = match route(sink, &first, &mut look_up).await {
         Ok(queues) => queues[0],
         Err(Halt::Stall) => return Err(Interrupt::Stalled(Stalled::new(first, look_up))),
-        Err(Halt::Stopped) => return Err(Interrupt::Stopped),
         Err(Halt::Failed(outcome)) => {
             let [first] = <[ShardEvent; 1]>::try_from(first).expect("one event");
             report(completions, first, outcome).await?;
@@ -247,7 +248,7 @@ async fn next_batch<S: Sink>(
     let mut batch = first;
     let mut bytes = batch[0].row.message.payload.len();
     while batch.len() < options.max_batch && bytes < options.max_batch_bytes {
-        let Ok(next) = input.try_recv() else { break };
+        let Some(next) = input.try_next() else { break };
         let fits = bytes + next.row.message.payload.len() <= options.max_batch_bytes;
         if fits
             && next.row.message.topic == batch[0].row.message.topic
@@ -277,61 +278,46 @@ async fn queue_index<S: Sink>(sink: &S, event: &ShardEvent) -> Option<QueueIndex
     })
 }
 
-/// The queue of each of `events` (all of one topic) under the topic's current route, retrying
-/// look-ups that fail for a retryable reason under `backoff` (a wake-up is not a retry: see
-/// [`Backoff`]).
+/// The queue of each of `events` (all of one topic) under the topic's current route. A look-up
+/// that fails for a reason worth retrying counts a failed attempt under `backoff` (a refusal of
+/// the relay's configuration uses none) and stalls ([`Halt::Stall`]): the lane waits out the
+/// delay (a wake-up is not a retry: see [`Backoff`]).
 async fn route<S: Sink>(
     sink: &S,
     events: &[ShardEvent],
     backoff: &mut Backoff,
-    stop: Stop<'_>,
 ) -> Result<Vec<usize>, Halt> {
     let topic = &events[0].row.message.topic;
-
-    loop {
-        let reason = match sink.queue_count(topic).await {
-            Ok(n) if n > 0 => return Ok(events.iter().map(|e| index_for(e.key_hash, n)).collect()),
-            Ok(_) => {
-                let reason = format!("topic {topic} has no writable queue");
-                return Err(Halt::Failed(failed(reason, backoff.attempts())));
-            }
-            Err(SendError::Rejected(reason)) => {
-                return Err(Halt::Failed(failed(reason, backoff.attempts())))
-            }
-            Err(error @ (SendError::Unauthorized(_) | SendError::Misconfigured(_))) => {
-                refused(topic, &error, backoff);
-                wait_or_stall(backoff, topic, stop).await?;
-                continue;
-            }
-            // No route (its broker gone, the name server unreachable) is a failed attempt like
-            // a refused connection: counted, and the relay unready until a send succeeds.
-            Err(error @ SendError::Retryable(_)) => {
-                count_error(&error);
-                error.reason().to_string()
-            }
-        };
-        match backoff.failed() {
-            Next::Retry { retry, delay } => {
-                tracing::warn!(%topic, %reason, retry, ?delay, "route look-up failed; retrying");
-            }
-            Next::Resume { left } => {
-                tracing::debug!(%topic, %reason, ?left, "route look-up after a wake-up failed; waiting out the rest of the retry delay");
-            }
-            Next::GiveUp => return Err(Halt::Failed(backoff.gave_up(&reason))),
+    let reason = match sink.queue_count(topic).await {
+        Ok(n) if n > 0 => return Ok(events.iter().map(|e| index_for(e.key_hash, n)).collect()),
+        Ok(_) => {
+            let reason = format!("topic {topic} has no writable queue");
+            return Err(Halt::Failed(failed(reason, backoff.attempts())));
         }
-        wait_or_stall(backoff, topic, stop).await?;
+        Err(SendError::Rejected(reason)) => {
+            return Err(Halt::Failed(failed(reason, backoff.attempts())))
+        }
+        Err(error @ (SendError::Unauthorized(_) | SendError::Misconfigured(_))) => {
+            refused(topic, &error, backoff);
+            return Err(Halt::Stall);
+        }
+        // No route (its broker gone, the name server unreachable) is a failed attempt like
+        // a refused connection: counted, and the relay unready until a send succeeds.
+        Err(error @ SendError::Retryable(_)) => {
+            count_error(&error);
+            error.reason().to_string()
+        }
+    };
+    match backoff.failed() {
+        Next::Retry { retry, delay } => {
+            tracing::warn!(%topic, %reason, retry, ?delay, "route look-up failed; retrying");
+        }
+        Next::Resume { left } => {
+            tracing::debug!(%topic, %reason, ?left, "route look-up after a wake-up failed; waiting out the rest of the retry delay");
+        }
+        Next::GiveUp => return Err(Halt::Failed(backoff.gave_up(&reason))),
     }
-}
-
-/// After a failed look-up: waits out the retry delay, or stalls.
-async fn wait_or_stall(backoff: &Backoff, topic: &str, stop: Stop<'_>) -> Result<(), Halt> {
-    if stop.on_failure == OnFailure::Stall {
-        return Err(Halt::Stall);
-    }
-    backoff
-        .wait(topic, None, stop.cancel)
-        .await
-        .map_err(|()| Halt::Stopped)
+    Err(Halt::Stall)
 }
 
 /// Cuts `batch` into runs of consecutive events bound for one queue (`queues[i]` is the queue of
@@ -375,8 +361,8 @@ fn refused(topic: &str, error: &SendError, backoff: &mut Backoff) {
     match backoff.refused() {
         Refusal::Wait { count, delay } => match error {
             SendError::Misconfigured(_) => tracing::error!(%topic, refusal = count, ?delay,
-                "RocketMQ cannot take the events of topic {topic} as it is set up: {reason}; \
-                 they are sent again after {delay:?}"),
+                "RocketMQ refuses the events of topic {topic}: {reason}; they are sent again \
+                 after {delay:?}"),
             _ => tracing::error!(%topic, %reason, refusal = count, ?delay,
             "RocketMQ refused the relay's credentials for topic {topic}: check rocketmq.access_key / \
              secret_key (or secret_key_file) and the account's Pub permission on the topic; the \
@@ -413,26 +399,25 @@ async fn report(
         .map_err(|_| ())
 }
 
-/// Sends `batch` (events of one topic, in the shard's order) to `queue` until every event has an
-/// outcome.
+/// Sends `batch` (events of one topic, in the shard's order) to `queue`: every event gets its
+/// outcome, or, when an attempt fails for a reason worth retrying, the events left stall
+/// ([`Interrupt::Stalled`], with the retries they used) for a lane to wait out the delay and
+/// call [`resume_now`].
 ///
-/// Before each retry, the events' queues are worked out again from the topic's current route
-/// (a broker may have died, leaving fewer queues): if they still share one, the batch goes
-/// there; if the new route splits them, they are sent as consecutive sub-batches, one per run
-/// of events bound for one queue, each only once the one before has its outcome, so the
-/// shard's order, hence each key's order, is kept. A batch the broker rejects as a whole is
-/// split and sent one by one, so one poison message does not fail its neighbours. Sub-batches
-/// keep the batch's retries (`backoff`): splitting gives no event a fresh set.
+/// What the broker stored before a failure is reported SENT at once and never sent again. A
+/// batch the broker rejects as a whole is split and sent one by one, so one poison message does
+/// not fail its neighbours. Sub-batches keep the batch's retries (`backoff`): splitting gives no
+/// event a fresh set.
 async fn send_batch<S: Sink>(
     sink: &S,
     mut batch: Vec<ShardEvent>,
-    mut queue: usize,
+    queue: usize,
     mut backoff: Backoff,
     completions: &mpsc::Sender<Completion>,
     stop: Stop<'_>,
 ) -> Result<(), Interrupt> {
     let topic = batch[0].row.message.topic.clone();
-    loop {
+    {
         // Where keys keep their queue, a failed send holds that queue only, and waits for it.
         let own_queue = sink.stable_queues().then_some(queue);
         if !stop.fence.holds() {
@@ -443,22 +428,34 @@ async fn send_batch<S: Sink>(
             event.row.stamps.sent = sent;
         }
         let messages: Vec<&OutboundMessage> = batch.iter().map(|e| &e.row.message).collect();
-        let error = match sink.send(&topic, queue, &messages).await {
-            Ok(ids) => {
-                let ack = now_us();
-                // The broker stored the batch; nothing is marked SENT nor acknowledged yet.
-                crate::failpoint::hit(crate::failpoint::AFTER_SEND_OK);
-                crate::metrics::health().set_broker(true);
-                crate::metrics::health().set_refused(&topic, None);
-                backoff.broker_answered(&topic, own_queue);
-                for (mut event, msg_id) in batch.into_iter().zip(ids) {
-                    event.row.stamps.ack = ack;
-                    report(completions, event, SendOutcome::Sent { msg_id }).await?;
-                }
-                return Ok(());
-            }
-            Err(error) => error,
+        let size = messages.len();
+        let (stored, error) = match sink.send(&topic, queue, &messages).await {
+            Ok(ids) => (ids, None),
+            Err(SendFailure { stored, error }) => (stored, Some(error)),
         };
+        if !stored.is_empty() {
+            let ack = now_us();
+            // The broker stored these; nothing is marked SENT nor acknowledged yet.
+            crate::failpoint::hit(crate::failpoint::AFTER_SEND_OK);
+            crate::metrics::health().set_broker(true);
+            crate::metrics::health().set_refused(&topic, None);
+            backoff.broker_answered(&topic, own_queue);
+            // What was stored is reported now, whatever happened to the rest: a retry carries on
+            // after it and never sends it again.
+            let rest = batch.split_off(stored.len().min(batch.len()));
+            for (mut event, msg_id) in batch.into_iter().zip(stored) {
+                event.row.stamps.ack = ack;
+                report(completions, event, SendOutcome::Sent { msg_id }).await?;
+            }
+            batch = rest;
+        }
+        let Some(error) = error else {
+            return Ok(());
+        };
+        if batch.is_empty() {
+            // Every message stored after all (a sink that failed past its last message).
+            return Ok(());
+        }
         count_error(&error);
         let broker_wide = matches!(error, SendError::Retryable(_));
         match error {
@@ -477,11 +474,11 @@ async fn send_batch<S: Sink>(
             SendError::Retryable(reason) => match backoff.failed() {
                 Next::Retry { retry, delay } => {
                     crate::metrics::relay().retries.inc();
-                    tracing::warn!(%topic, queue, %reason, retry, ?delay, size = messages.len(),
+                    tracing::warn!(%topic, queue, %reason, retry, ?delay, size, left = batch.len(),
                         "send not acknowledged; retrying");
                 }
                 Next::Resume { left } => {
-                    tracing::debug!(%topic, queue, %reason, ?left, size = messages.len(),
+                    tracing::debug!(%topic, queue, %reason, ?left, size, unsent = batch.len(),
                         "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
                 }
                 Next::GiveUp => {
@@ -489,36 +486,23 @@ async fn send_batch<S: Sink>(
                 }
             },
         }
-        if stop.on_failure == OnFailure::Stall {
-            let stalled = Stalled::at(batch, queue, backoff, broker_wide);
-            return Err(Interrupt::Stalled(stalled));
-        }
-        backoff.wait(&topic, own_queue, stop.cancel).await?;
-        match requeue(sink, batch, &mut backoff, completions, stop).await? {
-            Some(next) => (queue, batch) = next,
-            None => return Ok(()),
-        }
+        let stalled = Stalled::at(batch, queue, backoff, broker_wide);
+        Err(Interrupt::Stalled(stalled))
     }
 }
 
-/// Sends `stalled` (the events of a topic whose attempt failed, with the retries they used),
-/// once the retry delay it failed into is over, until every event has an outcome.
-async fn resume<S: Sink>(
+/// Sends `stalled` (the events of a topic whose attempt failed, with the retries they used)
+/// again now, its retry delay being over, until every event has an outcome or an attempt fails
+/// again (stalled again).
+async fn resume_now<S: Sink>(
     sink: &S,
     stalled: Stalled,
     completions: &mpsc::Sender<Completion>,
     stop: Stop<'_>,
 ) -> Result<(), Interrupt> {
     let Stalled {
-        batch,
-        mut backoff,
-        queue,
-        ..
+        batch, mut backoff, ..
     } = stalled;
-    let queue = queue.filter(|_| sink.stable_queues());
-    backoff
-        .wait(&batch[0].row.message.topic, queue, stop.cancel)
-        .await?;
     if let Some((queue, batch)) = requeue(sink, batch, &mut backoff, completions, stop).await? {
         send_batch(sink, batch, queue, backoff, completions, stop).await?;
     }
@@ -537,9 +521,8 @@ async fn requeue<S: Sink>(
     completions: &mpsc::Sender<Completion>,
     stop: Stop<'_>,
 ) -> Result<Option<(usize, Vec<ShardEvent>)>, Interrupt> {
-    let queues = match route(sink, &batch, backoff, stop).await {
+    let queues = match route(sink, &batch, backoff).await {
         Ok(queues) => queues,
-        Err(Halt::Stopped) => return Err(Interrupt::Stopped),
         Err(Halt::Stall) => return Err(Interrupt::Stalled(Stalled::new(batch, backoff.clone()))),
         Err(Halt::Failed(outcome)) => {
             report_all(completions, batch, outcome).await?;

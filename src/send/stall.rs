@@ -10,11 +10,16 @@
 //! (or queue) stays stalled while any shard has a lane for it, and recovers when the last lane
 //! has sent (or, per the retry policy, FAILED) what it held.
 //!
-//! Guarantee: only the stalled topic's (or queue's) events wait. Memory stays bounded however long the stall
-//! lasts: once a topic has been stalled for `park_after`, the stream *parks* its new events
-//! instead of handing them to the shards — they are PENDING rows in the outbox table already, so
-//! the stream only lets its checkpoint pass them — and the sweeper, which leaves a stalled topic's
-//! rows alone, sends them in key order once the topic accepts events again.
+//! Guarantee: only the stalled topic's (or queue's) events wait, and nothing else waits for
+//! them. Memory stays bounded however long the stall lasts, and the checkpoint is held back by a
+//! stalled topic for `park_after` (plus the attempt in progress then) at most: from then on the
+//! stream *parks* the topic's new events instead of handing them to the shards, and the lanes
+//! *release* the streamed events they hold (their acknowledgements given back, see
+//! [`crate::event::Origin::release`]), keeping in memory only the batch they are retrying, as a
+//! probe of whether the topic accepts events again (and claimed rows, which their leases
+//! cover). Parked and released events are PENDING rows in the outbox table already, so the
+//! stream only lets its checkpoint pass them; the sweeper, which leaves a stalled topic's rows
+//! alone, sends them in key order once the topic accepts events again.
 
 use crate::metrics::TopicLabel;
 use crate::route::{index_for, java_string_hash};
@@ -79,6 +84,15 @@ pub struct QueueIndex {
 }
 
 impl Stall {
+    /// When its new events are parked and its lanes release what they hold: `park_after` into
+    /// the stall, or at once once a lane holds [`LANE_LIMIT`] events.
+    fn parks_from(&self, park_after: Duration) -> Instant {
+        if self.lanes.values().any(|&held| held >= LANE_LIMIT) {
+            return self.since;
+        }
+        self.since + park_after
+    }
+
     /// Which of the topic's events it holds back.
     fn scope(&self) -> Scope {
         let mut queues = HashSet::new();
@@ -104,6 +118,19 @@ enum Scope {
     Queues(HashSet<QueueIndex>),
 }
 
+impl Scope {
+    /// Whether the topic's events with key `biz_key` are in it.
+    fn contains(&self, biz_key: &str) -> bool {
+        match self {
+            Scope::Topic => true,
+            Scope::Queues(queues) => {
+                let hash = java_string_hash(biz_key);
+                queues.iter().any(|q| index_for(hash, q.count) == q.index)
+            }
+        }
+    }
+}
+
 impl StalledSet {
     pub fn is_empty(&self) -> bool {
         self.topics.is_empty()
@@ -111,14 +138,16 @@ impl StalledSet {
 
     /// Whether an event of `topic` with key `biz_key` is held back.
     pub fn contains(&self, topic: &str, biz_key: &str) -> bool {
-        match self.topics.get(topic) {
-            None => false,
-            Some(Scope::Topic) => true,
-            Some(Scope::Queues(queues)) => {
-                let hash = java_string_hash(biz_key);
-                queues.iter().any(|q| index_for(hash, q.count) == q.index)
-            }
-        }
+        self.topics
+            .get(topic)
+            .is_some_and(|scope| scope.contains(biz_key))
+    }
+
+    /// Whether this set holds back something `earlier` did not (a topic, or more of one).
+    pub fn grew_since(&self, earlier: &StalledSet) -> bool {
+        self.topics
+            .iter()
+            .any(|(topic, scope)| earlier.topics.get(topic) != Some(scope))
     }
 
     /// The topics held back whole, sorted.
@@ -284,20 +313,42 @@ impl Stalls {
         let mut topics = self.topics();
         let mut parking = StalledSet::default();
         for (topic, stall) in topics.iter_mut() {
-            let full = stall.lanes.values().any(|&held| held >= LANE_LIMIT);
-            if stall.since.elapsed() < park_after && !full {
+            if stall.parks_from(park_after) > Instant::now() {
                 continue;
             }
             if !stall.parking {
                 stall.parking = true;
                 tracing::warn!(%topic, stalled_for = ?stall.since.elapsed(),
-                    "topic {topic} has not accepted events for {:?}: its new events are left \
-                     PENDING in the outbox (parked) and the sweeper sends them, in key order, once \
+                    "topic {topic} has not accepted events for {:?}: its new events, and those \
+                     held in memory but one batch, are left PENDING in the outbox (parked), the \
+                     checkpoint goes on past them, and the sweeper sends them, in key order, once \
                      it accepts events again", park_after);
             }
             parking.topics.insert(topic.clone(), stall.scope());
         }
         parking
+    }
+
+    /// When the events a lane of `topic` holds in memory are to be released (see
+    /// [`crate::event::Origin::release`]): when the topic has been stalled for `park_after`, or
+    /// now if one of its lanes holds [`LANE_LIMIT`] events; the moment its new streamed events
+    /// are parked. `None` where nothing parks, or `topic` is not stalled.
+    pub fn release_due(&self, topic: &str) -> Option<Instant> {
+        let park_after = self.park_after?;
+        Some(self.topics().get(topic)?.parks_from(park_after))
+    }
+
+    /// Whether a streamed event of `topic` with key `biz_key` that reaches a shard now is to be
+    /// released rather than held (its topic, or its queue, parks now): the dispatcher handed it
+    /// on just before parking began.
+    pub fn releases(&self, topic: &str, biz_key: &str) -> bool {
+        let Some(park_after) = self.park_after else {
+            return false;
+        };
+        let topics = self.topics();
+        topics.get(topic).is_some_and(|stall| {
+            stall.parks_from(park_after) <= Instant::now() && stall.scope().contains(biz_key)
+        })
     }
 
     /// Events held in memory for `topic`, in every shard's lane.

@@ -6,7 +6,7 @@
 //! run the pipeline without any server; a claim about a broker is proven on a real one.
 
 use crate::outbox::OutboundMessage;
-use crate::send::{SendError, Sink};
+use crate::send::{SendError, SendFailure, Sink};
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -79,14 +79,14 @@ impl Sink for MemoryBroker {
         topic: &str,
         queue_index: usize,
         messages: &[&OutboundMessage],
-    ) -> Result<Vec<String>, SendError> {
+    ) -> Result<Vec<String>, SendFailure> {
         let refuse = |left: u32| left.checked_sub(1);
         if self
             .refuse
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, refuse)
             .is_ok()
         {
-            return Err(SendError::Retryable("broker restarting".into()));
+            return Err(SendError::Retryable("broker restarting".into()).into());
         }
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry((topic.to_string(), queue_index)).or_default();

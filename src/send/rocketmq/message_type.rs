@@ -7,18 +7,29 @@
 //! give), are a configuration error.
 //!
 //! Where a topic's type comes from, first match wins: `rocketmq.topic_types`; the broker's topic
-//! config, asked at the topic's first route (and again while it names a type the relay cannot
-//! send, so a fix is seen at the next route refresh); through a RocketMQ 5 proxy, which answers
-//! no topic-config request and whose refusals this client keeps without their text, the proxy's
-//! answer to a send: a NORMAL message refused as malformed (code 13, which the proxy answers for
-//! a message of the wrong type) is sent again as a FIFO message, and the topic is FIFO if that
-//! is accepted.
+//! config, asked at the topic's first route (again at each route refresh while it cannot be
+//! asked, or names a type the relay cannot send, so a fix is seen without a restart); through a
+//! RocketMQ 5 proxy, which answers no topic-config request and whose refusals this client keeps
+//! without their text, the proxy's answer to a send: a NORMAL message refused as malformed
+//! (code 13, which the proxy answers for a message of the wrong type) is sent again as a FIFO
+//! message, then as a timer message, and the topic is of the type of the form it accepts.
 //!
-//! Guarantee: a topic's events are never FAILED for its type. A type the relay cannot send is a
-//! [`SendError::Misconfigured`]: the events wait, in order, until it is changed.
+//! Code 13 is also a refusal of one message for itself (a timer message due beyond the broker's
+//! `timerMaxDelaySec`, a message over its size limit), so a refused form is told apart from a
+//! refused event ([`TopicTypes::judge_illegal`]): a message refused in a form the topic is known
+//! to take (configured, or taken by the topic before) is refused for itself, and FAILED with
+//! what is known of why; a batch is split to find which.
+//!
+//! Guarantee: a topic's events are never FAILED for its type, and never called a configuration
+//! error unless the relay knows the type refuses them. A type the relay cannot send is a
+//! [`SendError::Misconfigured`]: the events wait, in order, until it is changed; so does an event
+//! a proxy refused in every form while nothing tells the topic's type (the reason says that it
+//! cannot tell).
 
 use super::SendError;
 use crate::config::TopicType;
+use crate::outbox::message::now_ms;
+use crate::outbox::OutboundMessage;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
@@ -49,6 +60,24 @@ pub(super) struct Facts {
 pub(super) struct TopicTypes {
     configured: BTreeMap<String, TopicType>,
     learnt: Mutex<HashMap<String, Facts>>,
+    /// The forms each topic has accepted a message in, in this process: proof that a later
+    /// refusal of a message in that form is the message's, not the topic type's.
+    accepted: Mutex<HashMap<String, Vec<Form>>>,
+}
+
+/// What a refusal as malformed (code 13) of a request says (see [`TopicTypes::judge_illegal`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Judgement {
+    /// Send the request again in this form: a RocketMQ 5 proxy may have refused the form.
+    TryForm(Form),
+    /// A request of several messages: which is refused cannot be told, so they are sent one by
+    /// one (the refusal is passed on as [`SendError::Rejected`], which makes the sender split).
+    Split,
+    /// The one message of the request is refused for itself: it ends FAILED with this reason.
+    EventsFault(String),
+    /// A proxy refused the one message in every form, and nothing tells the topic's type: the
+    /// reason says so (it waits, never FAILED for this, and is judged again at each attempt).
+    Undecided(String),
 }
 
 impl TopicTypes {
@@ -56,6 +85,7 @@ impl TopicTypes {
         TopicTypes {
             configured,
             learnt: Mutex::default(),
+            accepted: Mutex::default(),
         }
     }
 
@@ -105,30 +135,100 @@ impl TopicTypes {
         }
     }
 
-    /// The form to try after a RocketMQ 5 proxy refused `tried` as malformed (its answer to a
-    /// message of another type than the topic's), while `topic`'s type is not known: plain,
-    /// then with message groups (a FIFO topic), then as timer messages (a DELAY topic). None
-    /// once every form was tried, or where the refusal is the message's (a broker, or a known
-    /// type).
-    pub(super) fn next_try(&self, topic: &str, tried: &Form) -> Option<Form> {
-        if self.known(topic).is_some() || !self.facts(topic).behind_proxy {
-            return None;
+    /// What a refusal as malformed (code 13) of a request of `count` messages sent as `tried`
+    /// says, `first` being its first message and `error` the client's error.
+    ///
+    /// Straight to a broker, the message is refused for itself (a broker checks no topic type).
+    /// A RocketMQ 5 proxy also refuses a message of another type than the topic's, so unless
+    /// `tried` is proven for the topic (its configured type's form, or a form the topic accepted
+    /// a message in) the next form is tried: plain, with message groups (a FIFO topic), as timer
+    /// messages (a DELAY topic). Then a request of several messages is split; one message is
+    /// refused for itself where its form is proven, and undecided where no form is.
+    pub(super) fn judge_illegal(
+        &self,
+        topic: &str,
+        tried: &Form,
+        count: usize,
+        first: &OutboundMessage,
+        error: &SendError,
+    ) -> Judgement {
+        let behind_proxy = self.behind_proxy(topic);
+        // A scheduled event is a timer message whatever the form: only timer messages taken
+        // prove its form.
+        let scheduled = first.deliver_at_ms.is_some();
+        let proof = self.proof(topic, if scheduled { &Form::Timed } else { tried });
+        if behind_proxy && proof.is_none() {
+            let next = match tried {
+                Form::Plain => Some(Form::Grouped),
+                Form::Grouped => Some(Form::Timed),
+                Form::Timed | Form::Refused(_) => None,
+            };
+            if let Some(next) = next {
+                return Judgement::TryForm(next);
+            }
         }
-        match tried {
-            Form::Plain => Some(Form::Grouped),
-            Form::Grouped => Some(Form::Timed),
-            Form::Timed | Form::Refused(_) => None,
+        if count > 1 {
+            return Judgement::Split;
+        }
+        let facts = event_facts(first);
+        let error = error.reason();
+        match (behind_proxy, proof) {
+            (false, _) => Judgement::EventsFault(format!(
+                "the broker refused this event as malformed (code 13, MESSAGE_ILLEGAL): {facts}; \
+                 its answer: {error}"
+            )),
+            (true, Some(proof)) => Judgement::EventsFault(format!(
+                "the RocketMQ 5 proxy refused this event as malformed (code 13, MESSAGE_ILLEGAL) \
+                 although topic {topic} takes {form} messages ({proof}): the event itself is \
+                 refused, not the topic's type; {facts}; its answer: {error}",
+                form = form_name(tried),
+            )),
+            (true, None) => {
+                let types = match scheduled {
+                    true => {
+                        "takes no timer messages (a NORMAL, FIFO or TRANSACTION topic: a \
+                             scheduled event needs message.type DELAY or MIXED, `mqadmin \
+                             updateTopic -t {topic} -a +message.type=DELAY`)"
+                    }
+                    false => {
+                        "takes none of them (a TRANSACTION topic: give it message.type \
+                              NORMAL, FIFO, DELAY or MIXED, `mqadmin updateTopic -t {topic} -a \
+                              +message.type=FIFO`)"
+                    }
+                };
+                let types = types.replace("{topic}", topic);
+                Judgement::Undecided(format!(
+                    "the RocketMQ 5 proxy refused this event as malformed (code 13, \
+                     MESSAGE_ILLEGAL) as a NORMAL, a FIFO and a DELAY message, and topic {topic} \
+                     has taken no event yet that would tell its type, so the relay cannot tell \
+                     which is refused: either the topic's message.type {types}, or the event \
+                     itself ({facts}). Name the topic's type in rocketmq.topic_types to decide at \
+                     once; meanwhile the event waits, never FAILED for this, and is judged again \
+                     at each attempt, as soon as another event of {topic} is taken"
+                ))
+            }
         }
     }
 
-    /// The proxy took `topic`'s events in `form` after refusing an earlier one: the topic is of
-    /// the type that form is for.
+    /// The proxy took a message of `topic` in `form`: that form is proven for it, and the topic
+    /// is of the type a grouped or timed form is for.
     pub(super) fn learn_accepted(&self, topic: &str, form: &Form) {
+        {
+            let mut accepted = self.accepted.lock().expect("not poisoned");
+            let forms = accepted.entry(topic.to_string()).or_default();
+            if forms.contains(form) {
+                return;
+            }
+            forms.push(form.clone());
+        }
         let kind = match form {
             Form::Grouped => TopicType::Fifo,
             Form::Timed => TopicType::Delay,
             Form::Plain | Form::Refused(_) => return,
         };
+        if self.known(topic).is_some() {
+            return;
+        }
         let mut facts = self.facts(topic);
         facts.of_cluster = Some(kind);
         self.learn(topic, facts);
@@ -140,26 +240,27 @@ impl TopicTypes {
         self.facts(topic).behind_proxy
     }
 
-    /// The error of a proxy that refused `topic`'s events in every form the relay can send.
-    pub(super) fn refused_every_form(&self, topic: &str) -> SendError {
-        let told = match self.configured.get(topic) {
-            Some(t) => format!(
-                "rocketmq.topic_types names it {}: check that this is its message.type",
-                t.name()
-            ),
-            None => "it refused NORMAL, FIFO and DELAY messages alike: it is probably a \
-                     TRANSACTION topic, which the relay cannot send to, or a NORMAL or FIFO one \
-                     that events with a deliver_at were written for (those need message.type \
-                     DELAY)"
-                .to_string(),
+    /// What proves that `topic` takes messages in `form`, if anything does (a MIXED topic takes
+    /// every form).
+    fn proof(&self, topic: &str, form: &Form) -> Option<&'static str> {
+        let accepted = (self.accepted.lock().expect("not poisoned").get(topic))
+            .is_some_and(|forms| forms.contains(form));
+        if accepted {
+            return Some("it took other events sent so");
+        }
+        let configured = self.configured.get(topic);
+        let kind = configured.copied().or(self.facts(topic).of_cluster)?;
+        let takes = match kind {
+            TopicType::Normal => form == &Form::Plain,
+            TopicType::Fifo => form == &Form::Grouped,
+            TopicType::Delay => form == &Form::Timed,
+            TopicType::Mixed => !matches!(form, Form::Refused(_)),
+            _ => false,
         };
-        SendError::Misconfigured(format!(
-            "the RocketMQ 5 proxy refused the events of topic {topic} as malformed (code 13, \
-             MESSAGE_ILLEGAL, its answer to a message of another type than the topic's): {told}; \
-             give {topic} message.type NORMAL, FIFO, DELAY or MIXED (`mqadmin updateTopic -t \
-             {topic} -a +message.type=FIFO`) or name its type in rocketmq.topic_types; the events \
-             wait, never FAILED for this"
-        ))
+        takes.then_some(match configured {
+            Some(_) => "rocketmq.topic_types says so",
+            None => "its broker says so",
+        })
     }
 
     fn known(&self, topic: &str) -> Option<TopicType> {
@@ -201,6 +302,56 @@ impl TopicTypes {
             source = self.source(topic),
         )
     }
+}
+
+/// How a form's messages are named in RocketMQ 5.
+fn form_name(form: &Form) -> &'static str {
+    match form {
+        Form::Plain => "NORMAL",
+        Form::Grouped => "FIFO",
+        Form::Timed => "DELAY",
+        Form::Refused(_) => "no",
+    }
+}
+
+/// The broker's own limit for a timer message's delay, unless its config sets another
+/// (`timerMaxDelaySec`), and for a message's size (`maxMessageSize`).
+const DEFAULT_TIMER_MAX_DELAY_MS: u64 = 3 * 24 * 3600 * 1000;
+const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// What about `m` a broker is known to refuse as malformed, as facts (never a guess of which
+/// applied: the broker does not say, and its limits are its configuration's).
+fn event_facts(m: &OutboundMessage) -> String {
+    let mut facts = Vec::new();
+    if let Some(due) = m.deliver_at_ms {
+        let ahead = due.saturating_sub(now_ms());
+        facts.push(format!(
+            "its deliver_at is {} ahead{}; a broker refuses a timer message due beyond its \
+             timerMaxDelaySec (3 days unless set otherwise)",
+            // To the minute: "5days", not "4days 23h 59m 59s".
+            humantime::format_duration(std::time::Duration::from_secs(
+                (ahead + 30_000) / 60_000 * 60
+            )),
+            if ahead > DEFAULT_TIMER_MAX_DELAY_MS {
+                ", beyond the default limit"
+            } else {
+                ""
+            }
+        ));
+    }
+    let bytes = m.payload.len();
+    if bytes * 4 >= DEFAULT_MAX_MESSAGE_BYTES {
+        facts.push(format!(
+            "its payload is {bytes} bytes; a broker refuses a message over its maxMessageSize \
+             (4 MiB unless set otherwise)"
+        ));
+    }
+    if facts.is_empty() {
+        return "neither its deliver_at nor its size is near a broker's default limits: the \
+                broker's log says why it refused it"
+            .to_string();
+    }
+    facts.join("; ")
 }
 
 #[cfg(test)]
@@ -267,30 +418,80 @@ mod tests {
         assert!(!types.ask_cluster("tx2"));
     }
 
+    fn message(deliver_in_days: Option<u64>) -> OutboundMessage {
+        OutboundMessage {
+            event_id: "e".into(),
+            biz_key: "k".into(),
+            topic: "t".into(),
+            tags: None,
+            headers: vec![],
+            payload: "{}".into(),
+            deliver_at_ms: deliver_in_days.map(|d| now_ms() + d * 24 * 3600 * 1000),
+        }
+    }
+
+    fn illegal() -> SendError {
+        SendError::Rejected("message too large or malformed: code 13".into())
+    }
+
     #[test]
     fn behind_a_proxy_an_unknown_type_is_learnt_from_the_send_it_accepts() {
         let types = TopicTypes::default();
         types.learn("t", facts(None, true));
-        assert_eq!(types.next_try("t", &Form::Plain), Some(Form::Grouped));
-        assert_eq!(types.next_try("t", &Form::Grouped), Some(Form::Timed));
-        assert_eq!(types.next_try("t", &Form::Timed), None, "every form tried");
+        let m = message(None);
+        let judge = |form: &Form, count| types.judge_illegal("t", form, count, &m, &illegal());
+        assert_eq!(judge(&Form::Plain, 3), Judgement::TryForm(Form::Grouped));
+        assert_eq!(judge(&Form::Grouped, 1), Judgement::TryForm(Form::Timed));
+        assert_eq!(
+            judge(&Form::Timed, 3),
+            Judgement::Split,
+            "a batch: which one?"
+        );
+        let Judgement::Undecided(reason) = judge(&Form::Timed, 1) else {
+            panic!("nothing tells the type: undecided");
+        };
+        assert!(
+            reason.contains("cannot") || reason.contains("either"),
+            "{reason}"
+        );
+        assert!(!reason.contains("probably"), "no guess: {reason}");
         types.learn_accepted("t", &Form::Grouped);
         assert_eq!(types.form("t", false), Form::Grouped);
-        assert_eq!(types.next_try("t", &Form::Plain), None, "known now");
         assert!(types.behind_proxy("t"));
         types.learn("d", facts(None, true));
         types.learn_accepted("d", &Form::Timed);
         assert_eq!(types.form("d", false), Form::Timed);
-        types.learn("straight", facts(None, false));
+    }
+
+    #[test]
+    fn a_message_refused_in_a_form_its_topic_takes_is_refused_for_itself() {
+        let types = TopicTypes::new([("conf".to_string(), TopicType::Delay)].into());
+        types.learn("d", facts(None, true));
+        types.learn_accepted("d", &Form::Timed);
+        types.learn("conf", facts(None, true));
+        let far = message(Some(5));
+        for topic in ["d", "conf"] {
+            let Judgement::EventsFault(reason) =
+                types.judge_illegal(topic, &Form::Timed, 1, &far, &illegal())
+            else {
+                panic!("{topic}: the event's own fault");
+            };
+            assert!(reason.contains("5days"), "{reason}");
+            assert!(reason.contains("timerMaxDelaySec"), "{reason}");
+            assert!(reason.contains("not the topic's type"), "{reason}");
+        }
+        // A proven form refused for a batch: split to find the event.
         assert_eq!(
-            types.next_try("straight", &Form::Plain),
-            None,
-            "a broker's refusal is the message's"
+            types.judge_illegal("d", &Form::Timed, 4, &far, &illegal()),
+            Judgement::Split
         );
-        assert!(matches!(
-            types.refused_every_form("t"),
-            SendError::Misconfigured(reason) if reason.contains("TRANSACTION topic")
-                && reason.contains("message.type DELAY")
-        ));
+        // Straight to a broker, code 13 is always the message's.
+        types.learn("straight", facts(None, false));
+        let Judgement::EventsFault(reason) =
+            types.judge_illegal("straight", &Form::Plain, 1, &message(None), &illegal())
+        else {
+            panic!("a broker's refusal is the message's");
+        };
+        assert!(reason.contains("the broker's log says why"), "{reason}");
     }
 }

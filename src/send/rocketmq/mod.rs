@@ -15,11 +15,11 @@ mod topics;
 pub use queue_table::QueueTable;
 pub use queues::QueueStore;
 
-use super::{OutboundMessage, SendError, Sink};
+use super::{OutboundMessage, SendError, SendFailure, Sink};
 use crate::config::RocketMqConfig;
 use crate::rocketmq_client::{is_missing_topic, ClientHost, ClientSecurity};
 use message::{accept, Request, Shape};
-use message_type::{Form, TopicTypes};
+use message_type::{Form, Judgement, TopicTypes};
 use queues::{QueueBook, TopicQueues};
 use rocketmq_client_rust::{ClientError, DefaultMQProducer, MQClientException, SendResult};
 use rocketmq_model::common::message::message_queue::MessageQueue;
@@ -173,7 +173,7 @@ impl RocketMqSink {
         &self,
         queue_index: usize,
         messages: Vec<Message>,
-    ) -> Result<Vec<String>, SendError> {
+    ) -> Result<Vec<String>, SendFailure> {
         let mut ids = Vec::with_capacity(messages.len());
         for message in messages {
             let topic = message.topic().to_string();
@@ -188,9 +188,15 @@ impl RocketMqSink {
                         .send_with_selector(message, pick, queue_index)
                         .await
                 })
-                .await
-                .map_err(|e| SendError::Retryable(e.to_string()))?;
-            ids.extend(self.answer(&topic, outcome, 1).await?);
+                .await;
+            let answered = match outcome {
+                Ok(outcome) => self.answer(&topic, outcome, 1).await,
+                Err(e) => Err(SendError::Retryable(e.to_string())),
+            };
+            match answered {
+                Ok(sent) => ids.extend(sent),
+                Err(error) => return Err(SendFailure { stored: ids, error }),
+            }
         }
         tracing::info!(
             queue_index,
@@ -359,7 +365,7 @@ impl Sink for RocketMqSink {
         topic: &str,
         queue_index: usize,
         messages: &[&OutboundMessage],
-    ) -> Result<Vec<String>, SendError> {
+    ) -> Result<Vec<String>, SendFailure> {
         // Below here every topic is the broker's name for it.
         let topic = &self.config.in_namespace(topic);
         self.rebuild_if_stuck().await;
@@ -378,33 +384,42 @@ impl Sink for RocketMqSink {
             .clone();
         let scheduled = messages.iter().any(|m| m.deliver_at_ms.is_some());
         let mut form = self.types.form(topic, scheduled);
-        let (mut ids, mut rest, mut tried) = (Vec::with_capacity(messages.len()), messages, false);
+        let (mut stored, mut rest) = (Vec::with_capacity(messages.len()), messages);
+        let failed = |stored: Vec<String>, error: SendError| SendFailure { stored, error };
         loop {
             let shape = match &form {
-                Form::Refused(reason) => return Err(SendError::Misconfigured(reason.clone())),
+                Form::Refused(reason) => {
+                    return Err(failed(stored, SendError::Misconfigured(reason.clone())))
+                }
                 Form::Plain => Shape::PLAIN,
                 Form::Grouped => Shape::GROUPED,
                 Form::Timed => Shape::TIMED,
             };
             // What was stored stays stored: a form tried next carries on after it.
             let (sent, refused) = self.send_as(topic, &queue, rest, shape).await;
+            if !sent.is_empty() {
+                self.types.learn_accepted(topic, &form);
+            }
             rest = &rest[sent.len()..];
-            ids.extend(sent);
+            stored.extend(sent);
             match refused {
-                None => {
-                    if tried {
-                        self.types.learn_accepted(topic, &form);
+                None => return Ok(stored),
+                Some(Refused::Illegal { error, count }) => {
+                    match self
+                        .types
+                        .judge_illegal(topic, &form, count, rest[0], &error)
+                    {
+                        Judgement::TryForm(next) => form = next,
+                        Judgement::Split => return Err(failed(stored, error)),
+                        Judgement::EventsFault(reason) => {
+                            return Err(failed(stored, SendError::Rejected(reason)))
+                        }
+                        Judgement::Undecided(reason) => {
+                            return Err(failed(stored, SendError::Misconfigured(reason)))
+                        }
                     }
-                    return Ok(ids);
                 }
-                Some(Refused::Illegal(error)) => match self.types.next_try(topic, &form) {
-                    Some(next) => (form, tried) = (next, true),
-                    None if self.types.behind_proxy(topic) => {
-                        return Err(self.types.refused_every_form(topic))
-                    }
-                    None => return Err(error),
-                },
-                Some(Refused::Other(error)) => return Err(error),
+                Some(Refused::Other(error)) => return Err(failed(stored, error)),
             }
         }
     }
@@ -412,9 +427,13 @@ impl Sink for RocketMqSink {
 
 /// Why [`RocketMqSink::send_as`] did not end in `SEND_OK`.
 enum Refused {
-    /// Refused as malformed (`MESSAGE_ILLEGAL`, 13): the message's fault from a broker, but from
-    /// a RocketMQ 5 proxy also its answer to a message of another type than the topic's.
-    Illegal(SendError),
+    /// A request of `count` messages refused as malformed (`MESSAGE_ILLEGAL`, 13): the message's
+    /// fault from a broker, but from a RocketMQ 5 proxy also its answer to a message of another
+    /// type than the topic's (see [`TopicTypes::judge_illegal`]).
+    Illegal {
+        error: SendError,
+        count: usize,
+    },
     Other(SendError),
 }
 
@@ -457,7 +476,7 @@ impl RocketMqSink {
             let illegal = matches!(&outcome, Err(e) if e.broker_response_code() == Some(13));
             match self.answer(topic, outcome, count).await {
                 Ok(sent) => ids.extend(sent),
-                Err(error) if illegal => return (ids, Some(Refused::Illegal(error))),
+                Err(error) if illegal => return (ids, Some(Refused::Illegal { error, count })),
                 Err(error) => return (ids, Some(Refused::Other(error))),
             }
         }

@@ -76,16 +76,19 @@ impl RocketMqSink {
         let groups: HashSet<String> = live.iter().map(|q| q.broker_name().to_string()).collect();
         self.memory.routed(topic, groups);
         if self.types.ask_cluster(topic) {
-            let facts = self.ask_topic_type(topic).await;
-            self.types.learn(topic, facts);
+            // Not learnt if it could not be asked: asked again at the next route refresh.
+            if let Some(facts) = self.ask_topic_type(topic).await {
+                self.types.learn(topic, facts);
+            }
         }
         Ok(Route::Queues(queues))
     }
 
     /// What the cluster says about `topic`'s type: whether the address the relay was given is a
     /// RocketMQ 5 proxy (it routes topics but, unlike a name server, lists no brokers), else the
-    /// type its first master's topic config names. Nothing known if that cannot be asked.
-    async fn ask_topic_type(&self, topic: &str) -> Facts {
+    /// type its first master's topic config names. `None` if that cannot be asked (no route,
+    /// no answer, a config that cannot be read).
+    async fn ask_topic_type(&self, topic: &str) -> Option<Facts> {
         let mut admin = self.security().admin(self.host.client_runtime());
         admin.set_namesrv_addr(self.namesrv.as_str());
         let owned = topic.to_string();
@@ -101,27 +104,32 @@ impl RocketMqSink {
                 let brokers = admin.examine_broker_cluster_info().await;
                 tracing::debug!(topic = %owned, ?master, brokers_listed = brokers.is_ok(),
                     "asking the cluster for the topic's type");
-                match (master, brokers) {
-                    (Some(_), Err(_)) => facts.behind_proxy = true,
+                let answered: Result<Facts, String> = match (master, brokers) {
+                    (Some(_), Err(_)) => {
+                        facts.behind_proxy = true;
+                        Ok(facts)
+                    }
                     (Some(addr), Ok(_)) => {
                         let config = admin.examine_topic_config(addr.into(), owned.into()).await;
-                        facts.of_cluster = config.ok().and_then(|c| {
-                            TopicType::from_broker(c.get_topic_message_type().as_str())
-                        });
+                        config.map_err(|e| e.to_string()).map(|c| {
+                            facts.of_cluster =
+                                TopicType::from_broker(c.get_topic_message_type().as_str());
+                            facts
+                        })
                     }
-                    (None, _) => {}
-                }
+                    (None, _) => Err("the topic's route names no master".to_string()),
+                };
                 admin.shutdown().await;
-                Ok::<_, ClientError>(facts)
+                Ok::<_, ClientError>(answered)
             })
             .await;
-        let asked = asked.map_err(|e| e.to_string());
+        let asked = (asked.map_err(|e| e.to_string()))
+            .and_then(|answer| answer.map_err(|e| e.to_string()))
+            .and_then(|answered| answered);
         asked
-            .and_then(|facts| facts.map_err(|e| e.to_string()))
-            .unwrap_or_else(|e| {
-                tracing::debug!(%topic, error = %e, "cannot ask the cluster for the topic's type");
-                Facts::default()
-            })
+            .map_err(|e| tracing::debug!(%topic, error = %e,
+                "cannot ask the cluster for the topic's type; asking again at the next route refresh"))
+            .ok()
     }
 
     /// The groups of `topic` as known before this route look-up: read from the queue store the

@@ -7,9 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Why a route look-up returned no queues.
 pub(super) enum Halt {
-    /// The shard is stopping.
-    Stopped,
-    /// It failed and the sender does not wait ([`OnFailure::Stall`]).
+    /// It failed for a reason worth retrying: the sender stalls, and its lane waits.
     Stall,
     /// Retrying cannot help, or the retries are used up: the events' outcome.
     Failed(SendOutcome),
@@ -19,8 +17,8 @@ pub(super) enum Halt {
 pub(super) enum Interrupt {
     /// The shard is stopping (cancelled, or its fence no longer holds).
     Stopped,
-    /// An attempt failed and the sender does not wait ([`OnFailure::Stall`]): the events left,
-    /// and the retries they used, for the topic's lane.
+    /// An attempt failed for a reason worth retrying: the events left, and the retries they
+    /// used, for the topic's lane (which waits out the delay).
     Stalled(Stalled),
 }
 
@@ -74,21 +72,10 @@ impl Stalled {
     }
 }
 
-/// What a sender does when an attempt fails for a reason worth retrying.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum OnFailure {
-    /// Waits out the retry delay and tries again (a lane: it holds one topic only).
-    Wait,
-    /// Hands the events over ([`Interrupt::Stalled`]) so the shard can go on with other topics.
-    Stall,
-}
-
-/// How a shard sends: what stops it between sends (its cancellation — shutdown, a drain
-/// timeout, a leadership that is over — and, checked right before each send, its fence), and
-/// what it does with a failed attempt.
+/// What stops a sender between sends: its cancellation (shutdown, a drain timeout, a
+/// leadership that is over) and, checked right before each send, its fence.
 #[derive(Clone, Copy)]
 pub(super) struct Stop<'a> {
     pub(super) cancel: &'a CancellationToken,
     pub(super) fence: &'a Fence,
-    pub(super) on_failure: OnFailure,
 }

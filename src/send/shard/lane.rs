@@ -11,18 +11,22 @@
 //! task has ended: a key's events are never sent by two tasks at once.
 //!
 //! Guarantee: a topic (or queue) that does not accept events holds back its own events only, in
-//! order.
+//! order, and the checkpoint only until it parks: from then on a lane releases the streamed
+//! events it holds (their rows stay PENDING for the sweeper) but the batch it retries, which
+//! tells when the topic accepts events again (see [`LaneInput::release`]).
 //! A lane holds at most [`LANE_CAPACITY`] events: well before that, the stream parks the
 //! topic's new events (see [`Stalls`]); where nothing parks, at most [`LANE_LIMIT`], and the
 //! shard waits while it is full.
 
-use super::{next_batch, queue_index, resume, send_batch, Backoff, OnFailure, ShardOptions};
-use super::{Completion, ShardEvent, Sink, Stalled, Stop};
+use super::{next_batch, queue_index, resume_now, send_batch, Backoff, ShardOptions};
+use super::{Completion, EventSource, Interrupt, ShardEvent, Sink, Stalled, Stop};
+use crate::event::Origin;
 use crate::send::stall::{LaneId, QueueIndex, LANE_LIMIT};
 use crate::send::Stalls;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -103,6 +107,14 @@ impl<'a, S: Sink> Lanes<'a, S> {
         // The common case, nothing stalled anywhere, costs no look-up.
         if self.lanes.is_empty() && !stalls.any() {
             return Ok(Some(event));
+        }
+        // Handed on just before its topic (or queue) began to park: parked here instead.
+        let mut event = event;
+        let message = &event.row.message;
+        if event.origin.holds_checkpoint() && stalls.releases(&message.topic, &message.biz_key) {
+            event.origin.release();
+            crate::send::stall::count_parked(&message.topic);
+            return Ok(None);
         }
         let of_topic = self.lanes.get(&event.row.message.topic);
         let queue = if of_topic.is_some_and(|lanes| lanes.contains_key(&None)) {
@@ -275,11 +287,12 @@ impl Drop for Closing<'_> {
 
 /// A lane: once the lanes it takes over from (`before`) have ended, sends `stalled`, then the
 /// events queued behind it, each batch retried until it has its outcome; closes its input once
-/// it finds it empty and ends when it has sent what was left.
+/// it finds it empty and ends when it has sent what was left. Once its topic parks
+/// ([`Stalls::release_due`]) it releases the streamed events it holds (see [`LaneInput::release`]).
 async fn run_lane<S: Sink>(
     sink: Arc<S>,
     (before, stalled): (Vec<JoinHandle<()>>, Stalled),
-    mut input: mpsc::Receiver<ShardEvent>,
+    input: mpsc::Receiver<ShardEvent>,
     completions: mpsc::Sender<Completion>,
     options: ShardOptions,
     cancel: CancellationToken,
@@ -290,52 +303,180 @@ async fn run_lane<S: Sink>(
     for lane in before {
         let _ = lane.await;
     }
-    let stop = Stop {
-        cancel: &cancel,
-        fence: &options.fence,
-        on_failure: OnFailure::Wait,
+    let mut lane = LaneRun {
+        sink: &*sink,
+        input: LaneInput {
+            kept: VecDeque::new(),
+            rx: input,
+        },
+        completions: &completions,
+        options: &options,
+        held: &held,
+        stop: Stop {
+            cancel: &cancel,
+            fence: &options.fence,
+        },
     };
     let size = stalled.batch.len();
-    if resume(&*sink, stalled, &completions, stop).await.is_err() {
+    if lane.settle(stalled, size).await.is_err() {
         return;
     }
     held.group_answers();
-    held.done(size);
     let mut next_first: Option<ShardEvent> = None;
     loop {
-        let first = match next_first.take().or_else(|| input.try_recv().ok()) {
+        let first = match next_first.take().or_else(|| lane.input.try_next()) {
             Some(event) => event,
             None => {
-                input.close();
-                match input.recv().await {
+                lane.input.rx.close();
+                match lane.input.rx.recv().await {
                     Some(event) => event,
                     None => return,
                 }
             }
         };
+        let (sink, completions, options, stop) =
+            (lane.sink, lane.completions, lane.options, lane.stop);
         let next = next_batch(
-            &*sink,
+            sink,
             first,
-            &mut input,
+            &mut lane.input,
             &mut next_first,
-            &completions,
-            &options,
-            stop,
+            completions,
+            options,
         );
-        let sent = match next.await {
+        let (size, sent) = match next.await {
             Ok(Some((batch, queue))) => {
                 let size = batch.len();
                 let backoff = Backoff::new(&options.retry, &options.wake);
-                send_batch(&*sink, batch, queue, backoff, &completions, stop)
-                    .await
-                    .map(|()| size)
+                let sent = send_batch(sink, batch, queue, backoff, completions, stop).await;
+                (size, sent)
             }
-            Ok(None) => Ok(1),
-            Err(interrupt) => Err(interrupt),
+            Ok(None) => (1, Ok(())),
+            Err(interrupt) => (1, Err(interrupt)),
         };
-        match sent {
-            Ok(size) => held.done(size),
-            Err(_) => return,
+        let settled = match sent {
+            Ok(()) => {
+                held.done(size);
+                Ok(())
+            }
+            Err(Interrupt::Stalled(stalled)) => lane.settle(stalled, size).await,
+            Err(Interrupt::Stopped) => Err(()),
+        };
+        if settled.is_err() {
+            return;
         }
+    }
+}
+
+/// A lane at work: what it sends through and reports to, and what it holds.
+struct LaneRun<'a, S> {
+    sink: &'a S,
+    input: LaneInput,
+    completions: &'a mpsc::Sender<Completion>,
+    options: &'a ShardOptions,
+    held: &'a Held,
+    /// A failed attempt stalls: the lane waits itself ([`LaneRun::settle`]), releasing what it
+    /// holds meanwhile once its topic parks.
+    stop: Stop<'a>,
+}
+
+impl<S: Sink> LaneRun<'_, S> {
+    /// Retries `stalled` (what is left of a batch of `size` events whose attempt failed, with the
+    /// retries it used) until every event of it has an outcome: waits out each retry delay,
+    /// releasing what the lane holds once its topic parks. `Err` once the lane stops.
+    async fn settle(&mut self, mut stalled: Stalled, mut size: usize) -> Result<(), ()> {
+        let topic = stalled.topic().to_string();
+        loop {
+            self.held.done(size - stalled.batch.len());
+            size = stalled.batch.len();
+            let queue = stalled.queue.filter(|_| self.sink.stable_queues());
+            loop {
+                let due = self.options.stalls.release_due(&topic);
+                let now = Instant::now();
+                if due.is_some_and(|due| due <= now) {
+                    self.input.release(&mut stalled, self.held);
+                }
+                let cancel = self.stop.cancel;
+                let attempt = match due.filter(|&due| due > now) {
+                    Some(until) => {
+                        (stalled.backoff)
+                            .wait_or_until(&topic, queue, until.into(), cancel)
+                            .await?
+                    }
+                    None => {
+                        stalled.backoff.wait(&topic, queue, cancel).await?;
+                        true
+                    }
+                };
+                if attempt {
+                    break;
+                }
+            }
+            match resume_now(self.sink, stalled, self.completions, self.stop).await {
+                Ok(()) => {
+                    self.held.done(size);
+                    return Ok(());
+                }
+                Err(Interrupt::Stalled(again)) => stalled = again,
+                Err(Interrupt::Stopped) => return Err(()),
+            }
+        }
+    }
+}
+
+/// What a lane has yet to send: the events it kept through a release, then its queue.
+struct LaneInput {
+    kept: VecDeque<ShardEvent>,
+    rx: mpsc::Receiver<ShardEvent>,
+}
+
+impl LaneInput {
+    fn try_next(&mut self) -> Option<ShardEvent> {
+        self.kept.pop_front().or_else(|| self.rx.try_recv().ok())
+    }
+
+    /// The lane's topic parks: gives back the acknowledgement of every streamed event the lane
+    /// holds ([`crate::event::Origin::release`]), so the checkpoint passes them, and lets go of
+    /// those it need not keep; their rows are PENDING, for the sweeper once the topic accepts
+    /// events again. Kept in memory: `retrying` (the batch the lane retries, its probe of the
+    /// topic), claimed events (their leases are renewed while they are held), and any streamed
+    /// event followed by a kept one of its key (it must go first). Safe to repeat.
+    fn release(&mut self, retrying: &mut Stalled, held: &Held) {
+        let mut released = 0;
+        for event in &mut retrying.batch {
+            released += usize::from(event.origin.release());
+        }
+        let mut queued: Vec<ShardEvent> = self.kept.drain(..).collect();
+        while let Ok(event) = self.rx.try_recv() {
+            queued.push(event);
+        }
+        let mut keys_kept: HashSet<String> = HashSet::new();
+        let mut dropped = 0;
+        for mut event in queued.into_iter().rev() {
+            released += usize::from(event.origin.release());
+            let key = &event.row.message.biz_key;
+            if event.origin == Origin::Claimed || keys_kept.contains(key) {
+                keys_kept.insert(key.clone());
+                self.kept.push_front(event);
+            } else {
+                dropped += 1;
+            }
+        }
+        held.done(dropped);
+        if released > 0 {
+            for _ in 0..released {
+                crate::send::stall::count_parked(&held.topic);
+            }
+            tracing::info!(topic = %held.topic, released, dropped, kept = self.kept.len() + retrying.batch.len(),
+                "released the streamed events of a stalled topic held in memory: they stay PENDING \
+                 for the sweeper, and the checkpoint goes on past them; the batch being retried \
+                 is kept to learn when the topic accepts events again");
+        }
+    }
+}
+
+impl EventSource for LaneInput {
+    fn try_next(&mut self) -> Option<ShardEvent> {
+        LaneInput::try_next(self)
     }
 }

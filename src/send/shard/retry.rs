@@ -49,14 +49,14 @@ impl WakeUp {
         }
     }
 
-    /// Waits until `deadline` or a wake-up for `topic`, whichever comes first; `Err` if
-    /// `cancel` fires.
+    /// Waits until `deadline` or a wake-up for `topic`, whichever comes first (true: woken);
+    /// `Err` if `cancel` fires.
     async fn wait_until(
         &self,
         topic: &str,
         deadline: Instant,
         cancel: &CancellationToken,
-    ) -> Result<(), ()> {
+    ) -> Result<bool, ()> {
         let notify = {
             let mut waiting = self.waiting();
             let entry =
@@ -67,8 +67,8 @@ impl WakeUp {
         self.waiting_total.fetch_add(1, Ordering::SeqCst);
         let waited = tokio::select! {
             _ = cancel.cancelled() => Err(()),
-            _ = tokio::time::sleep_until(deadline) => Ok(()),
-            _ = notify.notified() => Ok(()),
+            _ = tokio::time::sleep_until(deadline) => Ok(false),
+            _ = notify.notified() => Ok(true),
         };
         self.waiting_total.fetch_sub(1, Ordering::SeqCst);
         let mut waiting = self.waiting();
@@ -208,6 +208,27 @@ impl Backoff {
         self.wake
             .wait_until(&wait_key(topic, queue), deadline, cancel)
             .await
+            .map(drop)
+    }
+
+    /// As [`Backoff::wait`], but returns at `until` too, if that comes first: true when the next
+    /// attempt is due (the delay is over, or a wake-up came), false when it returned at `until`.
+    pub(super) async fn wait_or_until(
+        &self,
+        topic: &str,
+        queue: Option<usize>,
+        until: Instant,
+        cancel: &CancellationToken,
+    ) -> Result<bool, ()> {
+        let deadline = self.deadline.unwrap_or_else(Instant::now);
+        if until >= deadline {
+            self.wait(topic, queue, cancel).await?;
+            return Ok(true);
+        }
+        let woken = (self.wake)
+            .wait_until(&wait_key(topic, queue), until, cancel)
+            .await?;
+        Ok(woken || Instant::now() >= deadline)
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 mod refused;
+mod released;
 mod stalled;
 
 type Answer = Result<(), SendError>;
@@ -38,6 +39,9 @@ struct ScriptedSink {
     stable: bool,
     /// How long a send to a down queue takes to fail (a frozen broker's timeout).
     down_queue_timeout: Duration,
+    /// The next send stores this many of its messages, then fails with this error (a batch of
+    /// several requests, a later one refused).
+    partial: Mutex<Option<(usize, SendError)>>,
 }
 
 impl ScriptedSink {
@@ -96,7 +100,7 @@ impl Sink for ScriptedSink {
         topic: &str,
         queue: usize,
         messages: &[&OutboundMessage],
-    ) -> Result<Vec<String>, SendError> {
+    ) -> Result<Vec<String>, SendFailure> {
         let ids: Vec<String> = messages.iter().map(|m| m.event_id.clone()).collect();
         self.calls
             .lock()
@@ -105,21 +109,27 @@ impl Sink for ScriptedSink {
         if queue >= self.queue_count(topic).await? {
             return Err(SendError::Retryable(format!(
                 "topic {topic} has fewer queues than before; re-routing"
-            )));
+            ))
+            .into());
         }
         if (self.down_queues.lock().unwrap()).contains(&(topic.to_string(), queue)) {
             tokio::time::sleep(self.down_queue_timeout).await;
             return Err(SendError::Retryable(format!(
                 "queue {queue} of topic {topic} is on a broker group that is unavailable"
-            )));
+            ))
+            .into());
         }
         if self.down_topics.lock().unwrap().contains(topic) {
-            return Err(SendError::Retryable(format!(
-                "topic {topic} is not writable (code 16)"
-            )));
+            return Err(
+                SendError::Retryable(format!("topic {topic} is not writable (code 16)")).into(),
+            );
+        }
+        if let Some((stored, error)) = self.partial.lock().unwrap().take() {
+            let stored = ids[..stored].iter().map(|id| format!("msg-{id}")).collect();
+            return Err(SendFailure { stored, error });
         }
         if ids.iter().any(|id| self.poison.contains(id)) {
-            return Err(SendError::Rejected("message too large".into()));
+            return Err(SendError::Rejected("message too large".into()).into());
         }
         let next = self.answers.lock().unwrap().pop_front();
         let answer = next.unwrap_or_else(|| match &self.down {
@@ -128,7 +138,7 @@ impl Sink for ScriptedSink {
         });
         match answer {
             Ok(()) => Ok(ids.iter().map(|id| format!("msg-{id}")).collect()),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         }
     }
 }

@@ -1,0 +1,155 @@
+//! What a shard does not send again, and what it stops holding: a stalled topic's streamed
+//! events leave memory (their acknowledgements given back) once the topic parks, but the batch
+//! its lane retries; what the broker stored before a send failed is never sent again.
+
+use super::*;
+use crate::event::{Ack, Acknowledge};
+use crate::send::Stalls;
+
+/// Records the tokens acknowledged.
+#[derive(Default)]
+struct Acked(Mutex<Vec<u64>>);
+
+impl Acknowledge for Acked {
+    fn acknowledge(&self, token: u64) {
+        self.0.lock().unwrap().push(token);
+    }
+}
+
+impl Acked {
+    fn tokens(&self) -> Vec<u64> {
+        let mut tokens = self.0.lock().unwrap().clone();
+        tokens.sort();
+        tokens
+    }
+}
+
+/// Event `id` read from the binlog, its acknowledgement's token `id`.
+fn streamed(acked: &Arc<Acked>, id: u64, key: &str, topic: &str) -> ShardEvent {
+    let to: Arc<dyn Acknowledge> = acked.clone();
+    let ShardEvent { row, .. } = event(id, key, topic);
+    ShardEvent::streamed(Ack::new(to, id), row)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parked_topic_s_lane_releases_its_streamed_events_but_the_batch_it_retries() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    sink.down_topics.lock().unwrap().insert("t".into());
+    let stalls = Arc::new(Stalls::new(Duration::from_secs(2)));
+    let options = ShardOptions {
+        stalls: Arc::clone(&stalls),
+        ..ShardOptions::default()
+    };
+    let acked = Arc::new(Acked::default());
+    let (input, rx) = mpsc::channel(100);
+    let (completions, mut done) = mpsc::channel(100);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(run_shard(
+        Arc::clone(&sink),
+        rx,
+        completions,
+        options,
+        cancel.clone(),
+    ));
+    // e1 fails and opens t's lane (its probe); e3 (key c) is followed by a claimed row of its
+    // key, so it must stay; e5 need not.
+    for e in [
+        streamed(&acked, 1, "a", "t"),
+        streamed(&acked, 2, "b", "u"),
+        streamed(&acked, 3, "c", "t"),
+        event(4, "c", "t"),
+        streamed(&acked, 5, "d", "t"),
+    ] {
+        input.send(e).await.unwrap();
+    }
+    let first = done.recv().await.unwrap();
+    assert_eq!(first.event_id, "e2", "u flows");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        acked.tokens().is_empty(),
+        "held, not released, before park_after"
+    );
+    assert_eq!(stalls.held("t"), 4);
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        acked.tokens(),
+        [1, 3, 5],
+        "every streamed event of t given back at 2 s"
+    );
+    assert_eq!(
+        stalls.held("t"),
+        3,
+        "e5 left memory; e1 (the probe), e3 and e4 stay"
+    );
+    // An event handed on just before the stream began parking: released at the shard.
+    input.send(streamed(&acked, 6, "e", "t")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(acked.tokens(), [1, 3, 5, 6]);
+    assert_eq!(stalls.held("t"), 3);
+
+    sink.down_topics.lock().unwrap().clear();
+    let mut recovered = Vec::new();
+    for _ in 0..3 {
+        let c = done.recv().await.unwrap();
+        assert!(matches!(c.outcome, SendOutcome::Sent { .. }), "{c:?}");
+        recovered.push((c.event_id, c.origin));
+    }
+    assert_eq!(
+        recovered,
+        [
+            ("e1".to_string(), Origin::Released),
+            ("e3".to_string(), Origin::Released),
+            ("e4".to_string(), Origin::Claimed),
+        ]
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!stalls.is_stalled("t"), "the lane closed");
+    drop(input);
+    task.await.unwrap();
+    assert!(
+        done.recv().await.is_none(),
+        "e5 and e6 are the sweeper's to send"
+    );
+    assert_eq!(acked.tokens(), [1, 3, 5, 6], "none acknowledged twice");
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_the_broker_stored_before_a_send_failed_is_reported_and_never_sent_again() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    *sink.partial.lock().unwrap() = Some((2, SendError::Retryable("timeout".into())));
+    let done = run(
+        Arc::clone(&sink),
+        vec![event(1, "a", "t"), event(2, "a", "t"), event(3, "a", "t")],
+        ShardOptions::default(),
+    )
+    .await;
+    assert_eq!(
+        outcomes(&done),
+        [
+            ("e1".to_string(), sent("e1")),
+            ("e2".to_string(), sent("e2")),
+            ("e3".to_string(), sent("e3")),
+        ]
+    );
+    let sends: Vec<Vec<String>> = sink.calls().into_iter().map(|(_, _, ids)| ids).collect();
+    assert_eq!(sends, [vec!["e1", "e2", "e3"], vec!["e3"]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_after_a_stored_request_fails_only_the_refused_event() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    *sink.partial.lock().unwrap() = Some((1, SendError::Rejected("code 13".into())));
+    let done = run(
+        Arc::clone(&sink),
+        vec![event(1, "a", "t"), event(2, "a", "t"), event(3, "a", "t")],
+        ShardOptions::default(),
+    )
+    .await;
+    assert_eq!(done[0].outcome, sent("e1"));
+    // e2 and e3 are sent one by one to find which was refused: neither is, this time.
+    assert_eq!(done[1].outcome, sent("e2"));
+    assert_eq!(done[2].outcome, sent("e3"));
+    let sends: Vec<Vec<String>> = sink.calls().into_iter().map(|(_, _, ids)| ids).collect();
+    assert_eq!(sends, [vec!["e1", "e2", "e3"], vec!["e2"], vec!["e3"]]);
+}
