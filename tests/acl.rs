@@ -33,6 +33,7 @@ use outbox_devenv::{
 };
 use rocketmq_outbox::config::{Config, Secret};
 use rocketmq_outbox::consumer::{IdempotentProcessor, IdempotentPushConsumer, PushConsumerOptions};
+use rocketmq_outbox::leader::Fence;
 use rocketmq_outbox::outbox::status::codes::SENT;
 use rocketmq_outbox::outbox::OutboundMessage;
 use rocketmq_outbox::send::{RocketMqSink, SendError, Sink};
@@ -151,7 +152,9 @@ async fn refusal_of(account: &AclAccount, topic: &str) -> (SendError, String) {
     let sink = RocketMqSink::start(&config)
         .await
         .expect("the producer starts");
-    let answer = sink.send(topic, 0, &[&message(topic)]).await;
+    let answer = sink
+        .send(topic, 0, &[&message(topic)], &Fence::open())
+        .await;
     sink.shutdown().await;
     let out = cluster()
         .mqadmin_as(account, &["sendMessage", "-t", topic, "-p", "probe"])
@@ -197,7 +200,10 @@ async fn the_broker_refuses_unknown_keys_wrong_secrets_and_missing_permissions_a
     config.access_key = Some(granted.access_key.clone());
     config.secret_key = Some(Secret::new(granted.secret_key.as_str()));
     let sink = RocketMqSink::start(&config).await.unwrap();
-    let ids = sink.send(&topic, 0, &[&message(&topic)]).await.unwrap();
+    let ids = sink
+        .send(&topic, 0, &[&message(&topic)], &Fence::open())
+        .await
+        .unwrap();
     sink.shutdown().await;
     let mut reader = signed_reader(&topic).await;
     let stored = reader

@@ -8,6 +8,7 @@ use common::rocketmq::{new_topic, rocketmq};
 use outbox_devenv::rocketmq::apache::printed_message_ids;
 use outbox_devenv::TopicReader;
 use rocketmq_outbox::config::RocketMqConfig;
+use rocketmq_outbox::leader::Fence;
 use rocketmq_outbox::outbox::OutboundMessage;
 use rocketmq_outbox::send::{RocketMqSink, Sink};
 use rocketmq_outbox::test_utils::sample_message;
@@ -35,7 +36,10 @@ async fn every_id_a_send_returns_is_the_id_the_broker_stored_batches_included() 
             .collect();
         next += size;
         let refs: Vec<&OutboundMessage> = batch.iter().collect();
-        let ids = sink.send(&topic, queue, &refs).await.expect("SEND_OK");
+        let ids = sink
+            .send(&topic, queue, &refs, &Fence::open())
+            .await
+            .expect("SEND_OK");
         assert_eq!(ids.len(), size);
         for (m, id) in batch.iter().zip(ids) {
             returned.insert(m.event_id.clone(), id);

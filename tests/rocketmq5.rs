@@ -25,6 +25,7 @@ use rocketmq_outbox::consumer::{
     ConsumedEvent, Disposition, Handler, IdempotentProcessor, IdempotentPushConsumer, Outcome,
     PushConsumerOptions,
 };
+use rocketmq_outbox::leader::Fence;
 use rocketmq_outbox::outbox::OutboundMessage;
 use rocketmq_outbox::outbox::Status;
 use rocketmq_outbox::send::{RocketMqSink, SendError, SendFailure, Sink};
@@ -97,7 +98,7 @@ async fn send_events(sink: &RocketMqSink, topic: &str, count: usize) -> HashMap<
     let events: Vec<OutboundMessage> = (0..count).map(|i| sample_message(topic, i)).collect();
     for (n, chunk) in events.chunks(8).enumerate() {
         let refs: Vec<&OutboundMessage> = chunk.iter().collect();
-        let sent = match sink.send(topic, n % queues, &refs).await {
+        let sent = match sink.send(topic, n % queues, &refs, &Fence::open()).await {
             Ok(sent) => sent,
             Err(e) => panic!("{topic}: send of {} events refused: {e:?}", refs.len()),
         };
@@ -167,7 +168,9 @@ async fn a_topic_type_the_relay_cannot_serve_is_a_configuration_error_not_the_ev
     let message = sample_message(&transaction, 0);
     let queues = sink.queue_count(&transaction).await.expect("route");
     assert!(queues > 0);
-    let refused = sink.send(&transaction, 0, &[&message]).await;
+    let refused = sink
+        .send(&transaction, 0, &[&message], &Fence::open())
+        .await;
     sink.shutdown().await;
     match refused {
         Err(SendFailure {
@@ -185,7 +188,9 @@ async fn a_topic_type_the_relay_cannot_serve_is_a_configuration_error_not_the_ev
     // Straight to the broker, which would store it: its topic config says TRANSACTION, nothing
     // sent.
     let straight = sink_through(&rocketmq().namesrv_addr(), "transaction_straight").await;
-    let refused = straight.send(&transaction, 0, &[&message]).await;
+    let refused = straight
+        .send(&transaction, 0, &[&message], &Fence::open())
+        .await;
     straight.shutdown().await;
     match refused {
         Err(SendFailure {

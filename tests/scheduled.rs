@@ -20,6 +20,7 @@ use common::TestDb;
 use mysql_async::prelude::*;
 use outbox_devenv::TopicReader;
 use rocketmq_outbox::config::RocketMqConfig;
+use rocketmq_outbox::leader::Fence;
 use rocketmq_outbox::outbox::Status;
 use rocketmq_outbox::producer::{NewEvent, Outbox};
 use rocketmq_outbox::send::{RocketMqSink, Sink};
@@ -156,7 +157,11 @@ async fn scheduled_events_reach_consumers_no_earlier_than_their_time() {
     let mut event = sample_message(&delay, 0);
     let straight_due = unix_ms(SystemTime::now()) + 3_000;
     event.deliver_at_ms = Some(straight_due);
-    let straight_id = straight.send(&delay, 0, &[&event]).await.expect("sent")[0].clone();
+    let straight_id = straight
+        .send(&delay, 0, &[&event], &Fence::open())
+        .await
+        .expect("sent")[0]
+        .clone();
     straight.shutdown().await;
 
     // The broker's own store: every event of the DELAY topic stored in it no earlier than its

@@ -123,8 +123,12 @@ fn print_report(r: &StatusReport) {
     match &relay.leader {
         Some(leader) => match relay.lease_left_seconds {
             None => println!(
-                "leader      {leader} (epoch {}, elected by lock)",
-                relay.leader_epoch
+                "leader      {leader} (epoch {}, elected by lock{})",
+                relay.leader_epoch,
+                match relay.lock_held {
+                    Some(false) => ": the lock is free, nobody holds it",
+                    _ => "",
+                }
             ),
             Some(left) if left >= 0.0 => println!(
                 "leader      {leader} (epoch {}, elected by lease: renewed, runs out in {left:.1} s unless renewed)",

@@ -5,13 +5,15 @@
 //! returns `false` as soon as either the leadership was ended ([`Fence::end`]: a renewal found a
 //! newer epoch, the checkpoint mirror refused this epoch, the lock was lost) or its validity ran
 //! out: a leadership is valid for a fixed time after the start of its last successful renewal
-//! (measured on this process's monotonic clock), so a leader that was frozen (`SIGSTOP`, a
-//! stalled VM) or cut off stops before its next send, even if its watch task has not run yet.
+//! (measured on the boot-time clock, which counts a suspended VM's time: [`BootInstant`]), so a
+//! leader that was frozen (`SIGSTOP`, a paused or suspended VM) or cut off stops before its next
+//! send, even if its watch task has not run yet.
 
+use super::clock::BootInstant;
 use crate::metrics::LeadershipEnd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// A leadership's fence (cheap to clone; every clone sees the same state).
@@ -29,7 +31,7 @@ struct Inner {
     /// Cancelled by the first [`Fence::end`], once it is counted: what waiters watch.
     over: CancellationToken,
     /// The instant validity is measured from.
-    base: Instant,
+    base: BootInstant,
     /// Milliseconds after `base` until which the leadership is valid (`u64::MAX`: no limit).
     valid_until_ms: AtomicU64,
 }
@@ -37,7 +39,7 @@ struct Inner {
 impl Fence {
     /// The fence of a new leadership of `epoch`, valid for `valid_for` after `renewed_at` (when
     /// the write that made it leader was sent).
-    pub fn new(epoch: u64, renewed_at: Instant, valid_for: Duration) -> Self {
+    pub fn new(epoch: u64, renewed_at: BootInstant, valid_for: Duration) -> Self {
         let fence = Fence {
             inner: Arc::new(Inner {
                 epoch: Some(epoch),
@@ -58,7 +60,7 @@ impl Fence {
                 epoch: None,
                 ended: AtomicBool::new(false),
                 over: CancellationToken::new(),
-                base: Instant::now(),
+                base: BootInstant::now(),
                 valid_until_ms: AtomicU64::new(u64::MAX),
             }),
         }
@@ -76,7 +78,7 @@ impl Fence {
             return false;
         }
         let valid_until = self.inner.valid_until_ms.load(Ordering::Acquire);
-        if self.elapsed_ms(Instant::now()) >= valid_until {
+        if self.elapsed_ms(BootInstant::now()) >= valid_until {
             self.end(
                 LeadershipEnd::EXPIRED,
                 format_args!(
@@ -91,7 +93,7 @@ impl Fence {
 
     /// Extends validity to `valid_for` after `at` (the start of a renewal that succeeded).
     /// Validity never moves back, and an ended fence stays ended.
-    pub fn renewed(&self, at: Instant, valid_for: Duration) {
+    pub fn renewed(&self, at: BootInstant, valid_for: Duration) {
         let until = self
             .elapsed_ms(at)
             .saturating_add(valid_for.as_millis() as u64);
@@ -104,7 +106,7 @@ impl Fence {
             return None;
         }
         let until = self.inner.valid_until_ms.load(Ordering::Acquire);
-        let now = self.elapsed_ms(Instant::now());
+        let now = self.elapsed_ms(BootInstant::now());
         Some(Duration::from_millis(until.saturating_sub(now)))
     }
 
@@ -130,7 +132,7 @@ impl Fence {
         self.inner.over.clone()
     }
 
-    fn elapsed_ms(&self, at: Instant) -> u64 {
+    fn elapsed_ms(&self, at: BootInstant) -> u64 {
         at.saturating_duration_since(self.inner.base).as_millis() as u64
     }
 }
@@ -157,23 +159,23 @@ mod tests {
 
     #[test]
     fn a_leadership_ends_when_its_validity_runs_out_and_never_comes_back() {
-        let start = Instant::now();
+        let start = BootInstant::now();
         let fence = Fence::new(7, start, Duration::from_millis(50));
         assert!(fence.holds());
         assert_eq!(fence.epoch(), Some(7));
         std::thread::sleep(Duration::from_millis(80));
         assert!(!fence.holds(), "validity ran out");
         assert!(fence.ended().is_cancelled());
-        fence.renewed(Instant::now(), Duration::from_secs(60));
+        fence.renewed(BootInstant::now(), Duration::from_secs(60));
         assert!(!fence.holds(), "an ended fence stays ended");
     }
 
     #[test]
     fn a_renewal_extends_validity_and_an_older_one_does_not_shorten_it() {
-        let start = Instant::now();
+        let start = BootInstant::now();
         let fence = Fence::new(1, start, Duration::from_millis(60));
         std::thread::sleep(Duration::from_millis(30));
-        fence.renewed(Instant::now(), Duration::from_millis(200));
+        fence.renewed(BootInstant::now(), Duration::from_millis(200));
         fence.renewed(start, Duration::from_millis(60)); // a late answer to an older renewal
         std::thread::sleep(Duration::from_millis(60));
         assert!(fence.holds());

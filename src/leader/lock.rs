@@ -60,7 +60,7 @@ pub(super) async fn release(conn: &mut Conn, lock: &str) -> Result<(), mysql_asy
 }
 
 /// A lock name of at most 64 characters (MySQL's limit) unique to `database` and `name`.
-pub(super) fn lock_name(database: &str, name: &str) -> String {
+pub fn lock_name(database: &str, name: &str) -> String {
     let digest = Sha256::digest(format!("{database}\0{name}").as_bytes());
     let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
     format!("outbox-relay-leader-{hex}")

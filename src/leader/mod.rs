@@ -22,6 +22,7 @@
 //!   loss: both leaders send only committed rows, and each checkpoint is safe on its own.
 //! - **A leader that cannot renew stops** when its validity runs out, and stands by again.
 
+mod clock;
 mod fence;
 pub mod lease;
 pub mod lock;
@@ -32,6 +33,7 @@ pub use fence::Fence;
 use crate::binlog::reader::StartupError;
 use crate::metrics::LeadershipEnd;
 use crate::retry::RetryPolicy;
+use clock::BootInstant;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 use std::time::{Duration, Instant};
@@ -121,7 +123,7 @@ impl Election {
     /// Becomes the leader if nobody is: `None` at once when another instance leads (by lease:
     /// when the row has a leader, even one whose lease is running out).
     pub async fn try_lead(&self) -> Result<Option<Leadership>, mysql_async::Error> {
-        let started = Instant::now();
+        let started = BootInstant::now();
         match &self.method {
             Method::Lock { lock } => {
                 let mut conn = lock::connect(&self.opts).await?;
@@ -176,7 +178,7 @@ impl Election {
             Method::Lock { lock } => {
                 let mut conn = lock::connect(&self.opts).await?;
                 loop {
-                    let started = Instant::now();
+                    let started = BootInstant::now();
                     let took = crate::db::bounded(lock::take(&mut conn, lock, WAIT_STEP));
                     if took.await? {
                         return self.begin_locked(conn, started).await;
@@ -186,7 +188,7 @@ impl Election {
             Method::Lease => {
                 let mut conn = consistent_connection(&self.opts).await?;
                 loop {
-                    let started = Instant::now();
+                    let started = BootInstant::now();
                     if let Some(leadership) =
                         self.look_and_claim(&mut conn, watcher, started).await?
                     {
@@ -204,7 +206,7 @@ impl Election {
         &self,
         conn: &mut Conn,
         watcher: &mut lease::Watcher,
-        started: Instant,
+        started: BootInstant,
     ) -> Result<Option<Leadership>, mysql_async::Error> {
         let row = crate::db::bounded(lease::look(conn, &self.name)).await?;
         if watcher.observe(row, Instant::now()) == lease::Verdict::Wait {
@@ -228,7 +230,7 @@ impl Election {
     async fn begin_locked(
         &self,
         mut conn: Conn,
-        started: Instant,
+        started: BootInstant,
     ) -> Result<Leadership, mysql_async::Error> {
         conn.exec_drop(
             "INSERT INTO outbox_relay_state (name, leader, leader_epoch, lease_until) \
@@ -254,7 +256,7 @@ impl Election {
         &self,
         epoch: u64,
         lock_conn: Option<Conn>,
-        started: Instant,
+        started: BootInstant,
         validity: Duration,
     ) -> Leadership {
         tracing::info!(instance = %self.instance, epoch, election = self.method(),
@@ -434,7 +436,7 @@ async fn watch(
         }
         // Bounded by the time the leadership has left: a renewal that answers later is too late.
         let left = fence.remaining()?;
-        let started = Instant::now();
+        let started = BootInstant::now();
         match tokio::time::timeout(left, election.renew(epoch)).await {
             Ok(Ok(None)) => fence.renewed(started, validity),
             Ok(Ok(Some(newer))) => {

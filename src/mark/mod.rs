@@ -65,8 +65,12 @@ pub struct MarkerContext {
     /// This instance's `owner` in claimed rows.
     pub owner: String,
     /// Checked before each batch: once it no longer holds (a leadership that is over), the
-    /// marker stops, leaving the batch unacknowledged.
+    /// marker stops, leaving the batch unacknowledged. With an epoch, every UPDATE is also
+    /// fenced in the database, as the checkpoint mirror is (see [`MarkerContext::relay_name`]).
     pub fence: Fence,
+    /// The deployment's row in `outbox_relay_state`: where the fence's epoch must still be the
+    /// leader's for a mark to be written (`None`, or an open fence: not fenced in the database).
+    pub relay_name: Option<String>,
 }
 
 impl MarkerContext {
@@ -75,7 +79,20 @@ impl MarkerContext {
         MarkerContext {
             owner: owner.into(),
             fence: Fence::open(),
+            relay_name: None,
         }
+    }
+
+    /// The condition every UPDATE of a leader's marks carries: its epoch still leads in the
+    /// deployment's row (a new leader raised it, so a frozen old leader's late marks touch
+    /// nothing). The name is written as a hex literal: any name, no quoting to get wrong.
+    fn epoch_condition(&self) -> Option<(String, u64)> {
+        let (name, epoch) = (self.relay_name.as_ref()?, self.fence.epoch()?);
+        let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
+        let condition = format!(
+            " AND EXISTS (SELECT 1 FROM outbox_relay_state WHERE name = X'{hex}' AND leader_epoch = {epoch})"
+        );
+        Some((condition, epoch))
     }
 
     /// The WHERE condition after `id …` for `completion`, and the owner to bind for it (if any);
@@ -137,6 +154,14 @@ pub async fn run_marker(
                 .await
                 .unwrap_or_else(|_| Err(WriteFailure::timed_out()));
             match written {
+                // A mark its epoch no longer allowed (another instance leads): unacknowledged.
+                Ok(()) if !rule.fence.holds() => {
+                    tracing::warn!(
+                        rows = batch.len(),
+                        "leadership is over: leaving this batch of outcomes unacknowledged"
+                    );
+                    return Ok(stats);
+                }
                 Ok(()) => break,
                 Err(failure) => {
                     if let Some(error) = failure.permanent(&pool).await {
@@ -279,6 +304,11 @@ async fn write(
     rule: &MarkerContext,
 ) -> Result<(), WriteFailure> {
     let mut conn = pool.get_conn().await.map_err(WriteFailure::connect)?;
+    let fenced = rule.epoch_condition();
+    let fence_sql = fenced.as_ref().map_or("", |(sql, _)| sql.as_str());
+    // Whether an UPDATE changed fewer rows than it named (rows SENT or FAILED already, a lease
+    // taken back: or the epoch fence).
+    let mut short = false;
     // SENT rows grouped by table and by rule (stream or claimed), one UPDATE per group.
     type Group<'a> = (&'a TableName, (&'static str, Option<&'a str>));
     let mut sent: BTreeMap<Group<'_>, Vec<(u64, &str)>> = BTreeMap::new();
@@ -300,7 +330,7 @@ async fn write(
                 conn.exec_drop(
                     format!(
                         "UPDATE {} SET {}, last_error = ?, retry_count = ?, owner = NULL, \
-                         lease_until = NULL WHERE id = ? AND {condition}",
+                         lease_until = NULL WHERE id = ? AND {condition}{fence_sql}",
                         completion.table.sql(),
                         Status::Failed.sql()
                     ),
@@ -308,13 +338,16 @@ async fn write(
                 )
                 .await
                 .map_err(|e| WriteFailure::on(&completion.table, e))?;
+                short |= conn.affected_rows() == 0;
             }
         }
     }
     for ((table, (condition, owner)), rows) in sent {
         let failed = |e| WriteFailure::on(table, e);
-        if let Some(sql) = inline_sent_update(table, condition, owner, &rows) {
+        let condition = format!("{condition}{fence_sql}");
+        if let Some(sql) = inline_sent_update(table, &condition, owner, &rows) {
             conn.query_drop(sql).await.map_err(failed)?;
+            short |= conn.affected_rows() < rows.len() as u64;
             continue;
         }
         let cases = " WHEN ? THEN ?".repeat(rows.len());
@@ -338,8 +371,35 @@ async fn write(
         )
         .await
         .map_err(failed)?;
+        short |= conn.affected_rows() < rows.len() as u64;
+    }
+    if let (true, Some((_, epoch))) = (short, fenced) {
+        check_epoch(&mut conn, rule, epoch).await;
     }
     Ok(())
+}
+
+/// After an UPDATE that changed fewer rows than it named: ends the fence if the deployment's
+/// row no longer names `epoch` (another instance leads; the marks it refused stay unrecorded).
+async fn check_epoch(conn: &mut mysql_async::Conn, rule: &MarkerContext, epoch: u64) {
+    let Some(name) = &rule.relay_name else { return };
+    let now: Result<Option<u64>, _> = conn
+        .exec_first(
+            "SELECT leader_epoch FROM outbox_relay_state WHERE name = ?",
+            (name,),
+        )
+        .await;
+    match now {
+        Ok(now) if now != Some(epoch) => rule.fence.end(
+            crate::metrics::LeadershipEnd::MARK_REFUSED,
+            format_args!(
+                "a SENT/FAILED mark found epoch {now:?} leading, not this leadership's {epoch} \
+                 (another instance took over)"
+            ),
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "cannot read the leader's epoch after a short mark"),
+    }
 }
 
 /// `'text'` when `text` is safe to inline as is (broker message ids are hex; instance ids are
@@ -365,7 +425,7 @@ fn inline_sent_update(
     }
     let ids = crate::db::id_list(rows.iter().map(|(id, _)| *id));
     let condition = match owner {
-        Some(owner) => condition.replace('?', &plain_literal(owner)?),
+        Some(owner) => condition.replacen('?', &plain_literal(owner)?, 1),
         None => condition.to_string(),
     };
     Some(format!(

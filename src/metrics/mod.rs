@@ -65,8 +65,9 @@ impl ErrorClass {
 
 /// Why a leadership ended while it streamed (`outbox_leadership_ended_total{reason}`):
 /// `superseded` (a renewal found a newer epoch), `mirror_refused` (the checkpoint mirror refused
-/// its epoch), `lock_lost` (another connection holds the lock) or `expired` (no successful
-/// renewal within its validity). The first two mean another instance led at the same time.
+/// its epoch), `mark_refused` (a SENT/FAILED mark found another epoch in the mirror row),
+/// `lock_lost` (another connection holds the lock) or `expired` (no successful renewal within
+/// its validity). The first three mean another instance led at the same time.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LeadershipEnd {
     pub reason: &'static str,
@@ -75,12 +76,14 @@ pub struct LeadershipEnd {
 impl LeadershipEnd {
     pub const SUPERSEDED: &'static str = "superseded";
     pub const MIRROR_REFUSED: &'static str = "mirror_refused";
+    pub const MARK_REFUSED: &'static str = "mark_refused";
     pub const LOCK_LOST: &'static str = "lock_lost";
     pub const EXPIRED: &'static str = "expired";
     /// Every reason, each exported at 0 from the start (see [`ErrorClass::ALL`]).
-    pub const ALL: [&'static str; 4] = [
+    pub const ALL: [&'static str; 5] = [
         Self::SUPERSEDED,
         Self::MIRROR_REFUSED,
+        Self::MARK_REFUSED,
         Self::LOCK_LOST,
         Self::EXPIRED,
     ];

@@ -173,6 +173,10 @@ pub struct RelayState {
     /// Elected by lease (`relay.election`): seconds until the leader's lease runs out unless it
     /// renews (negative: it ran out that long ago). `None` when elected by lock, or no leader.
     pub lease_left_seconds: Option<f64>,
+    /// Elected by lock: whether a connection holds the election lock now (`IS_USED_LOCK` on the
+    /// server `status` asked: the lock is local to one server). `None` when elected by lease,
+    /// or no leader.
+    pub lock_held: Option<bool>,
     #[serde(skip)]
     pub position: Option<BinlogPosition>,
 }
@@ -352,6 +356,7 @@ async fn relay_state(conn: &mut Conn, name: &str) -> Result<RelayState, mysql_as
         leader: None,
         leader_epoch: 0,
         lease_left_seconds: None,
+        lock_held: None,
         position: None,
     };
     if let Some((checkpoint, at, age, leader, epoch, lease_left)) = row {
@@ -370,6 +375,15 @@ async fn relay_state(conn: &mut Conn, name: &str) -> Result<RelayState, mysql_as
             .then_some(lease_left)
             .flatten()
             .map(|micros| micros as f64 / 1e6);
+        if state.lease_left_seconds.is_none() && leader.is_some() {
+            // No lease: elected by lock. Does anyone hold it now?
+            let database: Option<Option<String>> = conn.query_first("SELECT DATABASE()").await?;
+            let database = database.flatten().unwrap_or_default();
+            let lock = crate::leader::lock::lock_name(&database, name);
+            let holder: Option<Option<u64>> =
+                conn.exec_first("SELECT IS_USED_LOCK(?)", (lock,)).await?;
+            state.lock_held = Some(holder.flatten().is_some());
+        }
         state.leader = leader;
         state.leader_epoch = epoch;
     }
@@ -444,6 +458,18 @@ fn judge(
                 ),
             );
         }
+    }
+    if let (Some(leader), Some(false)) = (&relay.leader, relay.lock_held) {
+        // A standby waiting in GET_LOCK takes a freed lock at once: free, nobody waits.
+        flag(
+            Verdict::Stuck,
+            format!(
+                "leader {leader} (epoch {}, elected by lock) no longer holds the election lock and \
+                 no instance took it: no instance streams; start an instance, or read the \
+                 instances' logs for why none leads",
+                relay.leader_epoch
+            ),
+        );
     }
     if mode == RelayMode::Cdc && relay.leader.is_none() {
         let why = match relay.found {

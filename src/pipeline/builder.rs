@@ -146,6 +146,7 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
         let context = MarkerContext {
             owner,
             fence: self.fence.clone(),
+            relay_name: Some(self.config.relay.name.clone()),
         };
         self.send_stage(move |completions| run_marker(pool, completions, context, stop))
     }

@@ -21,6 +21,8 @@ pub use stall::{StalledSet, Stalls};
 
 pub use crate::outbox::OutboundMessage;
 
+use crate::leader::Fence;
+
 use std::future::Future;
 
 /// Why a send did not end in `SEND_OK`.
@@ -55,6 +57,11 @@ impl SendError {
             | SendError::Misconfigured(r) => r,
         }
     }
+}
+
+/// The error of a send that a leadership's end stopped between requests.
+pub(crate) fn fenced() -> SendError {
+    SendError::Retryable("the leadership is over: no further request was sent".into())
 }
 
 /// A send that did not store every message: the ids of those the broker did store (a prefix of
@@ -98,11 +105,14 @@ pub trait Sink: Send + Sync + 'static {
         None
     }
 
-    /// Publishes `messages` (all of `topic`) to the queue at `queue_index`, in order.
+    /// Publishes `messages` (all of `topic`) to the queue at `queue_index`, in order. `fence`
+    /// is checked before each request to the broker: once it no longer holds (a leadership that
+    /// is over), no further request goes out and the send fails with what was stored.
     fn send(
         &self,
         topic: &str,
         queue_index: usize,
         messages: &[&OutboundMessage],
+        fence: &Fence,
     ) -> impl Future<Output = Result<Vec<String>, SendFailure>> + Send;
 }

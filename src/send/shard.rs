@@ -429,7 +429,7 @@ async fn send_batch<S: Sink>(
         }
         let messages: Vec<&OutboundMessage> = batch.iter().map(|e| &e.row.message).collect();
         let size = messages.len();
-        let (stored, error) = match sink.send(&topic, queue, &messages).await {
+        let (stored, error) = match sink.send(&topic, queue, &messages, stop.fence).await {
             Ok(ids) => (ids, None),
             Err(SendFailure { stored, error }) => (stored, Some(error)),
         };
@@ -455,6 +455,10 @@ async fn send_batch<S: Sink>(
         if batch.is_empty() {
             // Every message stored after all (a sink that failed past its last message).
             return Ok(());
+        }
+        if !stop.fence.holds() {
+            // The leadership ended during the send: the rest stays unreported.
+            return Err(Interrupt::Stopped);
         }
         count_error(&error);
         let broker_wide = matches!(error, SendError::Retryable(_));

@@ -79,6 +79,7 @@ impl Sink for MemoryBroker {
         topic: &str,
         queue_index: usize,
         messages: &[&OutboundMessage],
+        _fence: &crate::leader::Fence,
     ) -> Result<Vec<String>, SendFailure> {
         let refuse = |left: u32| left.checked_sub(1);
         if self

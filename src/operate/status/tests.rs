@@ -27,6 +27,7 @@ fn relay(checkpoint_age: Option<f64>) -> RelayState {
         leader: Some("relay-a-1".into()),
         leader_epoch: 3,
         lease_left_seconds: None,
+        lock_held: None,
         position: None,
     }
 }
@@ -87,6 +88,7 @@ fn a_lease_that_ran_out_long_ago_means_no_instance_streams() {
     let with_lease = |left: f64| RelayState {
         leader: Some("relay-b".into()),
         lease_left_seconds: Some(left),
+        lock_held: None,
         ..relay(Some(1.0))
     };
     let judged = |left| {
@@ -306,4 +308,37 @@ fn a_topic_that_waits_is_named_with_its_oldest_keys() {
             && reasons[0].contains("its oldest keys: k3, k1"),
         "{reasons:?}"
     );
+}
+
+#[test]
+fn a_leader_elected_by_lock_whose_lock_is_free_means_no_instance_streams() {
+    let free = RelayState {
+        leader: Some("vm-1".into()),
+        lock_held: Some(false),
+        ..relay(Some(1.0))
+    };
+    let (v, reasons) = judge(
+        &[table(0.0, 0, 0)],
+        &free,
+        None,
+        RelayMode::Cdc,
+        &StatusOptions::default(),
+    );
+    assert_eq!(v, Verdict::Stuck);
+    assert!(
+        reasons[0].contains("no longer holds the election lock"),
+        "{reasons:?}"
+    );
+    let held = RelayState {
+        lock_held: Some(true),
+        ..free
+    };
+    let (v, _) = judge(
+        &[table(0.0, 0, 0)],
+        &held,
+        None,
+        RelayMode::Cdc,
+        &StatusOptions::default(),
+    );
+    assert_eq!(v, Verdict::Healthy);
 }

@@ -17,6 +17,7 @@ pub use queues::QueueStore;
 
 use super::{OutboundMessage, SendError, SendFailure, Sink};
 use crate::config::RocketMqConfig;
+use crate::leader::Fence;
 use crate::rocketmq_client::{is_missing_topic, ClientHost, ClientSecurity};
 use message::{accept, Request, Shape};
 use message_type::{Form, Judgement, TopicTypes};
@@ -173,9 +174,16 @@ impl RocketMqSink {
         &self,
         queue_index: usize,
         messages: Vec<Message>,
+        fence: &Fence,
     ) -> Result<Vec<String>, SendFailure> {
         let mut ids = Vec::with_capacity(messages.len());
         for message in messages {
+            if !fence.holds() {
+                return Err(SendFailure {
+                    stored: ids,
+                    error: super::fenced(),
+                });
+            }
             let topic = message.topic().to_string();
             let producer = self.producer();
             let outcome = self
@@ -365,6 +373,7 @@ impl Sink for RocketMqSink {
         topic: &str,
         queue_index: usize,
         messages: &[&OutboundMessage],
+        fence: &Fence,
     ) -> Result<Vec<String>, SendFailure> {
         // Below here every topic is the broker's name for it.
         let topic = &self.config.in_namespace(topic);
@@ -375,7 +384,7 @@ impl Sink for RocketMqSink {
                 let built = (messages.iter())
                     .map(|m| message::build_message(m, topic, Shape::PLAIN))
                     .collect::<Result<Vec<_>, _>>()?;
-                return self.send_creating(queue_index, built).await;
+                return self.send_creating(queue_index, built, fence).await;
             }
         };
         let queue = queues
@@ -396,7 +405,7 @@ impl Sink for RocketMqSink {
                 Form::Timed => Shape::TIMED,
             };
             // What was stored stays stored: a form tried next carries on after it.
-            let (sent, refused) = self.send_as(topic, &queue, rest, shape).await;
+            let (sent, refused) = self.send_as(topic, &queue, rest, shape, fence).await;
             if !sent.is_empty() {
                 self.types.learn_accepted(topic, &form);
             }
@@ -439,7 +448,8 @@ enum Refused {
 
 impl RocketMqSink {
     /// Sends `messages` to `queue`, built as `shape` says, in as few requests as that allows
-    /// (see [`message::requests`]), each once the one before it is stored: the ids of the
+    /// (see [`message::requests`]), each once the one before it is stored and only while
+    /// `fence` holds: the ids of the
     /// messages stored (a prefix of `messages`), and why the others were not.
     async fn send_as(
         &self,
@@ -447,6 +457,7 @@ impl RocketMqSink {
         queue: &MessageQueue,
         messages: &[&OutboundMessage],
         shape: Shape,
+        fence: &Fence,
     ) -> (Vec<String>, Option<Refused>) {
         let requests = match message::requests(messages, topic, shape) {
             Ok(requests) => requests,
@@ -454,6 +465,9 @@ impl RocketMqSink {
         };
         let mut ids = Vec::with_capacity(messages.len());
         for (request, count) in requests {
+            if !fence.holds() {
+                return (ids, Some(Refused::Other(super::fenced())));
+            }
             let (producer, queue) = (self.producer(), queue.clone());
             let outcome = self
                 .host

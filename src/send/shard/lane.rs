@@ -21,6 +21,7 @@
 use super::{next_batch, queue_index, resume_now, send_batch, Backoff, ShardOptions};
 use super::{Completion, EventSource, Interrupt, ShardEvent, Sink, Stalled, Stop};
 use crate::event::Origin;
+use crate::route::index_for;
 use crate::send::stall::{LaneId, QueueIndex, LANE_LIMIT};
 use crate::send::Stalls;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -128,25 +129,42 @@ impl<'a, S: Sink> Lanes<'a, S> {
             if of_topic.is_none() && !elsewhere {
                 return Ok(Some(event));
             }
-            let known = queue_index(&**self.sink, &event).await;
-            match known {
-                Some(q) if of_topic.is_some_and(|lanes| lanes.contains_key(&Some(q.index))) => {
+            // A lane holding the key's older events, bound for the queue the key had when the
+            // lane opened: the key's queue may have changed since (an operator's `updateTopic
+            // -w`, a group made read-only), and its new events must not overtake those.
+            let behind = of_topic.and_then(|lanes| {
+                lanes.iter().find_map(|(index, lane)| {
+                    let q = lane.held.lane.queue?;
+                    (index_for(event.key_hash, q.count) == q.index).then_some(*index)
+                })
+            });
+            let known = match behind {
+                Some(_) => None,
+                None => queue_index(&**self.sink, &event).await,
+            };
+            match (behind, known) {
+                (Some(lane), _) => lane,
+                (None, Some(q))
+                    if of_topic.is_some_and(|lanes| lanes.contains_key(&Some(q.index))) =>
+                {
                     Some(q.index)
                 }
                 // Another lane found this queue, or its broker group, stalled: its events go to a
                 // lane of this shard at once, so the lane, not the shard, waits out the failures
                 // (a frozen broker's timeouts) the other lane met.
-                Some(q) if elsewhere && self.stalled_elsewhere(&event.row.message.topic, q) => {
+                (None, Some(q))
+                    if elsewhere && self.stalled_elsewhere(&event.row.message.topic, q) =>
+                {
                     let backoff = Backoff::new(&self.options.retry, &self.options.wake);
                     self.open(Stalled::at(vec![event], q.index, backoff, false))
                         .await;
                     return Ok(None);
                 }
-                Some(_) => return Ok(Some(event)),
-                None if of_topic.is_none() => return Ok(Some(event)),
+                (None, Some(_)) => return Ok(Some(event)),
+                (None, None) if of_topic.is_none() => return Ok(Some(event)),
                 // Its queue is unknown now (no route), so it may be one with a lane: the whole
                 // topic waits, behind the lanes it has.
-                None => {
+                (None, None) => {
                     let backoff = Backoff::new(&self.options.retry, &self.options.wake);
                     self.open(Stalled::new(vec![event], backoff)).await;
                     return Ok(None);

@@ -100,6 +100,7 @@ impl Sink for ScriptedSink {
         topic: &str,
         queue: usize,
         messages: &[&OutboundMessage],
+        _fence: &Fence,
     ) -> Result<Vec<String>, SendFailure> {
         let ids: Vec<String> = messages.iter().map(|m| m.event_id.clone()).collect();
         self.calls

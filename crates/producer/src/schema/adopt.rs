@@ -10,7 +10,8 @@
 //! What it does to a table is one step, recorded with its statements in
 //! `outbox_schema_changes`.
 
-use super::shape::{ExistingIndex, Filled, Lookup, RequiredColumn, RequiredIndex, TableShape};
+use super::shape::TableShape;
+use super::shape::{ExistingColumn, ExistingIndex, Filled, Lookup, RequiredColumn, RequiredIndex};
 use super::shape::{COLUMNS, INDEXES, RETIRED_INDEXES};
 use crate::outbox::TableName;
 use std::fmt::Write as _;
@@ -181,7 +182,9 @@ impl TablePlan {
             }
             return;
         };
-        if !required.kind.admits(existing) {
+        if let Some((reason, fix)) = unclaimable(name, existing, &table) {
+            self.refuse(RefusalKind::Column, reason, fix);
+        } else if !required.kind.admits(existing) {
             let mut reason = format!(
                 "column `{name}` is {}; the relay needs {}",
                 existing.column_type,
@@ -494,6 +497,45 @@ impl TablePlan {
         for statement in self.statements() {
             let _ = writeln!(out, "{statement};");
         }
+    }
+}
+
+/// Why rows of a table with column `name` shaped as `existing` could be written that the relay
+/// never claims, and the statements that fix it: the producer's INSERT leaves `id`,
+/// `next_retry_at` and `created_at` to the server, and a claim compares the times (a NULL
+/// matches nothing).
+fn unclaimable(name: &str, existing: &ExistingColumn, table: &str) -> Option<(String, String)> {
+    match name {
+        "id" if !existing.auto_increment => Some((
+            "column `id` has no AUTO_INCREMENT: the relay's producer leaves it out of its INSERT, \
+             and the relay orders each key's events by it"
+                .into(),
+            format!("ALTER TABLE {table} MODIFY COLUMN `id` BIGINT NOT NULL AUTO_INCREMENT"),
+        )),
+        "next_retry_at" | "created_at" if existing.nullable || !existing.has_default => {
+            let what = match (existing.nullable, existing.has_default) {
+                (true, true) => "nullable",
+                (true, false) => "nullable without a default",
+                _ => "without a default",
+            };
+            let fill = match name {
+                "next_retry_at" => "COALESCE(created_at, NOW(3))",
+                _ => "NOW(3)",
+            };
+            Some((
+                format!(
+                    "column `{name}` is {what}: the relay's producer leaves it out of its INSERT, \
+                     and a row whose `{name}` is NULL is never claimed (a claim compares it with \
+                     the time)"
+                ),
+                format!(
+                    "UPDATE {table} SET `{name}` = {fill} WHERE `{name}` IS NULL; ALTER TABLE \
+                     {table} MODIFY COLUMN `{name}` DATETIME(3) NOT NULL DEFAULT \
+                     CURRENT_TIMESTAMP(3)"
+                ),
+            ))
+        }
+        _ => None,
     }
 }
 

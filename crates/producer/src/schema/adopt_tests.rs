@@ -14,7 +14,9 @@ fn col(
         column_type: column_type.into(),
         max_chars: max,
         nullable,
-        has_default: false,
+        // The server fills these (the article's DDL has them so).
+        has_default: ["next_retry_at", "created_at", "status", "retry_count"].contains(&name),
+        auto_increment: name == "id",
     }
 }
 
@@ -435,4 +437,44 @@ fn a_retired_index_on_another_outbox_table_is_noted_with_its_drop_never_dropped(
     shape.indexes.last_mut().unwrap().columns = vec!["status".into(), "created_at".into()];
     let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
     assert!(plan.notes.iter().all(|n| !n.contains("idx_status_created")));
+}
+
+#[test]
+fn a_table_whose_rows_could_never_be_claimed_is_refused_with_the_fix() {
+    let mut shape = article_table(10);
+    for column in &mut shape.columns {
+        match column.name.as_str() {
+            "id" => column.auto_increment = false,
+            "next_retry_at" => column.nullable = true,
+            "created_at" => column.has_default = false,
+            _ => {}
+        }
+    }
+    let plan = TablePlan::compare(&table(), &shape, OnlineRule::default());
+    assert!(plan.is_refused());
+    let refused: Vec<(&str, &str)> = (plan.refusals.iter())
+        .map(|r| (r.reason.as_str(), r.statement.as_str()))
+        .collect();
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    assert!(
+        refused[0].0.contains("`id` has no AUTO_INCREMENT"),
+        "{refused:?}"
+    );
+    assert!(refused[0].1.contains("AUTO_INCREMENT"), "{refused:?}");
+    assert!(
+        refused[1].0.contains("`next_retry_at` is nullable"),
+        "{refused:?}"
+    );
+    assert!(
+        refused[1].1.contains(
+            "SET `next_retry_at` = COALESCE(created_at, NOW(3)) WHERE `next_retry_at` IS NULL"
+        ) && refused[1]
+            .1
+            .contains("NOT NULL DEFAULT CURRENT_TIMESTAMP(3)"),
+        "{refused:?}"
+    );
+    assert!(
+        refused[2].0.contains("`created_at` is without a default"),
+        "{refused:?}"
+    );
 }

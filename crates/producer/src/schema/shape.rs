@@ -322,6 +322,8 @@ pub struct ExistingColumn {
     pub nullable: bool,
     /// Whether it has a default other than NULL.
     pub has_default: bool,
+    /// Whether the server numbers it (`AUTO_INCREMENT`).
+    pub auto_increment: bool,
 }
 
 /// An index as the server describes it.
@@ -358,13 +360,14 @@ impl TableShape {
         let Some(estimated_rows) = rows else {
             return Ok(None);
         };
-        type Row = (String, String, String, Option<u64>, String, bool);
+        type Row = (String, String, String, Option<u64>, String, bool, bool);
         let columns: Vec<Row> = conn
             .exec(
                 format!(
                     "SELECT column_name AS c, LOWER(data_type) AS t, LOWER(column_type) AS ct, \
                      character_maximum_length AS l, is_nullable AS n, \
-                     column_default IS NOT NULL AND column_default <> 'NULL' AS d \
+                     column_default IS NOT NULL AND column_default <> 'NULL' AS d, \
+                     LOWER(extra) LIKE '%auto_increment%' AS a \
                      FROM information_schema.columns WHERE {where_table} ORDER BY ordinal_position"
                 ),
                 params,
@@ -395,7 +398,7 @@ impl TableShape {
             columns: columns
                 .into_iter()
                 .map(
-                    |(name, data_type, column_type, max_chars, nullable, has_default)| {
+                    |(name, data_type, column_type, max_chars, nullable, has_default, auto)| {
                         ExistingColumn {
                             name,
                             data_type,
@@ -403,6 +406,7 @@ impl TableShape {
                             max_chars,
                             nullable: nullable.eq_ignore_ascii_case("YES"),
                             has_default,
+                            auto_increment: auto,
                         }
                     },
                 )

@@ -337,3 +337,42 @@ async fn a_broker_group_that_timed_out_for_one_topic_costs_the_others_no_timeout
     )
     .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_key_whose_queue_changes_while_its_lane_retries_never_overtakes_itself() {
+    // Four queues: key "a" (hash 97) on queue 1, which fails; then the topic gets five queues
+    // ("a" on queue 2, which works).
+    let sink = Arc::new(ScriptedSink {
+        stable: true,
+        ..ScriptedSink::new(vec![])
+    });
+    sink.down_queues.lock().unwrap().insert(("t".into(), 1));
+    let mut shard = running(&sink, ShardOptions::default());
+    shard.feed(vec![event(1, "a", "t")]).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    sink.set_queues("t", 5);
+    shard
+        .feed(vec![event(2, "a", "t"), event(3, "b", "u")])
+        .await;
+    let first = shard.next(1).await;
+    assert_eq!(
+        ids(&first),
+        ["e3"],
+        "another topic flows; e2 waits behind e1"
+    );
+    // e1's retry goes to the key's queue under the new route, then e2 follows.
+    let rest = shard.next(2).await;
+    assert_eq!(ids(&rest), ["e1", "e2"]);
+    let t_sends: Vec<(usize, Vec<String>)> = (sink.calls().into_iter())
+        .filter(|(topic, _, _)| topic == "t")
+        .map(|(_, queue, ids)| (queue, ids))
+        .collect();
+    assert_eq!(
+        t_sends,
+        [
+            (1, vec!["e1".to_string()]),
+            (2, vec!["e1".to_string()]),
+            (2, vec!["e2".to_string()]),
+        ]
+    );
+}
