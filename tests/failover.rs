@@ -272,6 +272,11 @@ async fn a_frozen_leader_sends_nothing_new_once_it_thaws() {
     let (frozen, epoch) = leader(&db, &name).await.unwrap();
     let frozen = frozen.expect("a leader is recorded");
     let frozen_pid = processes[&frozen].pid();
+    assert!(
+        (processes.values())
+            .all(|p| p.pid() == frozen_pid || p.pid() & 0xFFFF != frozen_pid & 0xFFFF),
+        "two instances share the low 16 bits of their pids: their messages cannot be told apart"
+    );
     let frozen_ms = now_ms();
     processes[&frozen].signal(libc::SIGSTOP);
     wait_for("a standby takes over", Duration::from_secs(40), || async {
@@ -303,6 +308,16 @@ async fn a_frozen_leader_sends_nothing_new_once_it_thaws() {
         u32::from_str_radix(m.msg_id.get(8..12).unwrap_or_default(), 16).ok()
             == Some(frozen_pid & 0xFFFF)
     };
+    // The frozen process is told apart by its messages: it led for 3 s before the freeze, so
+    // it stored some then (else the check below would pass with nothing to check).
+    let before_freeze = (messages.iter().filter(by_frozen))
+        .filter(|m| m.store_timestamp < frozen_ms)
+        .count();
+    assert!(
+        before_freeze > 0,
+        "no stored message names the frozen leader's process ({frozen_pid}): its messages \
+         cannot be told apart"
+    );
     let after_thaw: Vec<&ReceivedMessage> = messages
         .iter()
         .filter(by_frozen)
@@ -313,7 +328,9 @@ async fn a_frozen_leader_sends_nothing_new_once_it_thaws() {
         .filter(|m| committed[&m.properties["event_id"]] > frozen_ms)
         .count();
     println!(
-        "frozen leader {frozen}: {total} events, {} duplicates; after the thaw it published {} messages already in flight, {read_after_freeze} committed after it froze",
+        "frozen leader {frozen}: {total} events, {} duplicates; {before_freeze} of its messages \
+         stored before the freeze; after the thaw it published {} messages already in flight, \
+         {read_after_freeze} committed after it froze",
         messages.len() - total,
         after_thaw.len()
     );

@@ -409,7 +409,9 @@ async fn relays_on_two_nodes_elect_one_leader_and_the_survivor_takes_over() {
             writer(pool, topic.clone(), prefix, committed.clone(), stop.clone())
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Long enough before the kill that some events are older than the resend window below: the
+    // check must have events it does not forgive.
+    tokio::time::sleep(Duration::from_secs(8)).await;
     cluster.kill(dead);
     let killed = Instant::now();
     let standby = if led == "a" { "b" } else { "a" };
@@ -483,6 +485,11 @@ async fn relays_on_two_nodes_elect_one_leader_and_the_survivor_takes_over() {
     // bound leaves room for a loaded machine).
     let copies = copies_per_event(&messages);
     let in_flight = |at: Instant| killed.saturating_duration_since(at) <= Duration::from_secs(5);
+    let older = (committed.iter()).filter(|(_, at)| !in_flight(*at)).count();
+    assert!(
+        older > 100,
+        "only {older} events committed more than 5 s before the kill"
+    );
     let resent: Vec<Duration> = committed
         .iter()
         .filter(|(id, _)| copies.get(id.as_str()).is_some_and(|&n| n > 1))

@@ -130,11 +130,11 @@ impl SteadyLoad {
 }
 
 /// The key of the rows [`write_hidden_rows`] writes.
-const HIDDEN_KEY: &str = "hidden";
+pub const HIDDEN_KEY: &str = "hidden";
 
 /// Writes a row of `topic` with `sql_log_bin = 0` (only a sweeper sees it) 5 s and 10 s from
 /// now; once each is SENT, how long after its commit (the test fails on one not SENT in 60 s).
-async fn write_hidden_rows(db: TestDb, topic: String) -> Vec<(String, f64)> {
+pub async fn write_hidden_rows(db: TestDb, topic: String) -> Vec<(String, f64)> {
     let outbox = Outbox::default();
     let mut written = Vec::new();
     for n in 0..2 {
@@ -180,7 +180,7 @@ async fn write_hidden_rows(db: TestDb, topic: String) -> Vec<(String, f64)> {
 
 /// How far behind the database's clock the checkpoint mirror is, in seconds: how long ago it
 /// was written, or how long ago the stream was done up to (`stream_at`), whichever is more.
-async fn mirror_behind(db: &TestDb) -> f64 {
+pub async fn mirror_behind(db: &TestDb) -> f64 {
     let behind: Option<Option<f64>> = db
         .conn()
         .await
@@ -435,7 +435,19 @@ async fn stuck_topic_run(
         "{}: the stuck topic's later events were parked, not held in memory",
         fault.name
     );
-    for topic in [healthy, stuck] {
+    assert_delivered_in_key_order(db, &fault.namesrv, fault.reader.clone(), [healthy, stuck]).await;
+}
+
+/// What the broker stored of each of `topics` (read on `namesrv`, as `reader` on a cluster with
+/// ACL): every row's event, under the msg_id its row was marked SENT with, each key in commit
+/// order.
+pub async fn assert_delivered_in_key_order(
+    db: &TestDb,
+    namesrv: &str,
+    account: Option<outbox_devenv::AclAccount>,
+    topics: [&String; 2],
+) {
+    for topic in topics {
         let rows: Vec<(u64, String, String, Option<String>)> = db
             .conn()
             .await
@@ -445,7 +457,7 @@ async fn stuck_topic_run(
             )
             .await
             .unwrap();
-        let mut reader = TopicReader::with_credentials(&fault.namesrv, topic, fault.reader.clone())
+        let mut reader = TopicReader::with_credentials(namesrv, topic, account.clone())
             .await
             .unwrap();
         let messages = reader

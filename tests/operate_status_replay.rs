@@ -66,6 +66,19 @@ async fn status_json(url: &str) -> (i32, Value) {
     (out.status.code().unwrap(), report)
 }
 
+/// A connection holding the election lock of deployment `default` in `db`, as its leader's
+/// would: `status` finds the leader it names alive while this is open.
+async fn hold_election_lock(db: &TestDb) -> mysql_async::Conn {
+    let lock = rocketmq_outbox::leader::lock::lock_name(&db.name(), "default");
+    let mut holder = db.conn().await;
+    let took: Option<i64> = holder
+        .exec_first("SELECT GET_LOCK(?, 0)", (&lock,))
+        .await
+        .unwrap();
+    assert_eq!(took, Some(1), "the election lock is free");
+    holder
+}
+
 /// A user with a password that may read the outbox and the binlog position; its URL.
 async fn user_with_password(db: &TestDb, password: &str) -> String {
     let database = db.name();
@@ -112,6 +125,8 @@ async fn status_counts_rows_names_reasons_and_judges() {
     )
     .await
     .unwrap();
+    // The leader holds the election lock (a live instance elected by lock).
+    let _holder = hold_election_lock(&db).await;
     let password = "Pw-status-7f3c9e";
     let url = user_with_password(&db, password).await;
 
@@ -254,7 +269,8 @@ async fn an_empty_outbox_is_healthy_while_an_instance_streams() {
         assert!(stdout.contains(expected), "{expected:?} in {stdout}");
     }
 
-    // An instance leads (by lock) at the server's current position: healthy.
+    // An instance leads (by lock) at the server's current position: healthy while a
+    // connection holds the election lock.
     let checkpoint = current_position(&db).await.to_json();
     db.conn()
         .await
@@ -265,10 +281,50 @@ async fn an_empty_outbox_is_healthy_while_an_instance_streams() {
         )
         .await
         .unwrap();
+    let holder = hold_election_lock(&db).await;
     let (code, report) = status_json(&db.url).await;
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["verdict"], "healthy");
     assert_eq!(report["reasons"], json!([]));
+    // The lock free (its holder gone), nobody took it: nobody streams.
+    drop(holder);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (code, report) = status_json(&db.url).await;
+    assert_eq!(
+        (code, report["verdict"].as_str()),
+        (1, Some("stuck")),
+        "{report:#}"
+    );
+}
+
+/// The only instance killed (`kill -9`): its lock is freed and nobody takes it. `status` says
+/// so, and its exit code is not 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_tells_that_no_instance_streams_once_the_only_one_is_killed() {
+    use common::relay::{wait_for, RelayProcess};
+    let db = TestDb::migrated("status_killed").await;
+    let (config, dir) = relay_fixture(&db).at_current_end().await;
+    let file = write_config_file(&config, dir.path());
+    let relay = RelayProcess::spawn_serving(&file, "", &dir.path().join("relay.log"), &[]);
+    let file = file.to_str().unwrap();
+    wait_for("the instance leads", Duration::from_secs(60), || async {
+        let out = outbox_relay(&["--config", file, "status", "--json"]).await;
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        out.status.code() == Some(0) && report["relay"]["lock_held"] == json!(true)
+    })
+    .await;
+    relay.kill();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let out = outbox_relay(&["--config", file, "status"]).await;
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout} {stderr}");
+    for expected in [
+        "elected by lock: the lock is free, nobody holds it",
+        "verdict: stuck",
+        "no longer holds the election lock and no instance took it",
+    ] {
+        assert!(stdout.contains(expected), "{expected:?} in {stdout}");
+    }
 }
 
 /// Commits one transaction of `count` events with keys `<prefix>-<i>`; their event_ids.

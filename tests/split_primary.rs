@@ -4,6 +4,8 @@
 //! leads under a newer epoch, because its renewals, on new connections through the moved
 //! address, reach the new primary and find that epoch. Judged by what the broker stored: no
 //! event the old primary committed after the newer epoch (plus the stated bound) was published.
+//! The second instance waits as a standby from before the move, on the old primary: it must
+//! find the new primary by itself (its lock connection is renewed every few seconds).
 
 use crate::common;
 
@@ -117,6 +119,18 @@ async fn the_leader_on_a_superseded_primary_stops_sending() {
         &logs.path().join("a.log"),
         &[],
     );
+    // b waits for the lock as a standby from the start, on the old primary (its first address).
+    let (mut config_b, dir_b) = relay_fixture(&db).build();
+    config_b.mysql.url = Some(proxy.url(&db.url));
+    config_b.relay.name = name.clone();
+    config_b.relay.instance_id = Some("b".into());
+    config_b.mysql.server_id = config.mysql.server_id + 1;
+    let b = RelayProcess::spawn_serving(
+        &write_config_file(&config_b, dir_b.path()),
+        "",
+        &logs.path().join("b.log"),
+        &[],
+    );
     for i in 0..100 {
         commit(&db.pool, &topic, &format!("before-{}", i % 8)).await;
     }
@@ -152,17 +166,6 @@ async fn the_leader_on_a_superseded_primary_stops_sending() {
     // The failover: the replica is promoted and the address moves; the old primary lives on.
     promote(&new);
     proxy.move_to(new.endpoint().port);
-    let (mut config_b, dir_b) = relay_fixture(&db).build();
-    config_b.mysql.url = Some(proxy.url(&db.url));
-    config_b.relay.name = name.clone();
-    config_b.relay.instance_id = Some("b".into());
-    config_b.mysql.server_id = config.mysql.server_id + 1;
-    let b = RelayProcess::spawn_serving(
-        &write_config_file(&config_b, dir_b.path()),
-        "",
-        &logs.path().join("b.log"),
-        &[],
-    );
     let mut new_conn = new_pool.get_conn().await.unwrap();
     let (_, old_epoch) = leader(&mut new_conn, &name)
         .await

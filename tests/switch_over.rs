@@ -419,7 +419,8 @@ async fn both_relays_at_once_lose_nothing_but_spread_keys_over_queues() {
     let seeded = article_table_in_every_state(&db, &topic).await;
     let (config, dir) = sweeping_config(&db);
     let config_file = write_config_file(&config, dir.path());
-    migrate_command(&db, &[]);
+    let (migrated, said) = migrate_command(&db, &[]);
+    assert!(migrated, "migrate adopts the article's table: {said}");
     let stand_in = StandIn::spawn(&db);
     let relay = RelayProcess::spawn_serving(&config_file, "", &dir.path().join("relay.log"), &[]);
     let mut conn = db.conn().await;
@@ -466,6 +467,24 @@ async fn both_relays_at_once_lose_nothing_but_spread_keys_over_queues() {
         missing.is_empty(),
         "lost with both relays running: {missing:?}"
     );
+    // outbox-relay published some of them itself: the rows it marked carry a msg_id (the
+    // polling relay records none), each stored on the broker.
+    let by_relay: Vec<String> = db
+        .conn()
+        .await
+        .query("SELECT msg_id FROM outbox_event WHERE status = 2 AND msg_id <> ''")
+        .await
+        .unwrap();
+    let stored: BTreeSet<&str> = messages.iter().map(|m| m.msg_id.as_str()).collect();
+    assert!(!by_relay.is_empty(), "outbox-relay published nothing");
+    let unproven: Vec<&String> = by_relay
+        .iter()
+        .filter(|id| !stored.contains(id.as_str()))
+        .collect();
+    assert!(
+        unproven.is_empty(),
+        "SENT by outbox-relay but not stored: {unproven:?}"
+    );
     let duplicates: usize = copies.values().map(|n| n - 1).sum();
     let spread = queues_of_key.values().filter(|q| q.len() > 1).count();
     assert!(
@@ -473,10 +492,11 @@ async fn both_relays_at_once_lose_nothing_but_spread_keys_over_queues() {
         "with both relays running a key's events reach several queues"
     );
     println!(
-        "both relays at once: {} events, {} messages ({duplicates} duplicates), {spread} of {} \
-         keys on more than one queue",
+        "both relays at once: {} events, {} messages ({duplicates} duplicates, {} by \
+         outbox-relay), {spread} of {} keys on more than one queue",
         expected.len(),
         messages.len(),
+        by_relay.len(),
         queues_of_key.len()
     );
 }

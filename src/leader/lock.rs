@@ -19,6 +19,10 @@ pub const WAIT_STEP: Duration = Duration::from_secs(1);
 /// The lock connection's `wait_timeout`: the server ends it (freeing the lock) after this long
 /// without a query, i.e. when the leader's host is gone without closing it.
 pub const IDLE_LIMIT: Duration = Duration::from_secs(10);
+/// How often a standby waiting for the lock opens a new connection for it: a standby that
+/// kept one connection would wait on the server it first reached after the address moved to a
+/// promoted replica (the old primary still up), and never lead on the new one.
+pub const RECONNECT_EVERY: Duration = Duration::from_secs(5);
 /// How long a lock leadership stays valid after the start of its last successful check: under
 /// [`IDLE_LIMIT`], so a leader cut off from its server stops before the server frees its lock.
 pub const VALIDITY: Duration = Duration::from_secs(8);

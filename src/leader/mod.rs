@@ -177,7 +177,16 @@ impl Election {
         match &self.method {
             Method::Lock { lock } => {
                 let mut conn = lock::connect(&self.opts).await?;
+                let mut connected = BootInstant::now();
                 loop {
+                    // A new connection now and then: the address may have moved to another
+                    // server (a promoted replica) while the old one lives on, and the lock to
+                    // wait for is the one on the server the address names now.
+                    if connected.elapsed() >= lock::RECONNECT_EVERY {
+                        let fresh = lock::connect(&self.opts).await?;
+                        let _ = std::mem::replace(&mut conn, fresh).disconnect().await;
+                        connected = BootInstant::now();
+                    }
                     let started = BootInstant::now();
                     let took = crate::db::bounded(lock::take(&mut conn, lock, WAIT_STEP));
                     if took.await? {
