@@ -192,6 +192,60 @@ async fn an_incompatible_outbox_table_is_refused_and_left_unchanged() {
     assert!(blocked.contains("`status` is varchar(16)"), "{blocked}");
 }
 
+/// An outbox table whose rows the relay could never claim (an `id` the server does not number,
+/// a `next_retry_at` that may be NULL): refused with the statements that fix it, left unchanged;
+/// once they are run, adopted.
+#[tokio::test]
+async fn a_table_whose_rows_could_never_be_claimed_is_refused_with_the_fix() {
+    let db = TestDb::empty("migrate_unclaimable").await;
+    let mut conn = db.conn().await;
+    conn.query_drop(
+        "CREATE TABLE outbox_event (id BIGINT NOT NULL PRIMARY KEY, \
+         event_id VARCHAR(64) NOT NULL, biz_key VARCHAR(64) NOT NULL, topic VARCHAR(128) NOT NULL, \
+         payload JSON NOT NULL, status TINYINT NOT NULL DEFAULT 0, \
+         retry_count INT NOT NULL DEFAULT 0, next_retry_at DATETIME(3) NULL, \
+         lease_until DATETIME(3) NULL, \
+         created_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), \
+         UNIQUE KEY uk_event_id (event_id), KEY idx_pending (status, next_retry_at))",
+    )
+    .await
+    .unwrap();
+    let err = schema::migrate(&mut conn, &db.config.outbox_tables())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MigrateError::Refused { .. }), "{err}");
+    let text = err.to_string();
+    for expected in [
+        "`id` has no AUTO_INCREMENT",
+        "MODIFY COLUMN `id` BIGINT NOT NULL AUTO_INCREMENT",
+        "`next_retry_at` is nullable without a default",
+        "SET `next_retry_at` = COALESCE(created_at, NOW(3)) WHERE `next_retry_at` IS NULL",
+        "MODIFY COLUMN `next_retry_at` DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in {text}");
+    }
+    assert_eq!(db.count("outbox_schema_history").await, 0, "nothing ran");
+    // The operator runs what it printed; then the table is adopted.
+    conn.query_drop("ALTER TABLE outbox_event MODIFY COLUMN `id` BIGINT NOT NULL AUTO_INCREMENT")
+        .await
+        .unwrap();
+    conn.query_drop(
+        "UPDATE outbox_event SET `next_retry_at` = COALESCE(created_at, NOW(3)) \
+         WHERE `next_retry_at` IS NULL",
+    )
+    .await
+    .unwrap();
+    conn.query_drop(
+        "ALTER TABLE outbox_event MODIFY COLUMN `next_retry_at` DATETIME(3) NOT NULL \
+         DEFAULT CURRENT_TIMESTAMP(3)",
+    )
+    .await
+    .unwrap();
+    schema::migrate(&mut conn, &db.config.outbox_tables())
+        .await
+        .expect("adopted once fixed");
+}
+
 /// A configured outbox table of the article's shape beside a new `outbox_event`: created
 /// tables are created, the existing one is adopted, and the step is recorded.
 #[tokio::test]

@@ -150,6 +150,13 @@ impl StalledSet {
             .any(|(topic, scope)| earlier.topics.get(topic) != Some(scope))
     }
 
+    /// Every topic held back, whole or some of its queues, sorted.
+    pub fn topics(&self) -> Vec<String> {
+        let mut topics: Vec<String> = self.topics.keys().cloned().collect();
+        topics.sort();
+        topics
+    }
+
     /// The topics held back whole, sorted.
     pub fn whole_topics(&self) -> Vec<String> {
         let mut topics: Vec<String> = self

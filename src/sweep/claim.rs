@@ -121,9 +121,12 @@ impl Claimer {
         let mut rows: Vec<(u64, RowText)> = match scope {
             Scope::Next => {
                 let after = self.cursor.start();
-                let whole = stalled.whole_topics();
-                let params = self.select_params(after, &whole);
-                let sql = |hinted| self.select_sql(hinted, whole.len());
+                // Every stalled topic is left out, also one of which only some queues are: its
+                // backlog, read and dropped below at every claim, would fill the batches and
+                // keep every later row (another topic's) from being claimed while it lasts.
+                let topics = stalled.topics();
+                let params = self.select_params(after, &topics);
+                let sql = |hinted| self.select_sql(hinted, topics.len());
                 let rows = on_pending_index(q, &self.table, sql, params).await?;
                 let rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
                 self.moved_past(after, &rows);

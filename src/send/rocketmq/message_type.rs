@@ -480,6 +480,13 @@ mod tests {
             assert!(reason.contains("timerMaxDelaySec"), "{reason}");
             assert!(reason.contains("not the topic's type"), "{reason}");
         }
+        // Plain taken proves nothing for a scheduled event (a timer message whatever the form).
+        types.learn("p", facts(None, true));
+        types.learn_accepted("p", &Form::Plain);
+        assert!(matches!(
+            types.judge_illegal("p", &Form::Plain, 1, &far, &illegal()),
+            Judgement::TryForm(Form::Grouped)
+        ));
         // A proven form refused for a batch: split to find the event.
         assert_eq!(
             types.judge_illegal("d", &Form::Timed, 4, &far, &illegal()),

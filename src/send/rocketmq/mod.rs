@@ -406,8 +406,12 @@ impl Sink for RocketMqSink {
             };
             // What was stored stays stored: a form tried next carries on after it.
             let (sent, refused) = self.send_as(topic, &queue, rest, shape, fence).await;
-            if !sent.is_empty() {
+            let taken = &rest[..sent.len()];
+            if taken.iter().any(|m| m.deliver_at_ms.is_none()) {
                 self.types.learn_accepted(topic, &form);
+            } else if !taken.is_empty() && form != Form::Grouped {
+                // Scheduled events only: timer messages whatever the form.
+                self.types.learn_accepted(topic, &Form::Timed);
             }
             rest = &rest[sent.len()..];
             stored.extend(sent);
