@@ -205,8 +205,10 @@ pub struct RelayConfig {
     /// How the leader is elected: `auto` (default), `lock` or `lease`; see `docs/leadership.md`.
     pub election: ElectionMethod,
     /// How long the events of a topic that does not accept them are held in memory before the
-    /// stream parks its new ones: leaves them PENDING in the outbox for the sweeper, which sends
-    /// them in key order once the topic accepts events again. Only with the sweeper on.
+    /// stream parks its new ones and the senders release those they hold (but the batch they
+    /// retry): leaves them PENDING in the outbox for the sweeper, which sends them in key order
+    /// once the topic accepts events again, and lets the checkpoint pass them. Only with the
+    /// sweeper on.
     #[serde(with = "humantime_serde")]
     pub park_after: Duration,
     /// How long a prepared XA transaction is held (keeping the checkpoint below its prepare)
