@@ -57,6 +57,10 @@ pub enum RefusalKind {
     TooLarge,
     /// An index name taken by another index: the relay runs, slower; migrate adds the rest.
     Index,
+    /// Rows the relay's producer writes could never be claimed (see `unclaimable`): migrate
+    /// changes nothing on the table; the relay runs (the stream reads such rows) and warns that
+    /// rows only a sweeper can send would wait for ever.
+    Unclaimable,
 }
 
 /// What adopting one existing table takes.
@@ -183,7 +187,7 @@ impl TablePlan {
             return;
         };
         if let Some((reason, fix)) = unclaimable(name, existing, &table) {
-            self.refuse(RefusalKind::Column, reason, fix);
+            self.refuse(RefusalKind::Unclaimable, reason, fix);
         } else if !required.kind.admits(existing) {
             let mut reason = format!(
                 "column `{name}` is {}; the relay needs {}",
@@ -436,7 +440,7 @@ impl TablePlan {
         reasons.extend(
             self.refusals
                 .iter()
-                .filter(|r| r.kind == RefusalKind::Index)
+                .filter(|r| matches!(r.kind, RefusalKind::Index | RefusalKind::Unclaimable))
                 .map(|r| r.reason.clone()),
         );
         if self.sent_columns != SentColumns::InPlace {
