@@ -3,7 +3,7 @@
 //! that stays read-only while it is written at 200 events/s beside a healthy one. Each ends
 //! with a `kill -9` and a restart that must resume delivery within 60 s.
 //!
-//! The suite runs short versions (50,000 transactions, 1 minute stuck); the long ones (a
+//! The suite runs short versions (30,000 transactions, 45 s stuck); the long ones (a
 //! million transactions, 10 minutes stuck) are `scripts/demo-stuck-topic.sh`, which sets
 //! `OUTBOX_MEMORY_TRANSACTIONS` and `OUTBOX_MEMORY_STUCK_FOR` (humantime).
 
@@ -166,13 +166,13 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 /// One XA branch prepared and never ended while `OUTBOX_MEMORY_TRANSACTIONS` more commit
-/// (50,000 here; `scripts/demo-stuck-topic.sh` commits 1,000,000): held throughout (never
+/// (30,000 here; `scripts/demo-stuck-topic.sh` commits 1,000,000): held throughout (never
 /// parked), it keeps the relay's memory flat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepared_xa_transaction_does_not_grow_the_relay() {
     let db = TestDb::migrated("memory_xa").await;
     let topic = new_topic("memory_xa");
-    let total: u64 = env_or("OUTBOX_MEMORY_TRANSACTIONS", 50_000);
+    let total: u64 = env_or("OUTBOX_MEMORY_TRANSACTIONS", 30_000);
     let (mut config, dir) = relay_fixture(&db).at_current_end().await;
     // Held, not parked, however long the run: what is measured is the stream holding it.
     config.relay.park_prepared_after = Duration::from_secs(24 * 3600);
@@ -217,7 +217,7 @@ async fn a_prepared_xa_transaction_does_not_grow_the_relay() {
 }
 
 /// A topic made read-only beside a healthy one, both written at 200 events/s, for
-/// `OUTBOX_MEMORY_STUCK_FOR` (1 minute here; `scripts/demo-stuck-topic.sh` holds it 10): the
+/// `OUTBOX_MEMORY_STUCK_FOR` (45 s here; `scripts/demo-stuck-topic.sh` holds it 10 min): the
 /// relay's memory stays flat, the healthy topic's p99 within 2× its baseline, the checkpoint
 /// mirror at most 10 s behind the server, the healthy rows only a sweeper can see SENT within
 /// `sweeper.min_age` + `sweeper.interval` + 10 s; after the topic returns (and a `kill -9` and
@@ -230,7 +230,7 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
     let stuck_for = std::env::var("OUTBOX_MEMORY_STUCK_FOR")
         .ok()
         .and_then(|v| humantime::parse_duration(&v).ok())
-        .unwrap_or(Duration::from_secs(60));
+        .unwrap_or(Duration::from_secs(45));
     let (config, dir) = relay_fixture(&db).at_current_end().await;
     let file = write_config_file(&config, dir.path());
     let metrics = free_addr();

@@ -103,6 +103,11 @@ async fn broker_outage_holds_the_checkpoint_and_everything_arrives_after() {
         )
         .at_current_end()
         .await;
+    // Held in memory for the whole outage: after `park_after` the stalled topic's events would
+    // be left PENDING for the sweeper and the checkpoint would pass them (tests/isolation.rs,
+    // tests/memory.rs); here the checkpoint must wait for them.
+    let mut config = config;
+    config.relay.park_after = Duration::from_secs(300);
     let relay = RunningRelay::start(&config).await;
 
     write_slowly(&db, topic, 50, Duration::ZERO).await;

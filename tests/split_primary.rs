@@ -119,7 +119,19 @@ async fn the_leader_on_a_superseded_primary_stops_sending() {
         &logs.path().join("a.log"),
         &[],
     );
-    // b waits for the lock as a standby from the start, on the old primary (its first address).
+    // a leads first; then b waits for the lock as a standby, on the old primary (its first
+    // address).
+    wait_for(
+        "a leads on the old primary",
+        Duration::from_secs(60),
+        || async {
+            let mut conn = db.conn().await;
+            leader(&mut conn, &name)
+                .await
+                .is_some_and(|(l, _)| l.as_deref() == Some("a"))
+        },
+    )
+    .await;
     let (mut config_b, dir_b) = relay_fixture(&db).build();
     config_b.mysql.url = Some(proxy.url(&db.url));
     config_b.relay.name = name.clone();
