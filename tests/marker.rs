@@ -153,3 +153,93 @@ async fn a_streamed_failure_never_overwrites_a_row_a_sweeper_is_delivering() {
         Some("7F00000100002A9F0000000000000001")
     );
 }
+
+/// A superseded leader's marks touch nothing: every SENT or FAILED mark carries its epoch, as the
+/// checkpoint mirror does. The marker finds the newer epoch, ends the leadership
+/// (`mark_refused`) and leaves the batch unacknowledged, for the new leader to send again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superseded_leaders_marks_touch_nothing_and_end_its_leadership() {
+    use rocketmq_outbox::leader::{BootInstant, Fence};
+    let db = TestDb::migrated("mark_fenced").await;
+    let (sent, failing) = (row(&db, "mk-s").await, row(&db, "mk-f").await);
+    // Epoch 5 leads now; the marker belongs to epoch 4 (its fence still valid by its own clock).
+    db.conn()
+        .await
+        .query_drop(
+            "INSERT INTO outbox_relay_state (name, leader, leader_epoch) VALUES ('fenced', 'b', 5)",
+        )
+        .await
+        .unwrap();
+    let fence = Fence::new(4, BootInstant::now(), std::time::Duration::from_secs(60));
+    let rule = MarkerContext {
+        owner: "a".into(),
+        fence: fence.clone(),
+        relay_name: Some("fenced".into()),
+    };
+    let refused = rocketmq_outbox::metrics::relay()
+        .leadership_ended
+        .get_or_create(&rocketmq_outbox::metrics::LeadershipEnd {
+            reason: rocketmq_outbox::metrics::LeadershipEnd::MARK_REFUSED,
+        })
+        .clone();
+    let before = refused.get();
+    let acks = Acknowledgements::new(BinlogPosition::default());
+    let sent_outcome = SendOutcome::Sent {
+        msg_id: "AC1100010000".into(),
+    };
+    let pool = rocketmq_outbox::db::writer_pool(&db.config).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let marker = tokio::spawn(run_marker(pool.clone(), rx, rule, CancellationToken::new()));
+    tx.send(completion(sent, Some(&acks), sent_outcome))
+        .await
+        .unwrap();
+    tx.send(completion(failing, Some(&acks), failed()))
+        .await
+        .unwrap();
+    drop(tx);
+    let stats = marker
+        .await
+        .unwrap()
+        .expect("the marker stops without an error");
+    pool.disconnect().await.unwrap();
+    assert_eq!(stats, MarkStats::default(), "nothing recorded");
+    for id in [sent, failing] {
+        let s = state(&db, "outbox_event", id).await;
+        assert_eq!(s.status, Some(PENDING), "row {id} untouched: {s:?}");
+    }
+    assert!(!fence.holds(), "the leadership ended");
+    assert_eq!(refused.get(), before + 1, "counted as mark_refused");
+    assert_eq!(
+        acks.in_flight(),
+        2,
+        "nothing acknowledged: the checkpoint stays before them"
+    );
+
+    // The leader of epoch 5 marks the same rows.
+    let leader = MarkerContext {
+        owner: "b".into(),
+        fence: Fence::new(5, BootInstant::now(), std::time::Duration::from_secs(60)),
+        relay_name: Some("fenced".into()),
+    };
+    let pool = rocketmq_outbox::db::writer_pool(&db.config).await.unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let marker = tokio::spawn(run_marker(
+        pool.clone(),
+        rx,
+        leader,
+        CancellationToken::new(),
+    ));
+    let sent_outcome = SendOutcome::Sent {
+        msg_id: "AC1100010001".into(),
+    };
+    let acks = Acknowledgements::new(BinlogPosition::default());
+    tx.send(completion(sent, Some(&acks), sent_outcome))
+        .await
+        .unwrap();
+    drop(tx);
+    let stats = marker.await.unwrap().expect("marked");
+    pool.disconnect().await.unwrap();
+    assert_eq!(stats.sent, 1);
+    assert_eq!(state(&db, "outbox_event", sent).await.status, Some(SENT));
+    assert_eq!(acks.in_flight(), 0, "acknowledged once recorded");
+}

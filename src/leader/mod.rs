@@ -33,7 +33,7 @@ pub use fence::Fence;
 use crate::binlog::reader::StartupError;
 use crate::metrics::LeadershipEnd;
 use crate::retry::RetryPolicy;
-use clock::BootInstant;
+pub use clock::BootInstant;
 use mysql_async::prelude::*;
 use mysql_async::{Conn, Opts};
 use std::time::{Duration, Instant};

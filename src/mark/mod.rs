@@ -90,7 +90,8 @@ impl MarkerContext {
         let (name, epoch) = (self.relay_name.as_ref()?, self.fence.epoch()?);
         let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
         let condition = format!(
-            " AND EXISTS (SELECT 1 FROM outbox_relay_state WHERE name = X'{hex}' AND leader_epoch = {epoch})"
+            " AND EXISTS (SELECT 1 FROM outbox_relay_state \
+             WHERE name = CONVERT(X'{hex}' USING utf8mb4) AND leader_epoch = {epoch})"
         );
         Some((condition, epoch))
     }
