@@ -89,9 +89,12 @@ impl MarkerContext {
     fn epoch_condition(&self) -> Option<(String, u64)> {
         let (name, epoch) = (self.relay_name.as_ref()?, self.fence.epoch()?);
         let hex: String = name.bytes().map(|b| format!("{b:02X}")).collect();
+        // A scalar subquery, evaluated once: with `EXISTS`, MySQL 9.7 planned the UPDATE as a
+        // semi-join that scanned the outbox, and waited on the row lock of a prepared XA
+        // transaction (tests/xa.rs) instead of reading the named ids by primary key.
         let condition = format!(
-            " AND EXISTS (SELECT 1 FROM outbox_relay_state \
-             WHERE name = CONVERT(X'{hex}' USING utf8mb4) AND leader_epoch = {epoch})"
+            " AND (SELECT leader_epoch FROM outbox_relay_state \
+             WHERE name = CONVERT(X'{hex}' USING utf8mb4)) = {epoch}"
         );
         Some((condition, epoch))
     }
