@@ -143,6 +143,7 @@ pub async fn run_marker(
     let mut stats = MarkStats::default();
     let policy = RetryPolicy::database();
     let mut last_sample = None;
+    let fenced = rule.epoch_condition();
     while let Some(first) = completions.recv().await {
         let batch = gather(first, &mut completions).await;
         let mut failures = 0;
@@ -154,7 +155,8 @@ pub async fn run_marker(
                 return Ok(stats);
             }
             // Bounded: a connection cut mid-statement must turn into a retry, not a hang.
-            let written = tokio::time::timeout(WRITE_TIMEOUT, write(&pool, &batch, &rule))
+            let written = write(&pool, &batch, &rule, fenced.as_ref());
+            let written = tokio::time::timeout(WRITE_TIMEOUT, written)
                 .await
                 .unwrap_or_else(|_| Err(WriteFailure::timed_out()));
             match written {
@@ -302,13 +304,15 @@ async fn observe_latencies(pool: Pool, sent: BTreeMap<Arc<TableName>, Vec<u64>>)
 }
 
 /// Writes one batch: one UPDATE per table for SENT rows, one per FAILED row.
+/// `fenced`: the epoch condition every UPDATE carries and its epoch (built once per marker,
+/// [`MarkerContext::epoch_condition`]).
 async fn write(
     pool: &Pool,
     batch: &[Completion],
     rule: &MarkerContext,
+    fenced: Option<&(String, u64)>,
 ) -> Result<(), WriteFailure> {
     let mut conn = pool.get_conn().await.map_err(WriteFailure::connect)?;
-    let fenced = rule.epoch_condition();
     let fence_sql = fenced.as_ref().map_or("", |(sql, _)| sql.as_str());
     // Whether an UPDATE changed fewer rows than it named (rows SENT or FAILED already, a lease
     // taken back: or the epoch fence).
@@ -378,7 +382,7 @@ async fn write(
         short |= conn.affected_rows() < rows.len() as u64;
     }
     if let (true, Some((_, epoch))) = (short, fenced) {
-        check_epoch(&mut conn, rule, epoch).await;
+        check_epoch(&mut conn, rule, *epoch).await;
     }
     Ok(())
 }

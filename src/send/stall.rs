@@ -144,14 +144,14 @@ impl StalledSet {
     }
 
     /// Whether this set holds back something `earlier` did not (a topic, or more of one).
-    pub fn grew_since(&self, earlier: &StalledSet) -> bool {
+    pub(crate) fn grew_since(&self, earlier: &StalledSet) -> bool {
         self.topics
             .iter()
             .any(|(topic, scope)| earlier.topics.get(topic) != Some(scope))
     }
 
     /// Every topic held back, whole or some of its queues, sorted.
-    pub fn topics(&self) -> Vec<String> {
+    pub(crate) fn topics(&self) -> Vec<String> {
         let mut topics: Vec<String> = self.topics.keys().cloned().collect();
         topics.sort();
         topics
@@ -340,7 +340,7 @@ impl Stalls {
     /// [`crate::event::Origin::release`]): when the topic has been stalled for `park_after`, or
     /// now if one of its lanes holds [`LANE_LIMIT`] events; the moment its new streamed events
     /// are parked. `None` where nothing parks, or `topic` is not stalled.
-    pub fn release_due(&self, topic: &str) -> Option<Instant> {
+    pub(crate) fn release_due(&self, topic: &str) -> Option<Instant> {
         let park_after = self.park_after?;
         Some(self.topics().get(topic)?.parks_from(park_after))
     }
@@ -348,7 +348,7 @@ impl Stalls {
     /// Whether a streamed event of `topic` with key `biz_key` that reaches a shard now is to be
     /// released rather than held (its topic, or its queue, parks now): the dispatcher handed it
     /// on just before parking began.
-    pub fn releases(&self, topic: &str, biz_key: &str) -> bool {
+    pub(crate) fn releases(&self, topic: &str, biz_key: &str) -> bool {
         let Some(park_after) = self.park_after else {
             return false;
         };

@@ -214,12 +214,19 @@ impl TopicTypes {
     /// is of the type a grouped or timed form is for.
     pub(super) fn learn_accepted(&self, topic: &str, form: &Form) {
         {
+            // Called after every accepted send: the common case (known already) allocates
+            // nothing.
             let mut accepted = self.accepted.lock().expect("not poisoned");
-            let forms = accepted.entry(topic.to_string()).or_default();
-            if forms.contains(form) {
+            if accepted
+                .get(topic)
+                .is_some_and(|forms| forms.contains(form))
+            {
                 return;
             }
-            forms.push(form.clone());
+            accepted
+                .entry(topic.to_string())
+                .or_default()
+                .push(form.clone());
         }
         let kind = match form {
             Form::Grouped => TopicType::Fifo,
