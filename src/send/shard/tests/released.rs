@@ -114,16 +114,25 @@ async fn a_parked_topic_s_lane_releases_its_streamed_events_but_the_batch_it_ret
     assert_eq!(acked.tokens(), [1, 3, 5, 6], "none acknowledged twice");
 }
 
+/// Three events of one key sent through `sink`, whose first send stores `stored` of them and
+/// then fails with `error`: the outcomes, and the event ids of every send.
+async fn three_after_a_partial_send(
+    sink: ScriptedSink,
+    stored: usize,
+    error: SendError,
+) -> (Vec<Completion>, Vec<Vec<String>>) {
+    let sink = Arc::new(sink);
+    *sink.partial.lock().unwrap() = Some((stored, error));
+    let events = vec![event(1, "a", "t"), event(2, "a", "t"), event(3, "a", "t")];
+    let done = run(Arc::clone(&sink), events, ShardOptions::default()).await;
+    let sends = sink.calls().into_iter().map(|(_, _, ids)| ids).collect();
+    (done, sends)
+}
+
 #[tokio::test(start_paused = true)]
 async fn what_the_broker_stored_before_a_send_failed_is_reported_and_never_sent_again() {
-    let sink = Arc::new(ScriptedSink::new(vec![]));
-    *sink.partial.lock().unwrap() = Some((2, SendError::Retryable("timeout".into())));
-    let done = run(
-        Arc::clone(&sink),
-        vec![event(1, "a", "t"), event(2, "a", "t"), event(3, "a", "t")],
-        ShardOptions::default(),
-    )
-    .await;
+    let timeout = SendError::Retryable("timeout".into());
+    let (done, sends) = three_after_a_partial_send(ScriptedSink::new(vec![]), 2, timeout).await;
     assert_eq!(
         outcomes(&done),
         [
@@ -132,24 +141,24 @@ async fn what_the_broker_stored_before_a_send_failed_is_reported_and_never_sent_
             ("e3".to_string(), sent("e3")),
         ]
     );
-    let sends: Vec<Vec<String>> = sink.calls().into_iter().map(|(_, _, ids)| ids).collect();
     assert_eq!(sends, [vec!["e1", "e2", "e3"], vec!["e3"]]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_refusal_after_a_stored_request_fails_only_the_refused_event() {
-    let sink = Arc::new(ScriptedSink::new(vec![]));
-    *sink.partial.lock().unwrap() = Some((1, SendError::Rejected("code 13".into())));
-    let done = run(
-        Arc::clone(&sink),
-        vec![event(1, "a", "t"), event(2, "a", "t"), event(3, "a", "t")],
-        ShardOptions::default(),
-    )
-    .await;
-    assert_eq!(done[0].outcome, sent("e1"));
-    // e2 and e3 are sent one by one to find which was refused: neither is, this time.
-    assert_eq!(done[1].outcome, sent("e2"));
+    let sink = ScriptedSink {
+        poison: vec!["e2".into()],
+        ..ScriptedSink::new(vec![])
+    };
+    let refused = SendError::Rejected("code 13".into());
+    let (done, sends) = three_after_a_partial_send(sink, 1, refused).await;
+    assert_eq!(done[0].outcome, sent("e1"), "stored: SENT, not sent again");
+    // e2 and e3 are sent one by one to find which was refused: e2.
+    assert!(
+        matches!(&done[1].outcome, SendOutcome::Failed { attempts: 1, .. }),
+        "{:?}",
+        done[1]
+    );
     assert_eq!(done[2].outcome, sent("e3"));
-    let sends: Vec<Vec<String>> = sink.calls().into_iter().map(|(_, _, ids)| ids).collect();
     assert_eq!(sends, [vec!["e1", "e2", "e3"], vec!["e2"], vec!["e3"]]);
 }
