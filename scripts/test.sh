@@ -124,7 +124,8 @@ stop_servers
 if [ "$WITH_MYSQL" = 1 ]; then
   # The relay's live tests on Oracle MySQL: end to end, kill -9, broker outage, cut
   # connections, resume, failover, the election (lock and lease, fenced), purged binlogs (gtid_purged), row images, operations,
-  # status/replay, TLS and caching_sha2_password, XA, binlog variants (binary JSON, compressed
+  # status/replay, TLS and caching_sha2_password, XA, bounded memory (a stuck topic, a prepared
+  # XA branch), binlog variants (binary JSON, compressed
   # transactions, tagged GTIDs), start-up checks and least-privilege grants, the short chaos
   # soak; poll mode (processes and a restart under the same instance id too), the marker's
   # FAILED rule, bad input, the sweeper, the producer API, migrations, daily partitions, the
@@ -137,7 +138,7 @@ if [ "$WITH_MYSQL" = 1 ]; then
   start_servers apache mysql
   # (mysql_file_position starts a MySQL of its own, without GTIDs: it ran in the first phase.)
   modules=(relay relay_faults relay_resume failover leader purged_binlog row_image poll poll_processes
-    marker memory_broker bad_input bad_input_access relay_checks sweeper producer migrate operate
+    marker memory memory_broker bad_input bad_input_access relay_checks sweeper producer migrate operate
     operate_status_replay partitions tls xa binlog_variants metrics switch_over split_primary
     isolation scheduled)
   # (The other cluster tests run in the first phase only: each starts a cluster of its own, and

@@ -24,7 +24,7 @@ pub(crate) fn cluster(label: &str, options: RocketMqOptions) -> RocketMq {
 }
 
 /// Two broker groups (`broker-a`, `broker-b`) behind one name server, topics created by hand.
-fn two_groups(label: &str) -> RocketMq {
+pub(crate) fn two_groups(label: &str) -> RocketMq {
     cluster(
         label,
         RocketMqOptions {

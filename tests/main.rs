@@ -50,6 +50,7 @@ mod poll;
 mod poll_processes;
 mod producer;
 mod purged_binlog;
+mod queue_count;
 mod relay;
 mod relay_checks;
 mod relay_faults;

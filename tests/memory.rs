@@ -231,7 +231,17 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
         .ok()
         .and_then(|v| humantime::parse_duration(&v).ok())
         .unwrap_or(Duration::from_secs(45));
-    let (config, dir) = relay_fixture(&db).at_current_end().await;
+    // A retry policy used up in 7 s (1 + 2 + 4): the stall outlasts it many times over, and a
+    // parked topic's events must never be FAILED for it.
+    let (config, dir) = relay_fixture(&db)
+        .broker_retries(
+            Duration::from_secs(3),
+            Duration::from_secs(1),
+            Duration::from_secs(4),
+            3,
+        )
+        .at_current_end()
+        .await;
     let file = write_config_file(&config, dir.path());
     let metrics = free_addr();
     let relay = RelayProcess::spawn_serving(&file, &metrics, &dir.path().join("relay.log"), &[]);
@@ -265,6 +275,11 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
     }
     let (baseline, peak) = sampler.finish().await;
     let fault_to = load.elapsed().await;
+    assert_eq!(
+        count_status(&db, Status::Failed).await,
+        0,
+        "an event of the stuck topic was FAILED for the topic's state"
+    );
     crate::isolation::set_permission(&stuck, "6");
     load.stop().await;
     println!(

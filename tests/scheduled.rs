@@ -208,7 +208,9 @@ async fn scheduled_events_reach_consumers_no_earlier_than_their_time() {
 /// `outbox.max_delay` above the broker's `timerMaxDelaySec` (3 days), an event due in 5 days
 /// among ordinary ones. The broker refuses it (code 13, as it refuses a message of the wrong
 /// type); the relay, which has seen the topic take timer messages, FAILs it at its first
-/// attempt with what is known of why, and its neighbours go out within a second.
+/// attempt with what is known of why, and its neighbours go out within a second. The two events
+/// of its key stored before it in the same send are stored once: the relay's retry of the
+/// rest carries on after what the broker stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_the_proxy_an_event_due_beyond_the_broker_s_limit_fails_alone_at_once() {
     use common::relay::{count_status, wait_for, wait_until_sent, write_events, RunningRelay};
@@ -225,8 +227,13 @@ async fn through_the_proxy_an_event_due_beyond_the_broker_s_limit_fails_alone_at
     wait_until_sent(&db, 20, Duration::from_secs(60)).await;
 
     let mut tx = db.pool.start_transaction(Default::default()).await.unwrap();
+    // Two events of its key due in 2 s go before it in the same send (a timer message is a
+    // request of its own): stored before the refusal, they are not sent again; one after it.
+    let soon = SystemTime::now() + Duration::from_secs(2);
     let far = SystemTime::now() + Duration::from_secs(5 * 86_400);
-    let mut events = vec![NewEvent::new(&delay, "order-far", json!({})).deliver_at(far)];
+    let of_key = |at| NewEvent::new(&delay, "order-far", json!({})).deliver_at(at);
+    let mut events = vec![of_key(soon), of_key(soon), of_key(far)];
+    events.push(NewEvent::new(&delay, "order-far", json!({})));
     events.extend((0..5).map(|i| NewEvent::new(&delay, format!("order-{i}"), json!({ "i": i }))));
     let ids = Outbox::default()
         .enqueue_batch(&mut tx, events)
@@ -234,7 +241,7 @@ async fn through_the_proxy_an_event_due_beyond_the_broker_s_limit_fails_alone_at
         .unwrap();
     tx.commit().await.unwrap();
     let committed = std::time::Instant::now();
-    let far_id = ids[0].to_string();
+    let far_id = ids[2].to_string();
     let failed = format!(
         "event_id = '{far_id}' AND status = {}",
         Status::Failed.code()
@@ -246,7 +253,7 @@ async fn through_the_proxy_an_event_due_beyond_the_broker_s_limit_fails_alone_at
     )
     .await;
     let failed_after = committed.elapsed();
-    wait_until_sent(&db, 25, Duration::from_secs(30)).await;
+    wait_until_sent(&db, 28, Duration::from_secs(30)).await;
     let sent_after = committed.elapsed();
     relay.stop().await;
 
@@ -276,12 +283,12 @@ async fn through_the_proxy_an_event_due_beyond_the_broker_s_limit_fails_alone_at
         "its neighbours went out at once: {sent_after:?}"
     );
     assert_eq!(count_status(&db, Status::Failed).await, 1, "only that one");
-    // The broker stored the other 25, each once.
+    // The broker stored the other 28, each once: the two stored before the refusal too.
     let mut reader = TopicReader::new(&rocketmq().namesrv_addr(), &delay)
         .await
         .expect("reader");
     let stored = reader
-        .read_at_least(25, Duration::from_secs(60))
+        .read_at_least(28, Duration::from_secs(60))
         .await
         .expect("the topic's messages");
     reader.close().await;
@@ -291,7 +298,7 @@ async fn through_the_proxy_an_event_due_beyond_the_broker_s_limit_fails_alone_at
         .collect();
     assert_eq!(
         (stored.len(), stored_ids.len()),
-        (25, 25),
+        (28, 28),
         "each stored once"
     );
     assert!(!stored_ids.contains(far_id.as_str()));

@@ -315,6 +315,9 @@ async fn route<S: Sink>(
         Next::Resume { left } => {
             tracing::debug!(%topic, %reason, ?left, "route look-up after a wake-up failed; waiting out the rest of the retry delay");
         }
+        Next::Parked { delay } => {
+            tracing::debug!(%topic, %reason, ?delay, "route look-up for a parked topic failed; trying again");
+        }
         Next::GiveUp => return Err(Halt::Failed(backoff.gave_up(&reason))),
     }
     Err(Halt::Stall)
@@ -484,6 +487,10 @@ async fn send_batch<S: Sink>(
                 Next::Resume { left } => {
                     tracing::debug!(%topic, queue, %reason, ?left, size, unsent = batch.len(),
                         "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
+                }
+                Next::Parked { delay } => {
+                    tracing::debug!(%topic, queue, %reason, ?delay, size,
+                        "send of a parked topic's events not acknowledged; trying again");
                 }
                 Next::GiveUp => {
                     return Ok(report_all(completions, batch, backoff.gave_up(&reason)).await?)

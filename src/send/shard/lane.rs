@@ -413,6 +413,7 @@ impl<S: Sink> LaneRun<'_, S> {
                 let now = Instant::now();
                 if due.is_some_and(|due| due <= now) {
                     self.input.release(&mut stalled, self.held);
+                    stalled.backoff.park();
                 }
                 let cancel = self.stop.cancel;
                 let attempt = match due.filter(|&due| due > now) {

@@ -97,9 +97,18 @@ pub(super) struct Backoff {
     retries: u32,
     /// Attempts refused for the relay's account so far (they use no retry).
     refusals: u32,
+    /// Failed attempts since the batch's topic parked (they use no retry: see
+    /// [`Backoff::park`]).
+    parked_failures: u32,
+    /// Whether the batch's topic has parked.
+    parked: bool,
     /// When the retry delay being waited out ends; `None` before the first retry.
     deadline: Option<Instant>,
 }
+
+/// The longest wait between attempts of a parked topic's retried batch: how soon after the
+/// topic takes events again (and the route shows it) its events go out.
+pub(super) const PARKED_RETRY_EVERY: Duration = Duration::from_secs(10);
 
 /// What a failed attempt leads to.
 #[derive(Debug, PartialEq, Eq)]
@@ -109,6 +118,9 @@ pub(super) enum Next {
     /// The attempt came early (after a wake-up): no retry is used, the rest of the current delay
     /// (`left`) is waited out.
     Resume { left: Duration },
+    /// The batch's topic has parked (see [`Backoff::park`]): no retry is used, the next attempt
+    /// comes after `delay`.
+    Parked { delay: Duration },
     /// The retries are used up.
     GiveUp,
 }
@@ -130,8 +142,19 @@ impl Backoff {
             wake: Arc::clone(wake),
             retries: 0,
             refusals: 0,
+            parked_failures: 0,
+            parked: false,
             deadline: None,
         }
+    }
+
+    /// The batch's topic has parked (stalled for `relay.park_after`): the stall is the
+    /// topic's, not its events', so from now on a failed attempt uses no retry and the batch is
+    /// never FAILED for it. It waits as its topic's other events do (those are PENDING rows):
+    /// the delays grow as the policy's do, at most [`PARKED_RETRY_EVERY`]. A failure the broker
+    /// blames on an event (`SendError::Rejected`) still fails that event at once.
+    pub(super) fn park(&mut self) {
+        self.parked = true;
     }
 
     /// The attempts counted: the first and each retry (not the early ones after a wake-up).
@@ -151,6 +174,14 @@ impl Backoff {
         let now = Instant::now();
         if let Some(left) = self.left(now) {
             return Next::Resume { left };
+        }
+        if self.parked {
+            self.parked_failures = self.parked_failures.saturating_add(1);
+            let delay = (self.policy)
+                .delay_without_end(self.retries + self.parked_failures)
+                .min(PARKED_RETRY_EVERY);
+            self.deadline = Some(now + delay);
+            return Next::Parked { delay };
         }
         match self.policy.delay(self.retries + 1) {
             Some(delay) => {

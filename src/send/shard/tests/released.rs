@@ -114,6 +114,55 @@ async fn a_parked_topic_s_lane_releases_its_streamed_events_but_the_batch_it_ret
     assert_eq!(acked.tokens(), [1, 3, 5, 6], "none acknowledged twice");
 }
 
+/// A stall that outlasts the retry policy: once the topic parks, its lane's retried batch uses
+/// no retry, so it is never FAILED for the topic's state (its neighbours wait as PENDING rows;
+/// a FAILED probe would break its key's order), and it goes out within
+/// [`retry::PARKED_RETRY_EVERY`] of the topic taking events again.
+#[tokio::test(start_paused = true)]
+async fn a_parked_topic_s_retried_batch_outlasts_the_retry_policy_and_is_never_failed() {
+    let sink = Arc::new(ScriptedSink::new(vec![]));
+    sink.down_topics.lock().unwrap().insert("t".into());
+    let options = ShardOptions {
+        // 1 + 2 s of retries: used up within seconds if parking did not stop the count.
+        retry: RetryPolicy {
+            max_retries: Some(2),
+            ..ShardOptions::default().retry
+        },
+        stalls: Arc::new(Stalls::new(Duration::from_secs(2))),
+        ..ShardOptions::default()
+    };
+    let acked = Arc::new(Acked::default());
+    let (input, rx) = mpsc::channel(100);
+    let (completions, mut done) = mpsc::channel(100);
+    let task = tokio::spawn(run_shard(
+        Arc::clone(&sink),
+        rx,
+        completions,
+        options,
+        CancellationToken::new(),
+    ));
+    input.send(streamed(&acked, 1, "a", "t")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(
+        done.try_recv().is_err(),
+        "no outcome while t is down for 10 minutes"
+    );
+    let attempts = sink.calls().len();
+    assert!(
+        (40..=600).contains(&attempts),
+        "tried every few seconds, at most every {:?}: {attempts} attempts",
+        retry::PARKED_RETRY_EVERY
+    );
+    sink.down_topics.lock().unwrap().clear();
+    let back = tokio::time::Instant::now();
+    let c = done.recv().await.unwrap();
+    assert_eq!(c.event_id, "e1");
+    assert!(matches!(c.outcome, SendOutcome::Sent { .. }), "{c:?}");
+    assert!(back.elapsed() <= retry::PARKED_RETRY_EVERY);
+    drop(input);
+    task.await.unwrap();
+}
+
 /// Three events of one key sent through `sink`, whose first send stores `stored` of them and
 /// then fails with `error`: the outcomes, and the event ids of every send.
 async fn three_after_a_partial_send(
