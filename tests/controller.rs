@@ -83,11 +83,12 @@ async fn a_killed_master_is_replaced_by_its_slave_and_every_key_keeps_its_queue(
         mq.brokers()[promoted].addr(),
         queues_of.len()
     );
-    // Only what the dead master stored and could not acknowledge is sent again: at most the
-    // traffic of the switch-over (the relay retries its unacknowledged sends on the new master).
-    let bound = (switched.as_secs_f64() + 2.0) * per_second as f64;
+    // Only what the dead master stored and could not acknowledge is sent again (the relay
+    // retries its unacknowledged requests on the new master, never those it saw stored): the
+    // requests in flight at the kill, a few events at this rate (measured: 5 of 990, the master
+    // replaced after 0.4 s). Bound: one second of traffic, whatever the switch-over takes.
     assert!(
-        (duplicates as f64) <= bound,
+        duplicates as u64 <= per_second,
         "{duplicates} duplicates for a switch-over of {switched:?} at {per_second}/s"
     );
 }

@@ -231,13 +231,14 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
         .ok()
         .and_then(|v| humantime::parse_duration(&v).ok())
         .unwrap_or(Duration::from_secs(45));
-    // A retry policy used up in 7 s (1 + 2 + 4): the stall outlasts it many times over, and a
-    // parked topic's events must never be FAILED for it.
+    // A retry policy used up in 7 to 14 s (2 + 4 + 8, jittered down to half): longer than
+    // `park_after` (5 s), so the topic parks first, and outlasted many times over by the stall;
+    // a parked topic's events must never be FAILED for it.
     let (config, dir) = relay_fixture(&db)
         .broker_retries(
             Duration::from_secs(3),
-            Duration::from_secs(1),
-            Duration::from_secs(4),
+            Duration::from_secs(2),
+            Duration::from_secs(8),
             3,
         )
         .at_current_end()
