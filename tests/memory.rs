@@ -307,7 +307,8 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
         );
     }
     let streamed = |key: &str| !key.starts_with(HIDDEN_KEY);
-    let before = load.latencies_of(&healthy, streamed, 1.0, 10.0).await;
+    // From 5 s: the relay process starts with the load, and its first seconds are its start.
+    let before = load.latencies_of(&healthy, streamed, 5.0, 10.0).await;
     let during = load
         .latencies_of(&healthy, streamed, fault_from + 20.0, fault_to)
         .await;
