@@ -207,8 +207,9 @@ pub struct RelayConfig {
     /// How long the events of a topic that does not accept them are held in memory before the
     /// stream parks its new ones and the senders release those they hold (but the batch they
     /// retry): leaves them PENDING in the outbox for the sweeper, which sends them in key order
-    /// once the topic accepts events again, and lets the checkpoint pass them. Only with the
-    /// sweeper on.
+    /// once the topic accepts events again, and lets the checkpoint pass them. From then on the
+    /// batch the senders retry uses no retry: nothing of a parked topic is FAILED for its stall.
+    /// Only with the sweeper on.
     #[serde(with = "humantime_serde")]
     pub park_after: Duration,
     /// How long a prepared XA transaction is held (keeping the checkpoint below its prepare)
