@@ -248,6 +248,46 @@ async fn a_claim_never_takes_a_row_while_an_older_row_of_its_key_waits() {
     held.rollback().await.unwrap();
 }
 
+/// A stream held behind a long stall's parked rows asks the sweeper for all of them (over
+/// 100,000 after 10 minutes at 200 events/s): a claim takes one batch of them, the oldest, never
+/// a statement past the server's 65,535 placeholders (which failed at every ask, and nothing
+/// was delivered again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_70_000_named_rows_takes_the_oldest_batch() {
+    let db = TestDb::migrated("poll_claim_these").await;
+    let mut conn = db.conn().await;
+    let table = TableName::parse(&format!("{}.outbox_event", db.name())).unwrap();
+    // 70,000 PENDING rows over 7 keys, by doubling.
+    conn.exec_drop(
+        "INSERT INTO outbox_event (event_id, biz_key, topic, payload) VALUES ('r0', 'k0', ?, '{}')",
+        (new_topic("poll_claim_these"),),
+    )
+    .await
+    .unwrap();
+    let mut rows = 1;
+    while rows < 70_000 {
+        conn.query_drop(
+            "INSERT INTO outbox_event (event_id, biz_key, topic, payload) \
+             SELECT UUID(), CONCAT('k', id % 7), topic, payload FROM outbox_event LIMIT 35000",
+        )
+        .await
+        .unwrap();
+        rows = conn
+            .query_first("SELECT COUNT(*) FROM outbox_event")
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let mut ids: Vec<u64> = conn
+        .query("SELECT id FROM outbox_event ORDER BY id DESC")
+        .await
+        .unwrap();
+    let claimed = claimer(table).claim_these(&mut conn, &ids).await.unwrap();
+    ids.sort_unstable();
+    let got: Vec<u64> = claimed.iter().map(Claimed::id).collect();
+    assert_eq!(got, ids[..100], "the oldest 100, in id order");
+}
+
 #[tokio::test]
 async fn lease_upkeep_reads_sending_rows_only() {
     // Recovering expired leases, renewing and releasing them find the few SENDING rows through
