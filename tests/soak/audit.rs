@@ -262,13 +262,13 @@ pub async fn audit(
 
     let relay_resends = copies.len().saturating_sub(processed.len());
     // Faults cost some resends: a timed-out send to a frozen broker may have been stored, and a
-    // takeover resends what the old leader had sent and not yet marked. Measured (2026-12-04):
-    // the short form 0.4–2.4 % over 8 runs; three instances, the leader killed 12 times in 2
-    // minutes at 1,000 events/s, 0.10 %. A sweeper racing the stream for the rows it holds
-    // cost 60–76 % before the sweep gate.
-    if relay_resends * 20 > events.len() {
+    // takeover resends what the old leader had sent and not yet marked. Measured (2026-12-06,
+    // after the relay kept what a failed send had stored): 12 of 11,000 (0.11 %) with three
+    // relay restarts; before it, 0.4–2.4 % over 8 runs. Bound: 2 %, which one takeover
+    // resending a whole mirror period (2 s at 200 events/s: 3.6 %) breaks.
+    if relay_resends * 50 > events.len() {
         fail(format!(
-            "{relay_resends} relay resends for {} events (over 5 %)",
+            "{relay_resends} relay resends for {} events (over 2 %)",
             events.len()
         ));
     }
