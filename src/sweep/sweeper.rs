@@ -320,9 +320,33 @@ async fn pause_or_nudged(
         let Some(claimer) = claimers.iter().find(|c| *c.table == nudge.table) else {
             continue;
         };
+        if claim_nudged(pool, claimer, nudge.ids, to, stop).await {
+            return true;
+        }
+    }
+}
+
+/// Claims and dispatches the rows a stream waits for (`ids`), a batch at a time, oldest first,
+/// until all are claimed or sent. All of them at once: a stream held behind a long stall's
+/// parked rows waits for every one (100,000 after 10 minutes at 200 events/s) and, while it
+/// holds events, the sweep gate skips the ordinary rounds (they read as a stalled stream), so one
+/// batch per ask drained them at ~100 rows/s. True once `stop` fired (or the shards are gone).
+async fn claim_nudged(
+    pool: &Pool,
+    claimer: &Claimer,
+    mut ids: Vec<u64>,
+    to: &SendInputs,
+    stop: &CancellationToken,
+) -> bool {
+    ids.sort_unstable();
+    ids.dedup();
+    for batch in ids.chunks(claimer.batch_size.max(1) as usize) {
+        if stop.is_cancelled() {
+            return true;
+        }
         let claimed = crate::db::bounded(async {
             let mut conn = pool.get_conn().await?;
-            claimer.claim_these(&mut conn, &nudge.ids).await
+            claimer.claim_these(&mut conn, batch).await
         })
         .await;
         match claimed {
@@ -337,10 +361,14 @@ async fn pause_or_nudged(
                 }
             }
             // The stream asks again while it still waits.
-            Err(e) => tracing::warn!(table = %claimer.table, error = %e,
-                "cannot claim the rows a stream waits for; it will ask again"),
+            Err(e) => {
+                tracing::warn!(table = %claimer.table, error = %e,
+                    "cannot claim the rows a stream waits for; it will ask again");
+                return false;
+            }
         }
     }
+    false
 }
 
 /// The next nudge; never, without a nudge channel (or once it closed).
