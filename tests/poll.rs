@@ -272,20 +272,49 @@ async fn a_claim_of_70_000_named_rows_takes_the_oldest_batch() {
         )
         .await
         .unwrap();
-        rows = conn
-            .query_first("SELECT COUNT(*) FROM outbox_event")
-            .await
-            .unwrap()
-            .unwrap();
+        rows = rows_now(&mut conn).await;
     }
     let mut ids: Vec<u64> = conn
         .query("SELECT id FROM outbox_event ORDER BY id DESC")
         .await
         .unwrap();
-    let claimed = claimer(table).claim_these(&mut conn, &ids).await.unwrap();
+    let claimed = claimer(table.clone())
+        .claim_these(&mut conn, &ids)
+        .await
+        .unwrap();
     ids.sort_unstable();
     let got: Vec<u64> = claimed.iter().map(Claimed::id).collect();
     assert_eq!(got, ids[..100], "the oldest 100, in id order");
+
+    // The stream's look at keys held behind them reads a bounded part, and says so.
+    use rocketmq_outbox::sweep::waiting::{waiting_rows_of_keys_at_most, OrderKey};
+    let topic: String = conn
+        .query_first("SELECT topic FROM outbox_event LIMIT 1")
+        .await
+        .unwrap()
+        .unwrap();
+    let keys: Vec<OrderKey> = (0..7)
+        .map(|k| OrderKey::new(&topic, format!("k{k}")))
+        .collect();
+    let asked: Vec<(&OrderKey, u64)> = keys.iter().map(|k| (k, u64::MAX)).collect();
+    let (rows, complete) = waiting_rows_of_keys_at_most(&mut conn, &table, &asked, 1024)
+        .await
+        .unwrap();
+    assert!(rows.len() <= 1024 && !rows.is_empty() && !complete);
+    let (rows, complete) = waiting_rows_of_keys_at_most(&mut conn, &table, &asked, 100_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        (rows.len() as u64, complete),
+        (rows_now(&mut conn).await, true)
+    );
+}
+
+async fn rows_now(conn: &mut mysql_async::Conn) -> u64 {
+    conn.query_first("SELECT COUNT(*) FROM outbox_event")
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 #[tokio::test]

@@ -39,7 +39,7 @@ use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::outbox::TableName;
 use crate::send::{SendInputs, ShardEvent, StalledSet};
 use crate::sweep::waiting::{
-    newest_per_key, waiting_ids, waiting_rows_of_keys, OrderKey, WaitingRow,
+    newest_per_key, waiting_ids, waiting_rows_of_keys_at_most, OrderKey, WaitingRow,
 };
 use crate::sweep::Nudge;
 use mysql_async::Pool;
@@ -53,6 +53,10 @@ use known::{Known, Question};
 
 /// How often held keys are looked at again.
 pub const RECHECK: Duration = Duration::from_millis(100);
+
+/// Rows of other writers (or of the sweeper's) a look at the held keys reads at most, beyond the
+/// stream's own: enough to send the sweeper a few claims' worth at each look.
+const LOOK_ROWS: usize = 1024;
 
 /// A gap question reading this many waiting rows or more asks by key instead.
 const GAP_LIMIT: usize = 1_000;
@@ -202,9 +206,9 @@ impl KeyOrder {
             let answer = match question {
                 Question::None => Ok(HashMap::new()),
                 Question::Gap(from, to) => {
-                    self.oldest_in_gap(&table, (from, to), &keys, exclude).await
+                    (self.oldest_in_gap(&table, (from, to), &keys, batch.len(), exclude)).await
                 }
-                Question::Keys => self.oldest_waiting(&table, &keys, exclude).await,
+                Question::Keys => (self.oldest_waiting(&table, &keys, batch.len(), exclude)).await,
             };
             match answer {
                 Ok(oldest) => {
@@ -344,7 +348,7 @@ impl KeyOrder {
         }
         let mut bounds: Vec<(Key, u64)> = Vec::new();
         for (table, keys) in by_table {
-            let Ok(oldest) = self.oldest_waiting(&table, &keys, |_| false).await else {
+            let Ok(oldest) = self.oldest_waiting(&table, &keys, 0, |_| false).await else {
                 continue; // warned when they were held; asked again next time
             };
             bounds.extend(keys.into_iter().map(|(key, _)| {
@@ -383,19 +387,34 @@ impl KeyOrder {
     /// For each of `keys` (of `table`, each with the newest id of its events asked about) that
     /// an older row waits for, other than the rows this stream carries and those `exclude`
     /// names: the oldest such row's id. Asks the sweeper for the PENDING ones.
+    /// `batch` rows of the stream, not carried yet, are being asked about (`exclude` names
+    /// them).
     async fn oldest_waiting(
         &self,
         table: &Arc<TableName>,
         keys: &[(OrderKey, u64)],
+        batch: usize,
         exclude: impl Fn(u64) -> bool,
     ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
-        let keys: Vec<(&OrderKey, u64)> = keys.iter().map(|(key, id)| (key, *id)).collect();
-        let waiting = crate::db::bounded(async {
+        let asked: Vec<(&OrderKey, u64)> = keys.iter().map(|(key, id)| (key, *id)).collect();
+        // Room for the stream's own rows of these keys (the batch, those it carries or holds),
+        // then for LOOK_ROWS of others'.
+        let limit = batch + self.carried_ids.len() + LOOK_ROWS;
+        let (waiting, complete) = crate::db::bounded(async {
             let mut conn = self.pool.get_conn().await?;
-            waiting_rows_of_keys(&mut conn, table, &keys).await
+            waiting_rows_of_keys_at_most(&mut conn, table, &asked, limit).await
         })
         .await?;
-        Ok(self.oldest_foreign(table, waiting, exclude))
+        let mut oldest = self.oldest_foreign(table, waiting, exclude);
+        if !complete {
+            // More rows wait than a look reads: every key asked about is held (its oldest waiting
+            // row may be among those not read). The sweeper was sent the ones read; as it sends
+            // them, the next looks read on.
+            for (key, _) in keys {
+                oldest.insert(key.clone(), 0);
+            }
+        }
+        Ok(oldest)
     }
 
     /// [`Self::oldest_waiting`] for a clean table: asks for the waiting ids among the ids the
@@ -407,6 +426,7 @@ impl KeyOrder {
         table: &Arc<TableName>,
         (from, to): (u64, u64),
         keys: &[(OrderKey, u64)],
+        batch: usize,
         exclude: impl Fn(u64) -> bool,
     ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
         let waiting = crate::db::bounded(async {
@@ -426,7 +446,7 @@ impl KeyOrder {
                 return Ok(HashMap::new());
             }
         }
-        self.oldest_waiting(table, keys, exclude).await
+        self.oldest_waiting(table, keys, batch, exclude).await
     }
 
     /// Of `waiting` (rows of `table`), those neither this stream's nor named by `exclude`: the

@@ -135,19 +135,52 @@ pub async fn waiting_rows_of_keys<Q: Queryable>(
     table: &TableName,
     keys: &[(&OrderKey, u64)],
 ) -> Result<Vec<WaitingRow>, mysql_async::Error> {
+    Ok(waiting_rows_of_keys_read(q, table, keys, None).await?.0)
+}
+
+/// [`waiting_rows_of_keys`], reading at most `limit` rows of the index (the asker's own rows
+/// included): the rows, and whether they are all (fewer than `limit` were read). A look that
+/// stops short has read an arbitrary part of the keys' waiting rows: it tells that rows wait,
+/// not which key's are the oldest. A stream held behind a stall's 100,000 parked rows read them
+/// all at every look, ten times a second, where a look needs only to know that some still wait.
+pub async fn waiting_rows_of_keys_at_most<Q: Queryable>(
+    q: &mut Q,
+    table: &TableName,
+    keys: &[(&OrderKey, u64)],
+    limit: usize,
+) -> Result<(Vec<WaitingRow>, bool), mysql_async::Error> {
+    waiting_rows_of_keys_read(q, table, keys, Some(limit)).await
+}
+
+async fn waiting_rows_of_keys_read<Q: Queryable>(
+    q: &mut Q,
+    table: &TableName,
+    keys: &[(&OrderKey, u64)],
+    limit: Option<usize>,
+) -> Result<(Vec<WaitingRow>, bool), mysql_async::Error> {
     let Some(highest) = keys.iter().map(|(_, below)| *below).max() else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), true));
     };
-    let mut params = Vec::with_capacity(keys.len() * 2 + 1);
+    let mut params = Vec::with_capacity(keys.len() * 2 + 2);
     for (key, _) in keys {
         params.push(Value::from(key.topic.as_str()));
         params.push(Value::from(key.biz_key.as_str()));
     }
     params.push(Value::from(highest));
-    let sql = |hinted| waiting_rows_sql(table, hinted, keys.len());
+    if let Some(limit) = limit {
+        params.push(Value::from(limit as u64));
+    }
+    let sql = |hinted| {
+        let mut sql = waiting_rows_sql(table, hinted, keys.len());
+        if limit.is_some() {
+            sql.push_str(" LIMIT ?");
+        }
+        sql
+    };
     let rows: Vec<(u64, String, String, i8)> =
         on_index(q, table, WAITING_INDEX, sql, params).await?;
-    Ok(below_own_bounds(rows, keys))
+    let complete = limit.is_none_or(|limit| rows.len() < limit);
+    Ok((below_own_bounds(rows, keys), complete))
 }
 
 /// The ids of `table`'s waiting rows from `from` to `to` (inclusive), at most `limit` of them,
