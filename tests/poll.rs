@@ -301,7 +301,7 @@ async fn a_claim_of_70_000_named_rows_takes_the_oldest_batch() {
         .await
         .unwrap();
     assert!(rows.len() <= 1024 && !rows.is_empty() && !complete);
-    let (rows, complete) = waiting_rows_of_keys_at_most(&mut conn, &table, &asked, 100_000)
+    let (rows, complete) = waiting_rows_of_keys_at_most(&mut conn, &table, &asked, 1_000_000)
         .await
         .unwrap();
     assert_eq!(
