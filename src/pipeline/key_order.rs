@@ -396,23 +396,40 @@ impl KeyOrder {
         batch: usize,
         exclude: impl Fn(u64) -> bool,
     ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
-        let asked: Vec<(&OrderKey, u64)> = keys.iter().map(|(key, id)| (key, *id)).collect();
+        let mut asked: Vec<(&OrderKey, u64)> = keys.iter().map(|(key, id)| (key, *id)).collect();
         // Room for the stream's own rows of these keys (the batch, those it carries or holds),
         // then for LOOK_ROWS of others'.
         let limit = batch + self.carried_ids.len() + LOOK_ROWS;
-        let (waiting, complete) = crate::db::bounded(async {
-            let mut conn = self.pool.get_conn().await?;
-            waiting_rows_of_keys_at_most(&mut conn, table, &asked, limit).await
-        })
-        .await?;
-        let mut oldest = self.oldest_foreign(table, waiting, exclude);
-        if !complete {
-            // More rows wait than a look reads: every key asked about is held (its oldest waiting
-            // row may be among those not read). The sweeper was sent the ones read; as it sends
-            // them, the next looks read on.
-            for (key, _) in keys {
-                oldest.insert(key.clone(), 0);
+        let mut waiting = Vec::new();
+        // Keys a look read rows of but not all of them: they wait, their oldest row unknown.
+        let mut unread: HashSet<OrderKey> = HashSet::new();
+        while !asked.is_empty() {
+            let (rows, complete) = crate::db::bounded(async {
+                let mut conn = self.pool.get_conn().await?;
+                waiting_rows_of_keys_at_most(&mut conn, table, &asked, limit).await
+            })
+            .await?;
+            if complete {
+                waiting.extend(rows);
+                break;
             }
+            // More rows wait than a look reads. The keys it read rows of are held; the others are
+            // asked again on their own, so a key with a backlog (a stuck topic's parked rows)
+            // holds back no other key. The sweeper is sent the rows read; as it sends them, the
+            // next looks read on.
+            let before = unread.len();
+            unread.extend(rows.iter().map(|row| row.key.clone()));
+            waiting.extend(rows);
+            if unread.len() == before {
+                // Only rows at or above their own key's bound were read: no way to narrow.
+                unread.extend(asked.iter().map(|(key, _)| (*key).clone()));
+                break;
+            }
+            asked.retain(|(key, _)| !unread.contains(*key));
+        }
+        let mut oldest = self.oldest_foreign(table, waiting, exclude);
+        for key in unread {
+            oldest.insert(key, 0);
         }
         Ok(oldest)
     }
