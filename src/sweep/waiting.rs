@@ -129,7 +129,8 @@ async fn on_index<Q: Queryable, T: FromRow + Send + 'static>(
 /// bound; the rows at or above their own key's bound (the asker's own rows, mostly) are dropped
 /// here. One SELECT per key (a `UNION ALL`) cost the server ~40 µs of CPU per key on MariaDB
 /// 10.11 (each a statement to open, plan and estimate); this form ~12–19 µs, its own rows read
-/// back included (DEVELOPMENT.md, "the key-order check as one SELECT").
+/// back included (docs/development/performance-journal.md, "The key-order check as one
+/// SELECT").
 pub async fn waiting_rows_of_keys<Q: Queryable>(
     q: &mut Q,
     table: &TableName,
