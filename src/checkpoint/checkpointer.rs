@@ -119,12 +119,30 @@ struct Failing {
 }
 
 impl Parts<'_> {
+    /// The local saves and the mirror, side by side: a slow local disk (a long fsync) never
+    /// holds back the mirror, so the standbys' `stream_at` and the sweepers' age bound keep
+    /// moving. The mirror writes the acknowledged position ([`Acknowledgements::position`]),
+    /// which is safe to resume from wherever it is stored; a restart takes the furthest of the
+    /// two.
     async fn run(self, stop: CancellationToken) -> Result<BinlogPosition, CheckpointError> {
+        let saver_done = CancellationToken::new();
+        let saves = async {
+            let saved = self.save_until(&stop).await;
+            saver_done.cancel();
+            saved
+        };
+        let ((), saved) = tokio::join!(self.mirror_until(&saver_done), saves);
+        saved
+    }
+
+    /// Saves the position locally whenever it moved, every `save_every`, until `stop`; then
+    /// saves the final position and returns it. See the module guarantee for failed saves.
+    async fn save_until(
+        &self,
+        stop: &CancellationToken,
+    ) -> Result<BinlogPosition, CheckpointError> {
         let (acks, settings) = (&self.acks, &self.settings);
         let mut saved = acks.position();
-        let mut mirrored = saved.clone();
-        let mut mirrored_done: Option<u64> = None;
-        let mut last_mirror = Instant::now();
         let mut last_moved = Instant::now();
         let mut failing: Option<Failing> = None;
         let age = &crate::metrics::relay().checkpoint_age_seconds;
@@ -134,8 +152,7 @@ impl Parts<'_> {
                 _ = tokio::time::sleep(settings.save_every) => false,
             };
             let position = acks.position();
-            let in_flight = acks.in_flight();
-            if position != saved || in_flight == 0 {
+            if position != saved || acks.in_flight() == 0 {
                 last_moved = Instant::now();
             }
             age.set(last_moved.elapsed().as_secs_f64());
@@ -169,15 +186,35 @@ impl Parts<'_> {
                     }
                 }
             }
+            if stopping {
+                tracing::info!(checkpoint = %saved, "final checkpoint written");
+                return Ok(saved);
+            }
+        }
+    }
+
+    /// Mirrors the acknowledged position into MySQL every `mirror_every` while it moves, and
+    /// how far the stream is done ([`Acknowledgements::done_up_to`]) every [`STREAM_AT_EVERY`]
+    /// periods while only that moves; once `saves_ended`, the final position.
+    async fn mirror_until(&self, saves_ended: &CancellationToken) {
+        let (acks, every) = (&self.acks, self.settings.mirror_every);
+        let mut mirrored = acks.position();
+        let mut mirrored_done: Option<u64> = None;
+        let mut last_mirror = Instant::now();
+        loop {
+            let stopping = tokio::select! {
+                _ = saves_ended.cancelled() => true,
+                _ = tokio::time::sleep(self.settings.save_every) => false,
+            };
+            let position = acks.position();
             // The standbys' sweepers count their age bound from here (sweep::gate).
             let done_up_to = acks.done_up_to(self.clock.read_up_to());
             let since_mirror = last_mirror.elapsed();
-            let due = (saved != mirrored && (stopping || since_mirror >= settings.mirror_every))
-                || (done_up_to > mirrored_done
-                    && since_mirror >= settings.mirror_every * STREAM_AT_EVERY);
+            let due = (position != mirrored && (stopping || since_mirror >= every))
+                || (done_up_to > mirrored_done && since_mirror >= every * STREAM_AT_EVERY);
             if due {
-                match mirror_once(&self.mirror, &self.pool, &saved, done_up_to).await {
-                    Ok(()) => (mirrored, mirrored_done) = (saved.clone(), done_up_to),
+                match mirror_once(&self.mirror, &self.pool, &position, done_up_to).await {
+                    Ok(()) => (mirrored, mirrored_done) = (position, done_up_to),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot mirror the checkpoint into MySQL; will retry")
                     }
@@ -185,8 +222,7 @@ impl Parts<'_> {
                 last_mirror = Instant::now();
             }
             if stopping {
-                tracing::info!(checkpoint = %saved, "final checkpoint written");
-                return Ok(saved);
+                return;
             }
         }
     }
