@@ -9,11 +9,13 @@
 //! - `docs/reference/schema.md` names exactly the tables, columns and indexes that
 //!   `crates/producer/migrations/*.sql` leave, applied in order.
 //! - `docs/reference/metrics.md` names every metric the relay registers.
+//! - The retry window the pages state is the one the code computes from the defaults.
 //! - Every relative link in `README.md`, `DEVELOPMENT.md` and `docs/**/*.md` points to a file
 //!   that exists, and every `#anchor` to a heading of its page.
 
 mod configuration;
 mod metrics;
+mod retry_window;
 mod schema;
 
 use std::collections::{BTreeMap, BTreeSet};
