@@ -202,7 +202,8 @@ pub struct RelayConfig {
     /// relay warns once and keeps the server's setting. Set `false` if another binlog reader
     /// needs full images of outbox updates. Producers' sessions (their INSERTs) are unaffected.
     pub minimal_row_image: bool,
-    /// How the leader is elected: `auto` (default), `lock` or `lease`; see `docs/leadership.md`.
+    /// How the leader is elected: `auto` (default), `lock` or `lease`; see
+    /// `docs/concepts/several-instances.md`.
     pub election: ElectionMethod,
     /// How long the events of a topic that does not accept them are held in memory before the
     /// stream parks its new ones and the senders release those they hold (but the batch they

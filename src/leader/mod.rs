@@ -96,7 +96,7 @@ impl Election {
             (ElectionMethod::Lock, true) => Err(StartupError::Misconfigured(
                 "relay.election = \"lock\" on a Galera node: GET_LOCK is local to each node, so \
                  instances on different nodes would all lead; set relay.election = \"auto\" or \
-                 \"lease\" (see docs/leadership.md)"
+                 \"lease\" (see docs/concepts/several-instances.md)"
                     .into(),
             )),
             (ElectionMethod::Lease, _) | (ElectionMethod::Auto, true) => Ok(election.by_lease()),

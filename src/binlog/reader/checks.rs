@@ -193,7 +193,7 @@ async fn check_galera(conn: &mut Conn) -> Result<(), StartupError> {
         let value = variable(conn, name).await?.unwrap_or_default();
         if !matches!(value.to_ascii_uppercase().as_str(), "ON" | "1") {
             return Err(misconfigured(format!(
-                "this Galera node has {name} = {value:?}: set {name}=ON on every node ({why}); see docs/leadership.md"
+                "this Galera node has {name} = {value:?}: set {name}=ON on every node ({why}); see docs/concepts/several-instances.md"
             )));
         }
     }
