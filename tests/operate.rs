@@ -525,9 +525,15 @@ async fn reconcile_without_the_dedup_table_says_where_to_point_it() {
 // the binary
 
 fn outbox_relay(args: &[&str]) -> Output {
+    outbox_relay_with(args, &[])
+}
+
+/// Runs the binary with `env` set.
+fn outbox_relay_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args(args)
         .env_remove("OUTBOX_RELAY_CONFIG")
+        .envs(env.iter().copied())
         .output()
         .expect("run outbox-relay")
 }
@@ -641,6 +647,17 @@ async fn cli_cleanup_and_reconcile_print_summaries() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
         text(&out.stdout).contains("would delete 30 SENT rows"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Without --older-than, the configured retention.
+    let out = outbox_relay_with(
+        &["--mysql-url", &url, "cleanup", "--dry-run"],
+        &[("OUTBOX_RELAY_CLEANUP__RETENTION", "30m")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("would delete 35 SENT rows"),
         "{}",
         text(&out.stdout)
     );

@@ -1,4 +1,5 @@
-//! `outbox-relay cleanup [--older-than 7d] [--batch-size 1000] [--pause 100ms] [--dry-run]`.
+//! `outbox-relay cleanup [--older-than 7d] [--batch-size 1000] [--pause 100ms] [--dry-run]`;
+//! each option left out takes its `[cleanup]` setting (`retention`, `batch_size`, `pause`).
 
 use super::GlobalArgs;
 use clap::Args;
@@ -8,15 +9,16 @@ use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct CleanupArgs {
-    /// Delete SENT rows created longer ago than this (FAILED, PENDING and SENDING rows are kept).
-    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
-    older_than: Duration,
-    /// Most rows per DELETE statement.
-    #[arg(long, default_value_t = 1000)]
-    batch_size: usize,
-    /// Sleep between two DELETE statements.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    pause: Duration,
+    /// Delete SENT rows created longer ago than this (FAILED, PENDING and SENDING rows are
+    /// kept) [default: `cleanup.retention`, 7d].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    older_than: Option<Duration>,
+    /// Most rows per DELETE statement [default: `cleanup.batch_size`, 1000].
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Sleep between two DELETE statements [default: `cleanup.pause`, 100ms].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pause: Option<Duration>,
     /// Only count the rows that would be deleted.
     #[arg(long)]
     dry_run: bool,
@@ -31,10 +33,11 @@ pub struct CleanupArgs {
 pub async fn run(global: &GlobalArgs, args: CleanupArgs) -> anyhow::Result<()> {
     let config = global.load_config()?;
     let tables = select_tables(&config.outbox_tables(), &args.table).map_err(anyhow::Error::msg)?;
+    let settings = &config.cleanup;
     let cleanup = Cleanup {
-        retention: args.older_than,
-        batch_size: args.batch_size,
-        pause: args.pause,
+        retention: args.older_than.unwrap_or(settings.retention),
+        batch_size: args.batch_size.unwrap_or(settings.batch_size),
+        pause: args.pause.unwrap_or(settings.pause),
         dry_run: args.dry_run,
     };
     cleanup.validate()?;
