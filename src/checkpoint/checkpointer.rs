@@ -57,7 +57,7 @@ pub struct CheckpointSettings {
     /// MySQL mirror interval, when the watermark moved.
     pub mirror_every: Duration,
     /// How long saves may keep failing before the checkpointer gives up
-    /// ([`SAVE_FAILING_BEFORE_STOP`]; tests shorten it).
+    /// (`SAVE_FAILING_BEFORE_STOP`, 60 s; tests shorten it).
     pub give_up_after: Duration,
     /// Cancelled when the checkpointer gives up, so that the relay stops (drains, then returns
     /// the checkpointer's error). [`crate::relay::RelayHandle`] sets it to the relay's stop.
@@ -79,7 +79,7 @@ impl Default for CheckpointSettings {
 /// Saves until `stop`, then saves and mirrors the final position and returns it. The mirror
 /// also records how far the stream is done ([`Acknowledgements::done_up_to`]: read, and nothing
 /// older still on its way) for the standbys' sweepers; that moves on without the position too
-/// (an idle server's heartbeats), and is mirrored every [`STREAM_AT_EVERY`] mirror periods then. See the module guarantee for failed saves.
+/// (an idle server's heartbeats), and is mirrored every `STREAM_AT_EVERY` (5) mirror periods then. See the module guarantee for failed saves.
 pub async fn run_checkpointer(
     acks: Acknowledgements,
     store: Arc<dyn CheckpointStore>,

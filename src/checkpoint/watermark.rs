@@ -15,7 +15,7 @@
 use crate::binlog::{BinlogPosition, MariaDbGtid, MySqlGtidSet, TxEnd, TxGtid};
 use std::collections::BTreeMap;
 
-/// Sequence number of a transaction in binlog order, as handed out by [`Watermark::begin`].
+/// Sequence number of a transaction in binlog order, as handed out by `Watermark::begin`.
 pub type TxSeq = u64;
 
 /// The done transactions that follow one unfinished entry, up to the next unfinished one,

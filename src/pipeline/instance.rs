@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 const MAX_FALLBACKS: u32 = 3;
 
 /// Runs this instance until `cancel` fires, or a round fails with an error whose
-/// [`ErrorClass`] stops it ([`PipelineError::class`]: a failed start-up check, a store that
+/// [`crate::error::ErrorClass`] stops it ([`PipelineError::class`]: a failed start-up check, a store that
 /// cannot be written, an outcome that cannot be recorded; a server that cannot be reached before
 /// the first round). Every other failed round is retried with backoff, for ever.
 pub async fn run_instance<S: Sink>(

@@ -76,7 +76,7 @@ struct HeldKey {
 }
 
 /// How many dispatcher batches of one table the guard let go after asking nothing, only about a
-/// gap, or by key ([`Question`]); also on `/metrics` (`outbox_key_order_checks_total`).
+/// gap, or by key (`Question`); also on `/metrics` (`outbox_key_order_checks_total`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct KeyOrderChecks {
     pub none: u64,

@@ -154,7 +154,7 @@ impl Default for ShardOptions {
 ///
 /// A topic whose send (or route look-up) fails for a reason worth retrying does not hold the
 /// shard: the failed batch and every later event of that topic go to the topic's lane
-/// ([`lane`]), which retries them in order while the shard goes on with the other topics.
+/// (`shard::lane`), which retries them in order while the shard goes on with the other topics.
 /// Events of a topic are sent by the shard again only once its lane is done, so each key's
 /// order is kept.
 pub async fn run_shard<S: Sink>(

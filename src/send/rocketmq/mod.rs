@@ -119,7 +119,7 @@ impl RocketMqSink {
         })
     }
 
-    /// Keeps the topics' queue lists in `store` too (see [`queues`]), so an instance that
+    /// Keeps the topics' queue lists in `store` too (see the `queues` module), so an instance that
     /// starts while a broker group is down still keeps that group's keys on their queues.
     pub fn with_queue_store(mut self, store: Arc<dyn QueueStore>) -> Self {
         self.queue_store = Some(store);

@@ -10,7 +10,7 @@ use std::fmt;
 /// `{:?}` of the configuration or an error that formats it; a value of the wrong type is refused
 /// without being echoed. `Serialize` writes the real value, because a configuration written for
 /// a relay process must round-trip: every path that shows a configuration to a person masks it
-/// explicitly ([`super::Config::to_redacted_toml`]).
+/// explicitly (the relay's `Config::to_redacted_toml`).
 #[derive(Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
 pub struct Secret(String);

@@ -100,7 +100,7 @@ notifyBrokerRoleChanged=true
     Ok(command)
 }
 
-/// The RocketMQ 5 proxy in cluster mode, its settings in `conf` (see [`super::proxy`]).
+/// The RocketMQ 5 proxy in cluster mode, its settings in `conf` (see `super::proxy`).
 pub fn proxy_command(dir: &Path, conf: &Path) -> io::Result<Command> {
     let proxy_jar = lib_dir()?.join(format!("rocketmq-proxy-{APACHE_ROCKETMQ_VERSION}.jar"));
     if !proxy_jar.is_file() {
