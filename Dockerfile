@@ -21,6 +21,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
 COPY crates crates
+# crates/producer/migrations is a link to the top-level migrations/.
+COPY migrations migrations
 COPY bench bench
 COPY tests tests
 # `outbox-relay --version` names this commit (the context has no .git to ask).
@@ -53,7 +55,7 @@ FROM debian:bookworm-slim AS runtime
 COPY deploy/image/runtime-setup.sh /tmp/runtime-setup.sh
 RUN sh /tmp/runtime-setup.sh && rm /tmp/runtime-setup.sh
 COPY --from=build /usr/local/bin/outbox-relay /usr/local/bin/outbox-relay
-COPY crates/producer/migrations /usr/share/outbox-relay/migrations
+COPY migrations /usr/share/outbox-relay/migrations
 USER 10001:10001
 WORKDIR /var/lib/outbox-relay
 ENV OUTBOX_RELAY_CONFIG=/etc/outbox-relay/relay.toml \

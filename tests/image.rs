@@ -72,7 +72,7 @@ impl ImageRoot {
         std::fs::copy(&binary, root.path(IMAGE_BINARY)).unwrap();
         std::fs::create_dir_all(root.path(IMAGE_MIGRATIONS)).unwrap();
         for file in std::fs::read_dir(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/producer/migrations"),
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations"),
         )
         .unwrap()
         {
@@ -178,7 +178,7 @@ fn the_dockerfile_installs_what_this_test_runs() {
         "deploy/image/runtime-setup.sh",
         &format!("USER {IMAGE_USER}"),
         &format!("/usr/local/bin/outbox-relay {IMAGE_BINARY}"),
-        &format!("COPY crates/producer/migrations {IMAGE_MIGRATIONS}"),
+        &format!("COPY migrations {IMAGE_MIGRATIONS}"),
         &format!("ENTRYPOINT [\"{IMAGE_BINARY}\"]"),
     ] {
         assert!(

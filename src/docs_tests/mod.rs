@@ -7,7 +7,7 @@
 //!   refusal lists the keys it knows, `Option` fields included.
 //! - Every `section.key` the user docs name is a key the code has.
 //! - `docs/reference/schema.md` names exactly the tables, columns and indexes that
-//!   `crates/producer/migrations/*.sql` leave, applied in order.
+//!   `migrations/*.sql` leave, applied in order.
 //! - `docs/reference/metrics.md` names every metric the relay registers.
 //! - The retry window the pages state is the one the code computes from the defaults.
 //! - Every relative link in `README.md`, `DEVELOPMENT.md` and `docs/**/*.md` points to a file

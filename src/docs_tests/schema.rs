@@ -25,10 +25,10 @@ fn identifier(word: &str) -> String {
         .to_string()
 }
 
-/// The tables `crates/producer/migrations/*.sql` leave, applied in file-name order.
+/// The tables `migrations/*.sql` leave, applied in file-name order.
 fn schema_from_migrations() -> BTreeMap<String, TableSchema> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("crates/producer/migrations"))
-        .expect("crates/producer/migrations/")
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo_root().join("migrations"))
+        .expect("migrations/")
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "sql"))
         .collect();
@@ -249,7 +249,7 @@ fn the_schema_page_names_the_tables_columns_and_indexes_the_migrations_leave() {
     let problems = schema_page_problems(SCHEMA_PAGE);
     assert!(
         problems.is_empty(),
-        "docs/reference/schema.md has drifted from crates/producer/migrations/:\n- {}",
+        "docs/reference/schema.md has drifted from migrations/:\n- {}",
         problems.join("\n- ")
     );
 }
