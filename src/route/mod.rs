@@ -4,11 +4,12 @@
 //! The hash is Java's `String.hashCode` and the index `Math.abs(hash % n)`, exactly what
 //! RocketMQ's `SelectMessageQueueByHash` does, so Java producers of the same keys agree with us.
 
-/// Java's `String.hashCode` over UTF-16 code units, wrapping.
+use rocketmq_client_rust::JavaHashCode;
+
+/// Java's `String.hashCode` (over UTF-16 code units, wrapping): the RocketMQ client's
+/// [`JavaHashCode`], the hash its own `SelectMessageQueueByHash` takes of a string key.
 pub fn java_string_hash(text: &str) -> i32 {
-    text.encode_utf16().fold(0i32, |h, unit| {
-        h.wrapping_mul(31).wrapping_add(i32::from(unit))
-    })
+    text.java_hash_code()
 }
 
 /// `Math.abs(hash % n)`: the index `SelectMessageQueueByHash` picks among `n` queues.
@@ -60,6 +61,28 @@ mod tests {
         assert_eq!(index_for(java_string_hash("order-1"), 8), 6);
         assert_eq!(index_for(i32::MIN, 8), 0);
         assert_eq!(index_for(i32::MIN, 7), 2);
+    }
+
+    /// Values printed by OpenJDK 17.0.15 (`"…".hashCode()` and `Math.abs(hash % n)` in a
+    /// scratch `.java` file), not computed by any Rust code: they pin the client's hash to Java's,
+    /// surrogate pairs included, across upgrades of the client crate.
+    #[test]
+    fn matches_values_printed_by_java() {
+        let java = [
+            ("order-1", -1_207_111_310, 6, 6),
+            // U+8BA2 U+5355: BMP, one UTF-16 unit each.
+            ("订单-1", 1_085_411_543, 7, 6),
+            // U+1F600: the surrogate pair D83D DE00.
+            ("😀", 1_772_899, 3, 2),
+            // U+1F680 (D83D DE80) amid ASCII.
+            ("user-🚀-42", 1_674_276_390, 6, 3),
+            ("Ünïcödé", 1_055_431_381, 5, 4),
+        ];
+        for (key, hash, of_8, of_7) in java {
+            assert_eq!(java_string_hash(key), hash, "{key}");
+            assert_eq!(index_for(hash, 8), of_8, "{key} among 8 queues");
+            assert_eq!(index_for(hash, 7), of_7, "{key} among 7 queues");
+        }
     }
 
     proptest! {
