@@ -8,10 +8,10 @@
 //! FAILED). The jitter spreads the retries of many events, shards and relays that failed
 //! together (a broker restart) instead of sending them again in lockstep.
 //!
-//! This is the one seam over the `backoff` crate (flagged unmaintained, RUSTSEC-2025-0012): it
-//! computes the ceilings, the rest of the code asks [`RetryPolicy::delay`] and never names the
-//! crate, so it can be swapped. The jitter's random source is std's randomly seeded hasher
-//! ([`random_unit`]), injectable in tests ([`RetryPolicy::delay_drawn`]).
+//! This is the one seam over the `backoff` crate (flagged unmaintained, RUSTSEC-2025-0012): its
+//! `ExponentialBackoff` computes both the doubling and the random draw (from `rand`'s thread
+//! generator), the rest of the code asks [`RetryPolicy::delay`] and never names the crate, so it
+//! can be swapped.
 
 use crate::config::RetryConfig;
 use backoff::backoff::Backoff;
@@ -82,13 +82,7 @@ impl RetryPolicy {
 
     /// The wait before retry number `retry` (1-based), or `None` when retries are used up.
     pub fn delay(&self, retry: u32) -> Option<Duration> {
-        self.delay_drawn(retry, random_unit)
-    }
-
-    /// [`Self::delay`], with the jitter's random source given: `unit` draws a number in [0, 1)
-    /// (0 gives the ceiling, towards 1 half of it).
-    pub fn delay_drawn(&self, retry: u32, unit: impl FnOnce() -> f64) -> Option<Duration> {
-        Some(self.jittered(self.ceiling(retry)?, unit))
+        Some(self.jittered(retry, self.ceiling(retry)?))
     }
 
     /// The longest wait before retry number `retry` (1-based): `initial` doubled `retry - 1`
@@ -97,56 +91,87 @@ impl RetryPolicy {
         if retry == 0 || self.max_retries.is_some_and(|max| retry > max) {
             return None;
         }
-        let mut backoff = backoff::ExponentialBackoff {
-            current_interval: self.initial,
-            initial_interval: self.initial,
-            randomization_factor: 0.0,
-            multiplier: 2.0,
-            max_interval: self.max,
-            max_elapsed_time: None,
-            ..Default::default()
-        };
-        let mut delay = self.initial;
-        for _ in 0..retry {
-            delay = backoff.next_backoff().unwrap_or(self.max);
-            if delay >= self.max {
-                break;
-            }
-        }
-        Some(delay.min(self.max))
+        let intervals = exponential(self.initial, self.max, 0.0);
+        Some(at_interval(intervals, retry).current_interval)
     }
 
     /// The wait before attempt `n` (1-based) of something retried for ever at this policy's
     /// pace: [`Self::delay`]`(n)`, and once past `max_retries` the policy's last delay (its
     /// initial delay if it allows no retry), jittered alike.
     pub fn delay_without_end(&self, n: u32) -> Duration {
-        let last = self.max_retries.unwrap_or(u32::MAX).max(1);
-        let ceiling = self.ceiling(n.clamp(1, last)).unwrap_or(self.initial);
-        self.jittered(ceiling, random_unit)
+        let n = n.clamp(1, self.max_retries.unwrap_or(u32::MAX).max(1));
+        let ceiling = self.ceiling(n).unwrap_or(self.initial);
+        self.jittered(n, ceiling)
     }
 
-    fn jittered(&self, ceiling: Duration, unit: impl FnOnce() -> f64) -> Duration {
+    /// The wait before the `n`th attempt whose ceiling is `ceiling`.
+    ///
+    /// [`Jitter::Equal`] asks `backoff` for a wait randomized around three quarters of the
+    /// ceiling by a factor of one third, i.e. uniformly in `0.75 × ceiling × (1 ± 1/3)` =
+    /// `[ceiling / 2, ceiling]`, the intervals doubling from `0.75 × initial` up to
+    /// `0.75 × max`. `backoff` 0.4 draws `low + r × (high - low + 1 ns)` for `r` in [0, 1) over
+    /// nanoseconds in `f64`, and three quarters of a duration is rounded to the nanosecond, so a
+    /// draw can pass the ceiling by a nanosecond or so (by a fifth of it for ceilings of a few
+    /// nanoseconds): the clamp puts it back, and the guarantee holds exactly.
+    fn jittered(&self, n: u32, ceiling: Duration) -> Duration {
         match self.jitter {
             Jitter::None => ceiling,
-            Jitter::Equal => ceiling - ceiling.mul_f64(unit().clamp(0.0, 1.0) / 2.0),
+            Jitter::Equal => {
+                let (initial, max) = (three_quarters(self.initial), three_quarters(self.max));
+                let mut jittered = at_interval(exponential(initial, max, EQUAL_JITTER_FACTOR), n);
+                let wait = jittered
+                    .next_backoff()
+                    .expect("no max_elapsed_time: never `None`");
+                wait.clamp(ceiling / 2, ceiling)
+            }
         }
     }
 }
 
-/// A number drawn uniformly from [0, 1). std's `RandomState` is seeded at random per thread
-/// (from the OS) and moves on at every call, so every draw differs, in every process, without a
-/// dependency for it. Not cryptographic, and it need not be.
-fn random_unit() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u8(0);
-    // The top 53 bits: every f64 in [0, 1) with that precision, equally likely.
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+/// [`Jitter::Equal`]'s randomization factor: around three quarters of a ceiling it spans
+/// `0.75 × (1 - 1/3) = 1/2` to `0.75 × (1 + 1/3) = 1` of it.
+const EQUAL_JITTER_FACTOR: f64 = 1.0 / 3.0;
+
+/// Three quarters of `d` (to the nanosecond below), in integers: no overflow, no rounding
+/// through `f64`.
+fn three_quarters(d: Duration) -> Duration {
+    d - d / 4
+}
+
+/// `backoff`'s intervals doubling from `initial` (at most `max`) to `max`, each wait drawn around
+/// its interval within `± factor` of it, for ever.
+fn exponential(initial: Duration, max: Duration, factor: f64) -> backoff::ExponentialBackoff {
+    let initial = initial.min(max);
+    backoff::ExponentialBackoff {
+        current_interval: initial,
+        initial_interval: initial,
+        randomization_factor: factor,
+        multiplier: 2.0,
+        max_interval: max,
+        max_elapsed_time: None,
+        ..Default::default()
+    }
+}
+
+/// `backoff` moved on to its `n`th (1-based) interval (`current_interval`), the one its next
+/// wait is drawn around. Once the interval stops growing (capped at its maximum) every later one
+/// is the same, so it stops there: `n` may be `u32::MAX`.
+fn at_interval(mut backoff: backoff::ExponentialBackoff, n: u32) -> backoff::ExponentialBackoff {
+    for _ in 1..n {
+        let interval = backoff.current_interval;
+        // Moves the interval on (doubled, at most the maximum); the wait drawn is not needed.
+        let _ = backoff.next_backoff();
+        if backoff.current_interval == interval {
+            break;
+        }
+    }
+    backoff
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn secs(d: Duration) -> f64 {
         d.as_secs_f64()
@@ -175,18 +200,24 @@ mod tests {
     #[test]
     fn a_wait_is_drawn_between_half_its_ceiling_and_its_ceiling() {
         let p = RetryPolicy::from_config(&RetryConfig::default());
-        // The random source injected: its ends give the ends of the range.
-        assert_eq!(p.delay_drawn(3, || 0.0), Some(Duration::from_secs(4)));
-        assert_eq!(p.delay_drawn(3, || 0.5), Some(Duration::from_secs(3)));
-        let lowest = p.delay_drawn(3, || 1.0 - f64::EPSILON).unwrap();
-        assert!(secs(lowest) >= 2.0 && secs(lowest) < 2.001, "{lowest:?}");
-        // Out-of-range draws cannot leave the range.
-        assert_eq!(p.delay_drawn(3, || 7.0), Some(Duration::from_secs(2)));
-        assert_eq!(p.delay_drawn(3, || -1.0), Some(Duration::from_secs(4)));
-        assert_eq!(p.delay_drawn(9, || 0.0), None, "used up, whatever the draw");
+        // `backoff` draws from `rand` (no source to inject): 2000 draws for retry 3 (ceiling 4 s)
+        // stay in [2 s, 4 s], reach both ends (a miss of either 5 % has odds of 0.95^2000, about
+        // 3e-45) and average the middle (3 s; the mean of 2000 draws deviates by 0.013 s).
+        let waits: Vec<f64> = (0..2000).map(|_| secs(p.delay(3).unwrap())).collect();
+        assert!(waits.iter().all(|w| (2.0..=4.0).contains(w)), "{waits:?}");
+        let low = waits.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = waits.iter().copied().fold(0.0, f64::max);
+        assert!(low < 2.1 && high > 3.9, "{low}..{high}");
+        let mean = waits.iter().sum::<f64>() / waits.len() as f64;
+        assert!((mean - 3.0).abs() < 0.1, "mean {mean}");
+        // `backoff` draws within the range itself: the clamp (`jittered`) trims nanoseconds, it
+        // does not pile draws onto the ends.
+        let on_an_end = waits.iter().filter(|&&w| w == 2.0 || w == 4.0).count();
+        assert!(on_an_end <= 2, "{on_an_end} draws on an end");
+        assert_eq!(p.delay(9), None, "used up, whatever the draw");
         // Without jitter, the ceiling.
         let exact = p.clone().without_jitter();
-        assert_eq!(exact.delay_drawn(3, || 0.9), Some(Duration::from_secs(4)));
+        assert_eq!(exact.delay(3), Some(Duration::from_secs(4)));
         assert_eq!(exact.delay(8), Some(Duration::from_secs(128)));
     }
 
@@ -247,5 +278,52 @@ mod tests {
         let wait = p.delay(1000).unwrap();
         assert!(wait <= Duration::from_secs(10) && wait >= Duration::from_secs(5));
         assert!(p.delay(u32::MAX).is_some());
+    }
+
+    proptest! {
+        /// For any policy: the ceiling of retry `n` is `initial` doubled `n - 1` times, at most
+        /// `max` (computed here in integers), and every wait drawn lies in [ceiling / 2, ceiling].
+        #[test]
+        fn every_wait_lies_between_half_its_ceiling_and_its_ceiling(
+            // Nanoseconds too, where `backoff`'s rounding shows (the clamp in `jittered`).
+            initial_ns in prop_oneof![1u64..=1_000, 1u64..=60_000_000_000],
+            extra_ns in 0u64..=3_600_000_000_000,
+            max_retries in proptest::option::of(0u32..=64),
+            retry in prop_oneof![1u32..=80, Just(u32::MAX)],
+        ) {
+            let max_ns = initial_ns + extra_ns;
+            let p = RetryPolicy {
+                initial: Duration::from_nanos(initial_ns),
+                max: Duration::from_nanos(max_ns),
+                max_retries,
+                jitter: Jitter::Equal,
+            };
+            let doubled = u128::from(initial_ns) << (retry - 1).min(64);
+            let expected = doubled.min(u128::from(max_ns));
+            match p.ceiling(retry) {
+                None => prop_assert!(max_retries.is_some_and(|max| retry > max)),
+                Some(ceiling) => {
+                    prop_assert_eq!(ceiling.as_nanos(), expected);
+                    assert_waits_in_range(|| p.delay(retry).unwrap(), ceiling)?;
+                }
+            }
+            let ceiling = p.clone().without_jitter().delay_without_end(retry);
+            assert_waits_in_range(|| p.delay_without_end(retry), ceiling)?;
+        }
+    }
+
+    /// 50 draws of `wait`, each in [ceiling / 2, ceiling].
+    fn assert_waits_in_range(
+        wait: impl Fn() -> Duration,
+        ceiling: Duration,
+    ) -> Result<(), TestCaseError> {
+        for _ in 0..50 {
+            let wait = wait();
+            prop_assert!(
+                ceiling / 2 <= wait && wait <= ceiling,
+                "{wait:?} of {ceiling:?}"
+            );
+        }
+        Ok(())
     }
 }
