@@ -7,8 +7,10 @@ use clap::Args;
 use mysql_async::prelude::*;
 use mysql_async::TxOpts;
 use rocketmq_outbox::db;
+use rocketmq_outbox::outbox::Status;
 use rocketmq_outbox::producer::{NewEvent, Outbox};
 use serde_json::json;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
@@ -18,6 +20,10 @@ pub struct DemoArgs {
     /// Topic of the sample events.
     #[arg(long, default_value = "outbox-demo")]
     pub topic: String,
+    /// How long to wait for the relay to deliver them before printing their rows (`0s`: print
+    /// them at once, PENDING).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
 }
 
 /// One sample order paid and its event enqueued, both in one transaction.
@@ -38,7 +44,24 @@ pub async fn run(global: &GlobalArgs, args: DemoArgs) -> anyhow::Result<()> {
             event.order_id, event.event_id, args.topic
         );
     }
-    print_outbox_rows(&pool, &config.outbox_tables()[0].sql(), written.len()).await?;
+    let table = config.outbox_tables()[0].sql();
+    let ids: Vec<String> = written.iter().map(|e| e.event_id.clone()).collect();
+    if !args.wait.is_zero() {
+        println!(
+            "waiting up to {:?} for the relay to deliver them ...",
+            args.wait
+        );
+    }
+    let rows = wait_for_outcomes(&pool, &table, &ids, args.wait).await?;
+    print_rows(&table, &rows);
+    let waiting = rows.iter().filter(|r| !r.has_outcome()).count();
+    if waiting > 0 && !args.wait.is_zero() {
+        println!(
+            "\n{waiting} still waiting after {:?}: is the relay running (`outbox-dev up`, or \
+             `outbox-relay run`)? They are delivered once it runs.",
+            args.wait
+        );
+    }
     pool.disconnect().await?;
     Ok(())
 }
@@ -85,27 +108,72 @@ pub async fn write_demo_events(
     Ok(written)
 }
 
-async fn print_outbox_rows(
+/// An outbox row of a demo event, as `demo` shows it.
+#[derive(Debug)]
+pub struct DemoRow {
+    pub id: u64,
+    pub event_id: String,
+    pub biz_key: String,
+    pub status: Option<Status>,
+    pub msg_id: Option<String>,
+}
+
+impl DemoRow {
+    /// SENT or FAILED: the relay is done with it.
+    pub fn has_outcome(&self) -> bool {
+        matches!(self.status, Some(Status::Sent | Status::Failed))
+    }
+}
+
+/// The rows of `event_ids` in `table`, once each is SENT or FAILED or `wait` has passed.
+pub async fn wait_for_outcomes(
     pool: &mysql_async::Pool,
     table: &str,
-    limit: usize,
-) -> anyhow::Result<()> {
-    let mut conn = pool.get_conn().await?;
-    let rows: Vec<(u64, String, String, u8, Option<String>)> = conn
-        .query(format!(
-            "SELECT id, event_id, biz_key, status, NULLIF(msg_id, '') FROM {table} ORDER BY id DESC LIMIT {limit}"
-        ))
-        .await?;
-    println!("\nnewest rows of {table} (status 0 PENDING, 1 SENDING, 2 SENT, 3 FAILED):");
+    event_ids: &[String],
+    wait: Duration,
+) -> anyhow::Result<Vec<DemoRow>> {
+    let deadline = Instant::now() + wait;
+    let placeholders = vec!["?"; event_ids.len()].join(", ");
+    let sql = format!(
+        "SELECT id, event_id, biz_key, status, NULLIF(msg_id, '') FROM {table} \
+         WHERE event_id IN ({placeholders}) ORDER BY id"
+    );
+    loop {
+        let rows: Vec<(u64, String, String, i64, Option<String>)> = pool
+            .get_conn()
+            .await?
+            .exec(sql.as_str(), event_ids.to_vec())
+            .await?;
+        let rows: Vec<DemoRow> = (rows.into_iter())
+            .map(|(id, event_id, biz_key, status, msg_id)| DemoRow {
+                id,
+                event_id,
+                biz_key,
+                status: Status::from_code(status),
+                msg_id,
+            })
+            .collect();
+        if rows.iter().all(DemoRow::has_outcome) || Instant::now() >= deadline {
+            return Ok(rows);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn print_rows(table: &str, rows: &[DemoRow]) {
+    println!("\ntheir rows in {table}:");
     println!(
-        "{:>6}  {:<36}  {:<12} {:>6}  msg_id",
+        "{:>6}  {:<36}  {:<12} {:<8} msg_id (the id the broker stored)",
         "id", "event_id", "biz_key", "status"
     );
-    for (id, event_id, biz_key, status, msg_id) in rows.into_iter().rev() {
+    for row in rows {
         println!(
-            "{id:>6}  {event_id:<36}  {biz_key:<12} {status:>6}  {}",
-            msg_id.unwrap_or_else(|| "-".into())
+            "{:>6}  {:<36}  {:<12} {:<8} {}",
+            row.id,
+            row.event_id,
+            row.biz_key,
+            row.status.map_or("?", Status::name),
+            row.msg_id.as_deref().unwrap_or("-")
         );
     }
-    Ok(())
 }

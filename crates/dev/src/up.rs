@@ -2,10 +2,9 @@
 //! a config file written, the relay running and sample events enqueued; and `outbox-dev
 //! servers`, the servers a test phase shares. Servers stop with the command.
 
-use crate::demo::{write_demo_events, DemoArgs};
+use crate::demo::{wait_for_outcomes, write_demo_events, DemoArgs};
 use anyhow::Context;
 use clap::Args;
-use mysql_async::prelude::*;
 use outbox_devenv::SqlServer;
 use outbox_devenv::{
     scratch_dir, shared, BrokerKind, Database, DatabaseKind, MariaDb, MariaDbOptions, RocketMq,
@@ -14,6 +13,7 @@ use outbox_devenv::{
 use rocketmq_outbox::binlog::reader::check_server;
 use rocketmq_outbox::checkpoint::{CheckpointStore, SledStore};
 use rocketmq_outbox::config::Config;
+use rocketmq_outbox::outbox::Status;
 use rocketmq_outbox::pipeline::RunOptions;
 use rocketmq_outbox::relay::RelayHandle;
 use rocketmq_outbox::{db, schema};
@@ -154,10 +154,15 @@ pub async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
     let demo = DemoArgs {
         events: 3,
         topic: DEMO_TOPIC.into(),
+        wait: Duration::ZERO,
     };
     let written = write_demo_events(&pool, &config.producer(), &demo).await?;
     let ids: Vec<String> = written.iter().map(|e| e.event_id.clone()).collect();
-    wait_until_sent(&pool, &ids).await?;
+    let rows = wait_for_outcomes(&pool, "outbox_event", &ids, Duration::from_secs(30)).await?;
+    anyhow::ensure!(
+        rows.iter().all(|r| r.status == Some(Status::Sent)),
+        "the relay did not mark the demo events SENT within 30 s; see the log above"
+    );
     let mut reader = TopicReader::new(&rocketmq.namesrv_addr(), DEMO_TOPIC).await?;
     let arrived = reader
         .read_at_least(ids.len(), Duration::from_secs(30))
@@ -184,11 +189,11 @@ pub async fn up_cmd(args: UpArgs) -> anyhow::Result<()> {
     println!("RocketMQ  namesrv {}", rocketmq.namesrv_addr());
     println!("config    {}", config_path.display());
     println!(
-        "try       cargo run -p outbox-dev -- -c {} demo --events 5",
+        "try       cargo run --profile quickstart -p outbox-dev -- -c {} demo --events 5",
         config_path.display()
     );
     println!(
-        "          cargo run -p outbox-dev -- -c {} consume --topic {DEMO_TOPIC} --group demo",
+        "          cargo run --profile quickstart -p outbox-dev -- -c {} consume --topic {DEMO_TOPIC} --group demo",
         config_path.display()
     );
     if !args.exit {
@@ -222,31 +227,6 @@ async fn start_relay(config: &Config) -> anyhow::Result<RelayHandle> {
         }
     }
     RelayHandle::spawn(config, RunOptions::default(), CancellationToken::new()).await
-}
-
-async fn wait_until_sent(pool: &mysql_async::Pool, event_ids: &[String]) -> anyhow::Result<()> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let placeholders = vec!["?"; event_ids.len()].join(", ");
-    let sql = format!(
-        "SELECT COUNT(*) FROM outbox_event WHERE {} AND event_id IN ({placeholders})",
-        rocketmq_outbox::outbox::Status::Sent.sql()
-    );
-    loop {
-        let sent: u64 = pool
-            .get_conn()
-            .await?
-            .exec_first(sql.as_str(), event_ids.to_vec())
-            .await?
-            .unwrap_or_default();
-        if sent == event_ids.len() as u64 {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "the relay did not mark the demo events SENT within 30 s; see the log above"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn write_config(path: &Path, mysql_url: &str, namesrv: &str, state: &Path) -> anyhow::Result<()> {
