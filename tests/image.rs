@@ -71,10 +71,8 @@ impl ImageRoot {
         };
         std::fs::copy(&binary, root.path(IMAGE_BINARY)).unwrap();
         std::fs::create_dir_all(root.path(IMAGE_MIGRATIONS)).unwrap();
-        for file in std::fs::read_dir(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations"),
-        )
-        .unwrap()
+        for file in
+            std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations")).unwrap()
         {
             let file = file.unwrap().path();
             std::fs::copy(
