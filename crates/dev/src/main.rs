@@ -73,17 +73,23 @@ enum Command {
     Consume(consume::ConsumeArgs),
 }
 
-/// The relay's default log filter, and three more. The migrations at `warn`: `up` prints how
+/// The relay's default log filter, and more. The migrations at `warn`: `up` prints how
 /// many it applied (the statements are for `outbox-relay migrate`). And the pull consumer that
 /// shows the events arriving (`outbox_devenv::TopicReader`) long-polls every queue in the
 /// background, where the broker holds a pull longer than the client waits, so each such pull
 /// logs a transport WARN and a pull ERROR although nothing is wrong: those two are off here (the
-/// relay running inside `up` reports its own send failures under `rocketmq_outbox`).
+/// relay running inside `up` reports its own send failures under `rocketmq_outbox`). The
+/// example consumer (`consume`) subscribes to its group's retry topic (`%RETRY%<group>`), which
+/// the broker creates at the first redelivery: until then each route look-up of it logs two
+/// WARN lines ("RouteInfoFromNameServer is not exist") that read as errors; those targets log
+/// from ERROR up here.
 fn log_filter() -> String {
     format!(
         "{},rocketmq_outbox_producer::schema=warn,\
          rocketmq_client_rust::consumer::consumer_impl::default_lite_pull_consumer_impl=off,\
-         rocketmq_transport::clients::rocketmq_tokio_client::request=error",
+         rocketmq_transport::clients::rocketmq_tokio_client::request=error,\
+         rocketmq_client_rust::implementation::mq_client_api_impl::route=error,\
+         rocketmq_client_rust::factory::mq_client_instance=error",
         rocketmq_outbox::logging::DEFAULT_FILTER
     )
 }
