@@ -40,6 +40,20 @@ pub enum Jitter {
 }
 
 impl RetryPolicy {
+    /// When an event that keeps failing under the send policy of `config` is FAILED, counted
+    /// from its first attempt: at the earliest after every wait drawn at its shortest (half its
+    /// ceiling) with attempts that fail at once; at the latest after every wait at its ceiling
+    /// with each of the `max_retry + 1` attempts taking the whole `send_timeout`. (Not once its
+    /// topic parks: see `relay.park_after`.)
+    pub fn failed_within(config: &RetryConfig, send_timeout: Duration) -> (Duration, Duration) {
+        let policy = Self::from_config(config);
+        let ceilings: Duration = (1..=config.max_retry)
+            .map_while(|retry| policy.ceiling(retry))
+            .sum();
+        let attempts = send_timeout * (config.max_retry + 1);
+        (ceilings / 2, ceilings + attempts)
+    }
+
     /// The send policy of `[retry]`.
     pub fn from_config(config: &RetryConfig) -> Self {
         RetryPolicy {

@@ -244,7 +244,7 @@ impl Default for RelayConfig {
 /// After `max_retry` retries the event is FAILED with its last error. With the defaults the
 /// ceilings are 1, 2, 4 … 128 s (8 retries: the 5-minute cap is not reached), and an event is
 /// FAILED between about 2 and 4¾ minutes after its first attempt
-/// ([`RetryConfig::failed_within`], which the docs' figures are checked against).
+/// (`RetryPolicy::failed_within`, which the docs' figures are checked against).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RetryConfig {
@@ -256,22 +256,6 @@ pub struct RetryConfig {
     /// No wait is longer (default 5 min).
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
-}
-
-impl RetryConfig {
-    /// When an event that keeps failing is FAILED, counted from its first attempt: at the
-    /// earliest after every wait drawn at its shortest (half its ceiling) with attempts that
-    /// fail at once; at the latest after every wait at its ceiling with each of the
-    /// `max_retry + 1` attempts taking the whole `send_timeout`. (Not once its topic parks:
-    /// see `relay.park_after`.)
-    pub fn failed_within(&self, send_timeout: Duration) -> (Duration, Duration) {
-        let policy = crate::retry::RetryPolicy::from_config(self);
-        let ceilings: Duration = (1..=self.max_retry)
-            .map_while(|retry| policy.ceiling(retry))
-            .sum();
-        let attempts = send_timeout * (self.max_retry + 1);
-        (ceilings / 2, ceilings + attempts)
-    }
 }
 
 impl Default for RetryConfig {

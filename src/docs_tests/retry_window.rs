@@ -1,9 +1,10 @@
 //! The retry window (when an event that keeps failing is FAILED) is stated on several pages
 //! and in the configuration's doc comment; each statement is the one
-//! [`RetryConfig::failed_within`] computes from the defaults.
+//! [`RetryPolicy::failed_within`] computes from the defaults.
 
 use super::repo_root;
 use crate::config::{Config, RetryConfig};
+use crate::retry::RetryPolicy;
 use std::time::Duration;
 
 /// `quarters` of a minute as the pages write them ("2", "4¾").
@@ -29,7 +30,8 @@ fn flowing_text(path: &str) -> String {
 #[test]
 fn every_statement_of_the_retry_window_is_the_computed_one() {
     let config = Config::default();
-    let (earliest, latest) = RetryConfig::default().failed_within(config.rocketmq.send_timeout);
+    let (earliest, latest) =
+        RetryPolicy::failed_within(&RetryConfig::default(), config.rocketmq.send_timeout);
     // The window widened to whole quarters of a minute, so the pages never promise more.
     let window = format!(
         "between about {} and {} minutes",
@@ -56,7 +58,7 @@ fn every_statement_of_the_retry_window_is_the_computed_one() {
 #[test]
 fn the_window_counts_every_wait_and_attempt() {
     let retry = RetryConfig::default();
-    let (earliest, latest) = retry.failed_within(Duration::from_secs(3));
+    let (earliest, latest) = RetryPolicy::failed_within(&retry, Duration::from_secs(3));
     // Ceilings 1 + 2 + … + 128 s = 255 s; at least half of each; 9 attempts of 3 s at most.
     assert_eq!(earliest, Duration::from_millis(127_500));
     assert_eq!(latest, Duration::from_secs(255 + 27));
