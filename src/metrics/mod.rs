@@ -199,9 +199,29 @@ pub struct RelayMetrics {
 }
 
 impl RelayMetrics {
+    /// Every metric, registered group by group in the order `/metrics` shows them.
     fn new() -> Self {
         let mut registry = Registry::with_prefix("outbox");
-        let metrics = RelayMetrics {
+        let metrics = Self::unregistered();
+        metrics.register_outcomes(&mut registry);
+        metrics.register_leadership(&mut registry);
+        metrics.register_sends(&mut registry);
+        metrics.register_stream(&mut registry);
+        metrics.register_key_order(&mut registry);
+        metrics.register_shards_and_topics(&mut registry);
+        metrics.register_tables(&mut registry);
+        metrics.register_upkeep(&mut registry);
+        metrics.register_dead_letters(&mut registry);
+        RelayMetrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Every metric at its start value, registered nowhere yet (its `registry` is a placeholder
+    /// that [`Self::new`] replaces).
+    fn unregistered() -> Self {
+        RelayMetrics {
             events_sent: Counter::default(),
             events_failed: Counter::default(),
             rows_swept: Counter::default(),
@@ -240,199 +260,230 @@ impl RelayMetrics {
             dlq_messages: Family::default(),
             dlq_read_errors: Counter::default(),
             registry: Registry::default(),
-        };
+        }
+    }
+
+    /// Counters of what became of rows (sent, failed, swept, leases recovered) and of restarts
+    /// that lost the binlog position.
+    fn register_outcomes(&self, registry: &mut Registry) {
         registry.register(
             "events_sent",
             "Events published with SEND_OK and marked SENT",
-            metrics.events_sent.clone(),
+            self.events_sent.clone(),
         );
         registry.register(
             "events_failed",
             "Events marked FAILED (they need an operator: see last_error)",
-            metrics.events_failed.clone(),
+            self.events_failed.clone(),
         );
         registry.register(
             "rows_swept",
             "PENDING rows the sweeper claimed beside the stream",
-            metrics.rows_swept.clone(),
+            self.rows_swept.clone(),
         );
         registry.register(
             "leases_recovered",
             "SENDING rows whose lease expired and went back to PENDING",
-            metrics.leases_recovered.clone(),
+            self.leases_recovered.clone(),
         );
         registry.register(
             "binlog_position_lost",
             "Restarts from the oldest binlog because the checkpoint was purged from the server",
-            metrics.binlog_position_lost.clone(),
+            self.binlog_position_lost.clone(),
         );
+    }
+
+    /// Whether this instance leads, and why its leaderships ended (each reason at 0 from the
+    /// start).
+    fn register_leadership(&self, registry: &mut Registry) {
         registry.register(
             "leader",
             "1 while this instance streams the binlog as the leader",
-            metrics.leader.clone(),
+            self.leader.clone(),
         );
         register_at_zero(
-            &mut registry,
+            registry,
             "leadership_ended",
             "Leaderships of this instance that ended while it streamed, by reason (superseded and mirror_refused: another instance led at the same time)",
-            &metrics.leadership_ended,
+            &self.leadership_ended,
             LeadershipEnd::ALL.map(|reason| LeadershipEnd { reason }),
         );
+    }
+
+    /// Send errors (each class at 0 from the start), retries, and how long events take to be sent:
+    /// every stage's histogram exists before its first observation.
+    fn register_sends(&self, registry: &mut Registry) {
         register_at_zero(
-            &mut registry,
+            registry,
             "send_errors",
             "Failed send attempts by class (retryable, rejected or unauthorized)",
-            &metrics.send_errors,
+            &self.send_errors,
             ErrorClass::ALL.map(|class| ErrorClass { class }),
         );
         registry.register(
             "send_retries",
             "Sends retried after a retryable error",
-            metrics.retries.clone(),
+            self.retries.clone(),
         );
         registry.register(
             "commit_to_sent_seconds",
             "Outbox row created to recorded SENT (after SEND_OK), database clock; a sample of up to 50 rows of one marking batch a second",
-            metrics.commit_to_sent.clone(),
+            self.commit_to_sent.clone(),
         );
         for stage in stages::StageLabel::ALL {
             drop(
-                metrics
-                    .stage_seconds
+                self.stage_seconds
                     .get_or_create(&stages::StageLabel { stage }),
             );
         }
         registry.register(
             "stage_seconds",
             "Each step of a SENT event through the relay (read_to_dispatched, dispatched_to_sent, sent_to_ack, ack_to_marked), relay clock",
-            metrics.stage_seconds.clone(),
+            self.stage_seconds.clone(),
         );
+    }
+
+    /// The binlog stream: how far behind it is, the prepared XA transactions it holds, and its
+    /// failed rounds.
+    fn register_stream(&self, registry: &mut Registry) {
         registry.register(
             "binlog_lag_seconds",
             "Age of the newest binlog event read (0 when the stream is caught up)",
-            metrics.binlog_lag_seconds.clone(),
+            self.binlog_lag_seconds.clone(),
         );
         registry.register(
             "binlog_behind_transactions",
             "Transactions between the mirrored checkpoint and the server's end of binlog",
-            metrics.binlog_behind_transactions.clone(),
+            self.binlog_behind_transactions.clone(),
         );
         registry.register(
             "binlog_behind_bytes",
             "Bytes between the mirrored checkpoint and the server's end of binlog (same file only)",
-            metrics.binlog_behind_bytes.clone(),
+            self.binlog_behind_bytes.clone(),
         );
         registry.register(
             "checkpoint_age_seconds",
             "Seconds since the checkpoint last moved while events were in flight (0 when idle)",
-            metrics.checkpoint_age_seconds.clone(),
+            self.checkpoint_age_seconds.clone(),
         );
         registry.register(
             "xa_prepared_transactions",
             "Prepared XA transactions the stream holds until XA COMMIT or XA ROLLBACK (the checkpoint stays below the oldest)",
-            metrics.xa_prepared_transactions.clone(),
+            self.xa_prepared_transactions.clone(),
         );
         registry.register(
             "xa_prepared_since_seconds",
             "When (Unix seconds) the stream read the prepare of an XA transaction (label xid, as XA RECOVER shows it) that has no outcome yet; gone at its XA COMMIT or XA ROLLBACK",
-            metrics.xa_prepared_since.clone(),
+            self.xa_prepared_since.clone(),
         );
         registry.register(
             "xa_parked",
             "Prepared XA transactions held for relay.park_prepared_after, then parked: the checkpoint passes them and the sweeper sends their events at XA COMMIT",
-            metrics.xa_parked.clone(),
+            self.xa_parked.clone(),
         );
         registry.register(
             "unclassified_errors",
             "Failed relay rounds whose error is neither a lost connection nor a known configuration error (retried, logged at ERROR): report them",
-            metrics.unclassified_errors.clone(),
+            self.unclassified_errors.clone(),
         );
+    }
+
+    /// What the key-order guard holds and asks (each kind of question at 0 from the start).
+    fn register_key_order(&self, registry: &mut Registry) {
         registry.register(
             "keys_held_for_order",
             "Keys whose streamed events wait until an older row of the key that the stream did not read (a purged binlog, a row written without binlog, a row put back) is sent",
-            metrics.keys_held_for_order.clone(),
+            self.keys_held_for_order.clone(),
         );
         register_at_zero(
-            &mut registry,
+            registry,
             "key_order_checks",
             "Dispatcher batches of one table by what the key-order guard asked the database first: none (every waiting row up to the highest id read is the stream's own), gap (only the ids the stream skipped), keys (each key's older waiting rows)",
-            &metrics.key_order_checks,
+            &self.key_order_checks,
             KeyOrderAsked::ALL.map(|asked| KeyOrderAsked { asked }),
         );
+    }
+
+    /// What waits in the shards' inputs, and what a stalled topic holds or parks.
+    fn register_shards_and_topics(&self, registry: &mut Registry) {
         registry.register(
             "shard_queue_depth",
             "Events waiting in each ordered sender's input",
-            metrics.shard_queue_depth.clone(),
+            self.shard_queue_depth.clone(),
         );
         registry.register(
             "topic_stalled_since_seconds",
             "When (Unix seconds) a topic stopped accepting the relay's events, 0 once it accepts them again: only its keys wait meanwhile",
-            metrics.topic_stalled_since.clone(),
+            self.topic_stalled_since.clone(),
         );
         registry.register(
             "topic_held_events",
             "Events of a stalled topic held in memory to be retried (bounded: later ones are parked)",
-            metrics.topic_held_events.clone(),
+            self.topic_held_events.clone(),
         );
         registry.register(
             "events_parked",
             "Streamed events of a stalled topic left PENDING for the sweeper, which sends them in key order once the topic accepts events",
-            metrics.events_parked.clone(),
+            self.events_parked.clone(),
         );
+    }
+
+    /// Each outbox table's rows by status and its oldest PENDING row's age.
+    fn register_tables(&self, registry: &mut Registry) {
         registry.register(
             "oldest_pending_seconds",
             "Age of the oldest PENDING outbox row (0 when none): alert when it grows",
-            metrics.oldest_pending_seconds.clone(),
+            self.oldest_pending_seconds.clone(),
         );
-        registry.register(
-            "pending_rows",
-            "Outbox rows PENDING",
-            metrics.pending.clone(),
-        );
+        registry.register("pending_rows", "Outbox rows PENDING", self.pending.clone());
         registry.register(
             "sending_rows",
             "Outbox rows SENDING (claimed under a lease)",
-            metrics.sending.clone(),
+            self.sending.clone(),
         );
         registry.register(
             "failed_rows",
             "Outbox rows FAILED (kept for an operator)",
-            metrics.failed.clone(),
+            self.failed.clone(),
         );
+    }
+
+    /// Readiness, and what keeps the relay able to run: partitions ahead, checkpoint saves.
+    fn register_upkeep(&self, registry: &mut Registry) {
         registry.register(
             "ready",
             "1 while this instance is ready (/readyz answers 200), else 0",
-            metrics.ready.clone(),
+            self.ready.clone(),
         );
         registry.register(
             "partitions_ahead",
             "Daily partitions of a partitioned outbox table that start after today (0: tomorrow's rows land in the catch-all partition)",
-            metrics.partitions_ahead.clone(),
+            self.partitions_ahead.clone(),
         );
         registry.register(
             "checkpoint_save_errors",
             "Checkpoint saves to relay.checkpoint_dir that failed (disk full, unwritable directory): /readyz is unready until a save works, and the relay stops if saves keep failing",
-            metrics.checkpoint_save_errors.clone(),
+            self.checkpoint_save_errors.clone(),
         );
+    }
+
+    /// The watched consumer groups' dead-letter queues, and failed reads of them.
+    fn register_dead_letters(&self, registry: &mut Registry) {
         registry.register(
             "dlq_received",
             "Messages ever moved to the dead-letter queue (%DLQ%<group>) of each consumer group in rocketmq.dead_letter_groups, from the broker's offsets: alert when it grows",
-            metrics.dlq_received.clone(),
+            self.dlq_received.clone(),
         );
         registry.register(
             "dlq_messages",
             "Messages the dead-letter queue of each consumer group in rocketmq.dead_letter_groups stores now",
-            metrics.dlq_messages.clone(),
+            self.dlq_messages.clone(),
         );
         registry.register(
             "dlq_read_errors",
             "Reads of the watched dead-letter queues that failed (the dlq gauges keep their last values)",
-            metrics.dlq_read_errors.clone(),
+            self.dlq_read_errors.clone(),
         );
-        RelayMetrics {
-            registry,
-            ..metrics
-        }
     }
 
     /// The Prometheus text exposition of every metric.
