@@ -403,16 +403,37 @@ fn judge(
     mode: RelayMode,
     options: &StatusOptions,
 ) -> (Verdict, Vec<String>) {
-    let mut verdict = Verdict::Healthy;
-    let mut reasons = Vec::new();
-    let mut flag = |v: Verdict, reason: String| {
-        verdict = verdict.max(v);
-        reasons.push(reason);
+    let mut findings = Findings {
+        verdict: Verdict::Healthy,
+        reasons: Vec::new(),
     };
-    let lag = options.lag_threshold.as_secs_f64();
     for t in tables {
+        findings.judge_table(t, options);
+    }
+    findings.judge_leadership(relay, mode);
+    findings.judge_binlog(binlog, options);
+    findings.judge_checkpoint(tables, relay, mode, options);
+    (findings.verdict, findings.reasons)
+}
+
+/// The most severe verdict found so far and every reason, in the order found.
+struct Findings {
+    verdict: Verdict,
+    reasons: Vec<String>,
+}
+
+impl Findings {
+    fn flag(&mut self, v: Verdict, reason: String) {
+        self.verdict = self.verdict.max(v);
+        self.reasons.push(reason);
+    }
+
+    /// One table's expired leases, recent FAILED rows and rows waiting past the lag threshold
+    /// (per late topic, else for the table's oldest PENDING row).
+    fn judge_table(&mut self, t: &TableStatus, options: &StatusOptions) {
+        let lag = options.lag_threshold.as_secs_f64();
         if t.expired_leases > 0 {
-            flag(
+            self.flag(
                 Verdict::Stuck,
                 format!(
                     "{}: {} SENDING row(s) with an expired lease (their sender stopped)",
@@ -421,7 +442,7 @@ fn judge(
             );
         }
         if t.failed_recently > 0 {
-            flag(
+            self.flag(
                 Verdict::Failing,
                 format!(
                     "{}: {} row(s) FAILED in the last {}",
@@ -435,10 +456,10 @@ fn judge(
             .filter(|w| w.oldest_seconds > lag)
             .collect();
         for topic in &late {
-            flag(Verdict::Lagging, waiting::reason(&t.table, topic, lag));
+            self.flag(Verdict::Lagging, waiting::reason(&t.table, topic, lag));
         }
         if late.is_empty() && t.oldest_pending_seconds > lag {
-            flag(
+            self.flag(
                 Verdict::Lagging,
                 format!(
                     "{}: oldest PENDING row is {:.1} s old (threshold {} s)",
@@ -447,67 +468,90 @@ fn judge(
             );
         }
     }
-    if let (Some(leader), Some(left)) = (&relay.leader, relay.lease_left_seconds) {
-        // A standby claims a lease that ran out within about a lease (8 s); long after, none runs.
-        if left < -LEASE_RAN_OUT_LIMIT {
-            flag(
+
+    /// Whether an instance streams: a leader's lease that ran out long ago, an election lock
+    /// nobody holds, or (CDC mode) no leader at all.
+    fn judge_leadership(&mut self, relay: &RelayState, mode: RelayMode) {
+        if let (Some(leader), Some(left)) = (&relay.leader, relay.lease_left_seconds) {
+            // A standby claims a lease that ran out within about a lease (8 s); long after, none
+            // runs.
+            if left < -LEASE_RAN_OUT_LIMIT {
+                self.flag(
+                    Verdict::Stuck,
+                    format!(
+                        "the lease of leader {leader} ran out {:.0} s ago and no instance took over: no instance streams",
+                        -left
+                    ),
+                );
+            }
+        }
+        if let (Some(leader), Some(false)) = (&relay.leader, relay.lock_held) {
+            // A standby waiting in GET_LOCK takes a freed lock at once: free, nobody waits.
+            self.flag(
                 Verdict::Stuck,
                 format!(
-                    "the lease of leader {leader} ran out {:.0} s ago and no instance took over: no instance streams",
-                    -left
+                    "leader {leader} (epoch {}, elected by lock) no longer holds the election lock and \
+                     no instance took it: no instance streams; start an instance, or read the \
+                     instances' logs for why none leads",
+                    relay.leader_epoch
                 ),
             );
         }
-    }
-    if let (Some(leader), Some(false)) = (&relay.leader, relay.lock_held) {
-        // A standby waiting in GET_LOCK takes a freed lock at once: free, nobody waits.
-        flag(
-            Verdict::Stuck,
-            format!(
-                "leader {leader} (epoch {}, elected by lock) no longer holds the election lock and \
-                 no instance took it: no instance streams; start an instance, or read the \
-                 instances' logs for why none leads",
-                relay.leader_epoch
-            ),
-        );
-    }
-    if mode == RelayMode::Cdc && relay.leader.is_none() {
-        let why = match relay.found {
-            true => format!(
-                "no instance streams: no leader (last epoch {}); start an instance, or read the instances' logs for why none leads",
-                relay.leader_epoch
-            ),
-            false => format!(
-                "no instance streams: no relay named `{}` has run here; start one",
-                relay.name
-            ),
-        };
-        flag(Verdict::Stuck, why);
-    }
-    if let Some(behind) = binlog.and_then(|b| b.transactions_behind) {
-        if behind > options.behind_threshold {
-            flag(
-                Verdict::Lagging,
-                format!(
-                    "the checkpoint is {} transactions behind the server (threshold {})",
-                    crate::operate::thousands(behind),
-                    crate::operate::thousands(options.behind_threshold)
+        if mode == RelayMode::Cdc && relay.leader.is_none() {
+            let why = match relay.found {
+                true => format!(
+                    "no instance streams: no leader (last epoch {}); start an instance, or read the instances' logs for why none leads",
+                    relay.leader_epoch
                 ),
-            );
+                false => format!(
+                    "no instance streams: no relay named `{}` has run here; start one",
+                    relay.name
+                ),
+            };
+            self.flag(Verdict::Stuck, why);
         }
     }
-    let waiting = tables.iter().any(|t| t.oldest_pending_seconds > lag);
-    if waiting && mode == RelayMode::Cdc {
+
+    /// The mirrored checkpoint more than the threshold of transactions behind the server.
+    fn judge_binlog(&mut self, binlog: Option<&BinlogLag>, options: &StatusOptions) {
+        if let Some(behind) = binlog.and_then(|b| b.transactions_behind) {
+            if behind > options.behind_threshold {
+                self.flag(
+                    Verdict::Lagging,
+                    format!(
+                        "the checkpoint is {} transactions behind the server (threshold {})",
+                        crate::operate::thousands(behind),
+                        crate::operate::thousands(options.behind_threshold)
+                    ),
+                );
+            }
+        }
+    }
+
+    /// (CDC mode) rows waiting past the lag threshold while the checkpoint has not moved for
+    /// `stuck_after`, or while there is no checkpoint.
+    fn judge_checkpoint(
+        &mut self,
+        tables: &[TableStatus],
+        relay: &RelayState,
+        mode: RelayMode,
+        options: &StatusOptions,
+    ) {
+        let lag = options.lag_threshold.as_secs_f64();
+        let waiting = tables.iter().any(|t| t.oldest_pending_seconds > lag);
+        if !(waiting && mode == RelayMode::Cdc) {
+            return;
+        }
         let stuck_after = options.stuck_after.as_secs_f64();
         match relay.checkpoint_age_seconds {
-            Some(age) if age > stuck_after => flag(
+            Some(age) if age > stuck_after => self.flag(
                 Verdict::Stuck,
                 format!(
                     "the checkpoint has not moved for {age:.0} s while rows wait (limit {stuck_after} s)"
                 ),
             ),
             Some(_) => {}
-            None => flag(
+            None => self.flag(
                 Verdict::Stuck,
                 format!(
                     "no checkpoint for relay `{}` while rows wait: is the relay running?",
@@ -516,7 +560,6 @@ fn judge(
             ),
         }
     }
-    (verdict, reasons)
 }
 
 /// The checkpoint's distance from the server's `current` position.
