@@ -3,7 +3,9 @@
 
 use super::GlobalArgs;
 use clap::Args;
-use rocketmq_outbox::operate::status::{StatusOptions, StatusReport, TableStatus};
+use rocketmq_outbox::operate::status::{
+    BinlogLag, RelayState, StatusOptions, StatusReport, TableStatus,
+};
 use rocketmq_outbox::operate::thousands;
 use std::time::Duration;
 
@@ -84,6 +86,19 @@ fn print_report(r: &StatusReport) {
         r.database_time
     );
     println!();
+    print_tables(r);
+    println!();
+    print_checkpoint(&r.relay);
+    print_leader(&r.relay);
+    print_binlog(r);
+    print_prepared_xa(r);
+    print_dead_letters(r);
+    println!();
+    println!("{}", r.verdict_line());
+}
+
+/// One line per table's row counts, then each table's details.
+fn print_tables(r: &StatusReport) {
     println!(
         "{:<24} {:>9} {:>9} {:>11} {:>9} {:>14} {:>8} {:>12}",
         "table", "PENDING", "SENDING", "SENT", "FAILED", "oldest PENDING", "expired", "FAILED new"
@@ -108,8 +123,9 @@ fn print_report(r: &StatusReport) {
     for t in &r.tables {
         print_table_details(t);
     }
-    println!();
-    let relay = &r.relay;
+}
+
+fn print_checkpoint(relay: &RelayState) {
     match (&relay.checkpoint, &relay.checkpoint_at) {
         (Some(position), at) => println!(
             "checkpoint  {position}, saved {} ({})",
@@ -120,6 +136,10 @@ fn print_report(r: &StatusReport) {
         ),
         (None, _) => println!("checkpoint  none mirrored in outbox_relay_state"),
     }
+}
+
+/// The leader and how it was elected (lock, or a lease renewed or run out), or why there is none.
+fn print_leader(relay: &RelayState) {
     match &relay.leader {
         Some(leader) => match relay.lease_left_seconds {
             None => println!(
@@ -149,34 +169,47 @@ fn print_report(r: &StatusReport) {
             relay.name
         ),
     }
+}
+
+/// The server's binlog position and how far the checkpoint is behind it; nothing when neither
+/// the position nor an error was read.
+fn print_binlog(r: &StatusReport) {
     match (&r.binlog, &r.binlog_error) {
         (Some(lag), _) => {
-            let mut behind = Vec::new();
-            if let Some(n) = lag.transactions_behind {
-                let domains: Vec<String> = lag
-                    .domains
-                    .iter()
-                    .map(|d| format!("domain {}: {}", d.domain, d.behind))
-                    .collect();
-                let detail = match domains.len() {
-                    0 => String::new(),
-                    _ => format!(" ({})", domains.join(", ")),
-                };
-                behind.push(format!("{} transactions{detail}", thousands(n)));
-            }
-            if let Some(bytes) = lag.bytes_behind {
-                behind.push(format!("{} bytes", thousands(bytes)));
-            }
-            let behind = match (relay.position.is_some(), behind.is_empty()) {
+            let behind = match (r.relay.position.is_some(), binlog_behind(lag)) {
                 (false, _) => "no checkpoint to compare".to_string(),
-                (true, true) => "distance unknown (different binlog files)".to_string(),
-                (true, false) => format!("checkpoint behind by {}", behind.join(", ")),
+                (true, None) => "distance unknown (different binlog files)".to_string(),
+                (true, Some(behind)) => format!("checkpoint behind by {behind}"),
             };
             println!("binlog      server at {}; {behind}", lag.server_position);
         }
         (None, Some(error)) => println!("binlog      position unavailable: {error}"),
         (None, None) => {}
     }
+}
+
+/// `N transactions (domain D: n, …), N bytes`, whichever parts are known; `None` when neither is.
+fn binlog_behind(lag: &BinlogLag) -> Option<String> {
+    let mut behind = Vec::new();
+    if let Some(n) = lag.transactions_behind {
+        let domains: Vec<String> = lag
+            .domains
+            .iter()
+            .map(|d| format!("domain {}: {}", d.domain, d.behind))
+            .collect();
+        let detail = match domains.len() {
+            0 => String::new(),
+            _ => format!(" ({})", domains.join(", ")),
+        };
+        behind.push(format!("{} transactions{detail}", thousands(n)));
+    }
+    if let Some(bytes) = lag.bytes_behind {
+        behind.push(format!("{} bytes", thousands(bytes)));
+    }
+    (!behind.is_empty()).then(|| behind.join(", "))
+}
+
+fn print_prepared_xa(r: &StatusReport) {
     match (&r.prepared_xa[..], &r.prepared_xa_error) {
         (_, Some(error)) => println!("XA          prepared transactions unknown: {error}"),
         ([], None) => println!("XA          no prepared transaction (XA RECOVER)"),
@@ -187,6 +220,9 @@ fn print_report(r: &StatusReport) {
             xids.join(" ")
         ),
     }
+}
+
+fn print_dead_letters(r: &StatusReport) {
     if let Some(error) = &r.dead_letters_error {
         println!("DLQ         dead-letter queues unknown: {error}");
     }
@@ -204,8 +240,6 @@ fn print_report(r: &StatusReport) {
             }
         );
     }
-    println!();
-    println!("{}", r.verdict_line());
 }
 
 fn print_table_details(t: &TableStatus) {
