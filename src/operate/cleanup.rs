@@ -14,7 +14,7 @@ use super::{db_time_ago, placeholders};
 use crate::outbox::Status;
 use crate::outbox::TableName;
 use mysql_async::prelude::*;
-use mysql_async::{Pool, Value};
+use mysql_async::{Conn, Pool, Value};
 use std::time::Duration;
 
 /// Cleanup settings; [`Cleanup::default`] is 7 days, 1,000 rows per batch, 100 ms pause.
@@ -136,7 +136,6 @@ impl Cleanup {
         table: &TableName,
         progress: &mut impl FnMut(&CleanupProgress),
     ) -> Result<TableCleanup, mysql_async::Error> {
-        let sent = Status::Sent.code();
         let mut conn = pool.get_conn().await?;
         let cutoff = db_time_ago(&mut conn, self.retention).await?;
         let mut done = TableCleanup {
@@ -146,67 +145,18 @@ impl Cleanup {
             batches: 0,
         };
         if self.dry_run {
-            let count: Option<u64> = conn
-                .exec_first(
-                    format!(
-                        "SELECT COUNT(*) FROM {} WHERE status = ? AND created_at < ?",
-                        table.sql()
-                    ),
-                    (sent, &cutoff),
-                )
-                .await?;
-            done.deleted = count.unwrap_or(0);
+            done.deleted = count_eligible(&mut conn, table, &cutoff).await?;
             return Ok(done);
         }
         // Where the previous batch ended, in (created_at, id) order.
         let mut after: Option<(String, i64)> = None;
         loop {
-            let (sql, params): (String, Vec<Value>) = match &after {
-                None => (
-                    format!(
-                        "SELECT id, CAST(created_at AS CHAR) FROM {} \
-                         WHERE status = ? AND created_at < ? \
-                         ORDER BY created_at, id LIMIT ?",
-                        table.sql()
-                    ),
-                    vec![sent.into(), cutoff.as_str().into(), self.batch_size.into()],
-                ),
-                Some((created_at, id)) => (
-                    format!(
-                        "SELECT id, CAST(created_at AS CHAR) FROM {} \
-                         WHERE status = ? AND created_at < ? \
-                         AND created_at >= ? AND (created_at > ? OR id > ?) \
-                         ORDER BY created_at, id LIMIT ?",
-                        table.sql()
-                    ),
-                    vec![
-                        sent.into(),
-                        cutoff.as_str().into(),
-                        created_at.as_str().into(),
-                        created_at.as_str().into(),
-                        (*id).into(),
-                        self.batch_size.into(),
-                    ],
-                ),
-            };
-            let rows: Vec<(i64, String)> = conn.exec(sql, params).await?;
+            let rows = self.next_batch(&mut conn, table, &cutoff, &after).await?;
             let Some(last) = rows.last().cloned() else {
                 break;
             };
             let full = rows.len() == self.batch_size;
-            let mut params: Vec<Value> = rows.iter().map(|(id, _)| (*id).into()).collect();
-            params.push(sent.into());
-            params.push(cutoff.as_str().into());
-            conn.exec_drop(
-                format!(
-                    "DELETE FROM {} WHERE id IN ({}) AND status = ? AND created_at < ?",
-                    table.sql(),
-                    placeholders(rows.len())
-                ),
-                params,
-            )
-            .await?;
-            let deleted = conn.affected_rows();
+            let deleted = delete_batch(&mut conn, table, &cutoff, &rows).await?;
             done.batches += 1;
             done.deleted += deleted;
             progress(&CleanupProgress {
@@ -226,6 +176,88 @@ impl Cleanup {
         }
         Ok(done)
     }
+
+    /// The next `batch_size` SENT rows created before `cutoff`, as `(id, created_at)` in
+    /// `(created_at, id)` order, starting after the row `after` (the previous batch's last).
+    async fn next_batch(
+        &self,
+        conn: &mut Conn,
+        table: &TableName,
+        cutoff: &str,
+        after: &Option<(String, i64)>,
+    ) -> Result<Vec<(i64, String)>, mysql_async::Error> {
+        let sent = Status::Sent.code();
+        let (sql, params): (String, Vec<Value>) = match after {
+            None => (
+                format!(
+                    "SELECT id, CAST(created_at AS CHAR) FROM {} \
+                     WHERE status = ? AND created_at < ? \
+                     ORDER BY created_at, id LIMIT ?",
+                    table.sql()
+                ),
+                vec![sent.into(), cutoff.into(), self.batch_size.into()],
+            ),
+            Some((created_at, id)) => (
+                format!(
+                    "SELECT id, CAST(created_at AS CHAR) FROM {} \
+                     WHERE status = ? AND created_at < ? \
+                     AND created_at >= ? AND (created_at > ? OR id > ?) \
+                     ORDER BY created_at, id LIMIT ?",
+                    table.sql()
+                ),
+                vec![
+                    sent.into(),
+                    cutoff.into(),
+                    created_at.as_str().into(),
+                    created_at.as_str().into(),
+                    (*id).into(),
+                    self.batch_size.into(),
+                ],
+            ),
+        };
+        conn.exec(sql, params).await
+    }
+}
+
+/// The SENT rows of `table` created before `cutoff` (what a dry run reports).
+async fn count_eligible(
+    conn: &mut Conn,
+    table: &TableName,
+    cutoff: &str,
+) -> Result<u64, mysql_async::Error> {
+    let count: Option<u64> = conn
+        .exec_first(
+            format!(
+                "SELECT COUNT(*) FROM {} WHERE status = ? AND created_at < ?",
+                table.sql()
+            ),
+            (Status::Sent.code(), cutoff),
+        )
+        .await?;
+    Ok(count.unwrap_or(0))
+}
+
+/// Deletes exactly the ids of `rows` that are still SENT and created before `cutoff` (a row that
+/// stopped being SENT since it was selected stays); returns how many were deleted.
+async fn delete_batch(
+    conn: &mut Conn,
+    table: &TableName,
+    cutoff: &str,
+    rows: &[(i64, String)],
+) -> Result<u64, mysql_async::Error> {
+    let mut params: Vec<Value> = rows.iter().map(|(id, _)| (*id).into()).collect();
+    params.push(Status::Sent.code().into());
+    params.push(cutoff.into());
+    conn.exec_drop(
+        format!(
+            "DELETE FROM {} WHERE id IN ({}) AND status = ? AND created_at < ?",
+            table.sql(),
+            placeholders(rows.len())
+        ),
+        params,
+    )
+    .await?;
+    Ok(conn.affected_rows())
 }
 
 /// Runs a cleanup round every `config.every` until `cancel` (the `[cleanup]` section inside
