@@ -238,9 +238,47 @@ impl Reconcile {
     ) -> Result<(), ReconcileError> {
         let name = table.to_string();
         let (topic_sql, topic_params) = self.topic_condition();
-        let sent = Status::Sent.code();
+        report.in_grace += self
+            .count_in_grace(out, table, report, &topic_sql, &topic_params)
+            .await?;
+        let open = self.open_diffs(out, &name).await?;
+        let mut after: Option<(String, i64)> = None;
+        loop {
+            let page = self
+                .page(out, table, report, &topic_sql, &topic_params, &after)
+                .await?;
+            let Some(last) = page.last() else { break };
+            after = Some((last.created_at.clone(), last.id));
+            let full = page.len() == self.chunk_size;
+            let seen = self.seen_downstream(dedup, &page).await?;
+            let (missing, resolved) = compare_page(&name, &page, &seen, &open, report, tally);
+            if self.record {
+                self.record_missing(out, &name, &report.run_id, &missing)
+                    .await
+                    .map_err(ReconcileError::Producer)?;
+                report.resolved += self
+                    .resolve(out, &name, &resolved)
+                    .await
+                    .map_err(ReconcileError::Producer)?;
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// SENT rows of the window sent within the grace period (not compared).
+    async fn count_in_grace(
+        &self,
+        out: &mut Conn,
+        table: &TableName,
+        report: &ReconcileReport,
+        topic_sql: &str,
+        topic_params: &[Value],
+    ) -> Result<u64, ReconcileError> {
         let mut params: Vec<Value> = vec![
-            sent.into(),
+            Status::Sent.code().into(),
             report.window_start.as_str().into(),
             report.grace_cutoff.as_str().into(),
         ];
@@ -256,62 +294,27 @@ impl Reconcile {
             )
             .await
             .map_err(ReconcileError::Producer)?;
-        report.in_grace += in_grace.unwrap_or(0);
-        let open: HashSet<String> = out
+        Ok(in_grace.unwrap_or(0))
+    }
+
+    /// The event_ids of this consumer group's open diff rows of the outbox table `name`.
+    async fn open_diffs(
+        &self,
+        out: &mut Conn,
+        name: &str,
+    ) -> Result<HashSet<String>, ReconcileError> {
+        Ok(out
             .exec::<String, _, _>(
                 format!(
                     "SELECT event_id FROM {DIFF_TABLE} \
                      WHERE consumer_group = ? AND outbox_table = ? AND resolved_at IS NULL"
                 ),
-                (&self.consumer_group, &name),
+                (&self.consumer_group, name),
             )
             .await
             .map_err(ReconcileError::Producer)?
             .into_iter()
-            .collect();
-        let mut after: Option<(String, i64)> = None;
-        loop {
-            let page = self
-                .page(out, table, report, &topic_sql, &topic_params, &after)
-                .await?;
-            let Some(last) = page.last() else { break };
-            after = Some((last.created_at.clone(), last.id));
-            let full = page.len() == self.chunk_size;
-            let seen = self.seen_downstream(dedup, &page).await?;
-            let mut missing = Vec::new();
-            let mut resolved = Vec::new();
-            for row in &page {
-                let counts = tally
-                    .entry((name.clone(), row.hour.clone(), row.topic.clone()))
-                    .or_default();
-                counts.0 += 1;
-                if seen.contains(&row.event_id) {
-                    counts.1 += 1;
-                    if open.contains(&row.event_id) {
-                        resolved.push(row);
-                    }
-                } else {
-                    counts.2 += 1;
-                    if !open.contains(&row.event_id) {
-                        report.newly_missing += 1;
-                    }
-                    missing.push(row);
-                }
-            }
-            if self.record {
-                self.record_missing(out, &name, &report.run_id, &missing)
-                    .await
-                    .map_err(ReconcileError::Producer)?;
-                report.resolved += self
-                    .resolve(out, &name, &resolved)
-                    .await
-                    .map_err(ReconcileError::Producer)?;
-            }
-            if !full {
-                break;
-            }
-        }
-        Ok(())
+            .collect())
     }
 
     /// ` AND topic IN (…)` and its values, or nothing.
@@ -467,6 +470,40 @@ impl Reconcile {
         .await?;
         Ok(out.affected_rows())
     }
+}
+
+/// Counts each row of `page` in `tally` (sent; seen or missing downstream) and the missing
+/// events not already open in `report.newly_missing`; returns the rows missing downstream and
+/// the open ones now seen (to resolve).
+fn compare_page<'a>(
+    name: &str,
+    page: &'a [SentRow],
+    seen: &HashSet<String>,
+    open: &HashSet<String>,
+    report: &mut ReconcileReport,
+    tally: &mut Tally,
+) -> (Vec<&'a SentRow>, Vec<&'a SentRow>) {
+    let mut missing = Vec::new();
+    let mut resolved = Vec::new();
+    for row in page {
+        let counts = tally
+            .entry((name.to_string(), row.hour.clone(), row.topic.clone()))
+            .or_default();
+        counts.0 += 1;
+        if seen.contains(&row.event_id) {
+            counts.1 += 1;
+            if open.contains(&row.event_id) {
+                resolved.push(row);
+            }
+        } else {
+            counts.2 += 1;
+            if !open.contains(&row.event_id) {
+                report.newly_missing += 1;
+            }
+            missing.push(row);
+        }
+    }
+    (missing, resolved)
 }
 
 #[cfg(test)]
