@@ -167,9 +167,15 @@ fn env_var(key: &str) -> String {
 fn configuration_page_problems(page: &str) -> Vec<String> {
     let code = code_keys();
     let code_set: BTreeSet<String> = code.defaults.keys().cloned().collect();
-    let mut problems = Vec::new();
+    let mut problems = example_problems(page, &code, &code_set);
+    problems.extend(key_table_problems(page, &code, &code_set));
+    problems
+}
 
-    // The example as written: a configuration the relay accepts.
+/// The example as written: a configuration the relay accepts; with its commented-out keys:
+/// every key, no other.
+fn example_problems(page: &str, code: &CodeKeys, code_set: &BTreeSet<String>) -> Vec<String> {
+    let mut problems = Vec::new();
     let example = example_block(page);
     match toml::from_str::<Config>(&example) {
         Ok(config) => {
@@ -179,7 +185,6 @@ fn configuration_page_problems(page: &str) -> Vec<String> {
         }
         Err(error) => problems.push(format!("the example does not parse: {error}")),
     }
-    // With its commented-out keys: every key, no other.
     let full = uncommented(&example);
     if let Err(error) = toml::from_str::<Config>(&full) {
         problems.push(format!(
@@ -198,68 +203,78 @@ fn configuration_page_problems(page: &str) -> Vec<String> {
             let example_set: BTreeSet<String> = keys.into_iter().collect();
             problems.extend(difference(
                 "keys the example does not set",
-                &code_set,
+                code_set,
                 &example_set,
             ));
             problems.extend(difference(
                 "keys of the example the code does not have",
                 &example_set,
-                &code_set,
+                code_set,
             ));
         }
         Err(error) => problems.push(format!("the example is not TOML: {error}")),
     }
+    problems
+}
 
-    // The key tables: every key once, its default and its environment variable.
-    let rows = key_rows(page);
+/// The key tables: every key once, its default and its environment variable.
+fn key_table_problems(page: &str, code: &CodeKeys, code_set: &BTreeSet<String>) -> Vec<String> {
+    let mut problems = Vec::new();
     let mut table_set = BTreeSet::new();
-    for row in &rows {
+    for row in &key_rows(page) {
         if !table_set.insert(row.key.clone()) {
             problems.push(format!("`{}` has two rows", row.key));
         }
         let Some(default) = code.defaults.get(&row.key) else {
             continue; // reported below
         };
-        let expected_env = format!("`{}`", env_var(&row.key));
-        if row.env != expected_env {
-            problems.push(format!(
-                "`{}`: environment variable {} instead of {expected_env}",
-                row.key, row.env
-            ));
-        }
-        let written = backticked(&row.default);
-        match default {
-            Some(value) => {
-                let expected = normalised(&value.to_string());
-                if !row.default.starts_with('`')
-                    || written.first().map(|w| normalised(w)) != Some(expected.clone())
-                {
-                    problems.push(format!(
-                        "`{}`: default {:?}, the code's is `{expected}`",
-                        row.key, row.default
-                    ));
-                }
-            }
-            None => {
-                if !row.default.starts_with("none") {
-                    problems.push(format!(
-                        "`{}` is unset by default: its default cell should start with \"none\", not {:?}",
-                        row.key, row.default
-                    ));
-                }
-            }
-        }
+        problems.extend(key_row_problems(row, default));
     }
     problems.extend(difference(
         "keys missing from the key tables",
-        &code_set,
+        code_set,
         &table_set,
     ));
     problems.extend(difference(
         "keys in the key tables the code does not have",
         &table_set,
-        &code_set,
+        code_set,
     ));
+    problems
+}
+
+/// A key row's environment variable and default against the code's `default`.
+fn key_row_problems(row: &KeyRow, default: &Option<toml::Value>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let expected_env = format!("`{}`", env_var(&row.key));
+    if row.env != expected_env {
+        problems.push(format!(
+            "`{}`: environment variable {} instead of {expected_env}",
+            row.key, row.env
+        ));
+    }
+    let written = backticked(&row.default);
+    match default {
+        Some(value) => {
+            let expected = normalised(&value.to_string());
+            if !row.default.starts_with('`')
+                || written.first().map(|w| normalised(w)) != Some(expected.clone())
+            {
+                problems.push(format!(
+                    "`{}`: default {:?}, the code's is `{expected}`",
+                    row.key, row.default
+                ));
+            }
+        }
+        None => {
+            if !row.default.starts_with("none") {
+                problems.push(format!(
+                    "`{}` is unset by default: its default cell should start with \"none\", not {:?}",
+                    row.key, row.default
+                ));
+            }
+        }
+    }
     problems
 }
 

@@ -55,35 +55,7 @@ fn apply_statement(statement: &str, tables: &mut BTreeMap<String, TableSchema>, 
     if is(0, "CREATE") && is(1, "TABLE") {
         let name_at = if is(2, "IF") { 5 } else { 2 };
         let table = tables.entry(identifier(words[name_at])).or_default();
-        let (_, body) = statement.split_once('(').expect("CREATE TABLE … (");
-        for line in body.lines() {
-            let line_words: Vec<&str> = line.split_whitespace().collect();
-            let Some(first) = line_words.first() else {
-                continue;
-            };
-            match first.to_ascii_uppercase().as_str() {
-                "PRIMARY" => {
-                    table.indexes.insert("PRIMARY".into());
-                }
-                "UNIQUE" => {
-                    let keyword = line_words.get(1).map(|w| w.to_ascii_uppercase());
-                    let at = if matches!(keyword.as_deref(), Some("KEY" | "INDEX")) {
-                        2
-                    } else {
-                        1
-                    };
-                    table.indexes.insert(identifier(line_words[at]));
-                }
-                "KEY" | "INDEX" => {
-                    table.indexes.insert(identifier(line_words[1]));
-                }
-                "CONSTRAINT" | "CHECK" | "FOREIGN" => {}
-                w if w.starts_with(')') => {}
-                _ => {
-                    table.columns.insert(identifier(first));
-                }
-            }
-        }
+        apply_create_table(statement, table);
     } else if is(0, "ALTER") && is(1, "TABLE") {
         let name = identifier(words[2]);
         let table = tables
@@ -91,42 +63,81 @@ fn apply_statement(statement: &str, tables: &mut BTreeMap<String, TableSchema>, 
             .unwrap_or_else(|| panic!("{}: ALTER of unknown table {name}", file.display()));
         let rest = words[3..].join(" ");
         for clause in top_level_clauses(&rest) {
-            let w: Vec<&str> = clause.split_whitespace().collect();
-            let u: Vec<String> = w.iter().map(|x| x.to_ascii_uppercase()).collect();
-            let word = |i: usize| u.get(i).map(String::as_str).unwrap_or("");
-            match (word(0), word(1)) {
-                ("ADD", "INDEX" | "KEY") => {
-                    table.indexes.insert(identifier(w[2]));
-                }
-                ("ADD", "UNIQUE") => {
-                    let at = if matches!(word(2), "INDEX" | "KEY") {
-                        3
-                    } else {
-                        2
-                    };
-                    table.indexes.insert(identifier(w[at]));
-                }
-                ("DROP", "INDEX" | "KEY") => {
-                    assert!(
-                        table.indexes.remove(&identifier(w[2])),
-                        "{}: drops index {} that does not exist",
-                        file.display(),
-                        w[2]
-                    );
-                }
-                ("ADD", "COLUMN") => {
-                    table.columns.insert(identifier(w[2]));
-                }
-                ("DROP", "COLUMN") => {
-                    table.columns.remove(&identifier(w[2]));
-                }
-                ("ALGORITHM" | "LOCK", _) => {}
-                _ => panic!(
-                    "{}: a clause this test does not understand: {clause}",
-                    file.display()
-                ),
+            apply_alter_clause(&clause, table, file);
+        }
+    }
+}
+
+/// The columns and indexes of a `CREATE TABLE … (…)` body, one definition per line.
+fn apply_create_table(statement: &str, table: &mut TableSchema) {
+    let (_, body) = statement.split_once('(').expect("CREATE TABLE … (");
+    for line in body.lines() {
+        let line_words: Vec<&str> = line.split_whitespace().collect();
+        let Some(first) = line_words.first() else {
+            continue;
+        };
+        match first.to_ascii_uppercase().as_str() {
+            "PRIMARY" => {
+                table.indexes.insert("PRIMARY".into());
+            }
+            "UNIQUE" => {
+                let keyword = line_words.get(1).map(|w| w.to_ascii_uppercase());
+                let at = if matches!(keyword.as_deref(), Some("KEY" | "INDEX")) {
+                    2
+                } else {
+                    1
+                };
+                table.indexes.insert(identifier(line_words[at]));
+            }
+            "KEY" | "INDEX" => {
+                table.indexes.insert(identifier(line_words[1]));
+            }
+            "CONSTRAINT" | "CHECK" | "FOREIGN" => {}
+            w if w.starts_with(')') => {}
+            _ => {
+                table.columns.insert(identifier(first));
             }
         }
+    }
+}
+
+/// One clause of an `ALTER TABLE`: an index or column added or dropped; panics on a clause it
+/// does not understand, or on dropping an index that does not exist.
+fn apply_alter_clause(clause: &str, table: &mut TableSchema, file: &Path) {
+    let w: Vec<&str> = clause.split_whitespace().collect();
+    let u: Vec<String> = w.iter().map(|x| x.to_ascii_uppercase()).collect();
+    let word = |i: usize| u.get(i).map(String::as_str).unwrap_or("");
+    match (word(0), word(1)) {
+        ("ADD", "INDEX" | "KEY") => {
+            table.indexes.insert(identifier(w[2]));
+        }
+        ("ADD", "UNIQUE") => {
+            let at = if matches!(word(2), "INDEX" | "KEY") {
+                3
+            } else {
+                2
+            };
+            table.indexes.insert(identifier(w[at]));
+        }
+        ("DROP", "INDEX" | "KEY") => {
+            assert!(
+                table.indexes.remove(&identifier(w[2])),
+                "{}: drops index {} that does not exist",
+                file.display(),
+                w[2]
+            );
+        }
+        ("ADD", "COLUMN") => {
+            table.columns.insert(identifier(w[2]));
+        }
+        ("DROP", "COLUMN") => {
+            table.columns.remove(&identifier(w[2]));
+        }
+        ("ALGORITHM" | "LOCK", _) => {}
+        _ => panic!(
+            "{}: a clause this test does not understand: {clause}",
+            file.display()
+        ),
     }
 }
 
