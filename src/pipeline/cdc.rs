@@ -7,15 +7,20 @@
 use super::builder::PipelineBuilder;
 use super::dispatch;
 use super::key_order::KeyOrder;
-use super::{RunOptions, RunSummary};
-use crate::binlog::reader::{BinlogReader, ReaderOptions, ServerInfo};
-use crate::binlog::{BinlogPosition, StreamClock};
-use crate::checkpoint::{run_checkpointer, Acknowledgements, CheckpointStore, MysqlMirror};
+use super::{Marked, RunOptions, RunSummary, SendStage};
+use crate::binlog::reader::{BinlogReader, ReaderError, ReaderOptions, ServerInfo};
+use crate::binlog::{BinlogItem, BinlogPosition, StreamClock};
+use crate::checkpoint::{
+    run_checkpointer, Acknowledgements, CheckpointError, CheckpointStore, MysqlMirror,
+};
 use crate::error::{DbError, PipelineError};
+use crate::mark::MarkStats;
 use crate::send::Sink;
-use crate::sweep::{SweepGate, SweepSettings};
+use crate::sweep::{RunningSweeper, SweepGate, SweepSettings, Sweeper};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// Decoded binlog items waiting for the dispatcher (backpressure on the reader bounds memory;
@@ -35,6 +40,36 @@ pub async fn run_cdc<S: Sink>(
     options: RunOptions,
     cancel: CancellationToken,
 ) -> Result<RunSummary, PipelineError> {
+    let (opened, start) = open_stores(pipeline, &server, &*store, &options).await?;
+    let reading = spawn_reader(pipeline, &server, &opened.pool, start, &cancel);
+    let (stages, outputs, acks) = spawn_stages(pipeline, opened, &reading, &store, &options);
+    let dispatched = dispatch::run(reading.items, outputs, acks, reading.catch_up).await;
+    let (marked, checkpoint) = drain_and_join(reading.task, stages, options.drain_timeout).await?;
+    Ok(RunSummary {
+        marked,
+        checkpoint,
+        unidentifiable: dispatched.unidentifiable,
+        key_order_checks: dispatched.key_order,
+    })
+}
+
+/// What a run stands on: the marker's pool, the checkpoint mirror, the stream's
+/// acknowledgements, and the sweeper (when enabled) not yet running.
+struct Opened {
+    pool: mysql_async::Pool,
+    mirror: MysqlMirror,
+    acks: Acknowledgements,
+    sweeper: Option<Sweeper>,
+}
+
+/// Opens the marker's pool and the sweeper's, and finds where the stream starts
+/// ([`start_position`]), returned beside them.
+async fn open_stores<S: Sink>(
+    pipeline: &PipelineBuilder<'_, S>,
+    server: &ServerInfo,
+    store: &dyn CheckpointStore,
+    options: &RunOptions,
+) -> Result<(Opened, BinlogPosition), PipelineError> {
     let (config, deployment) = (pipeline.config(), pipeline.deployment());
     // The marker's and the sweeper's pools: separate (the sweeper closes its own before the
     // final checkpoint is mirrored), from one question to the server.
@@ -42,7 +77,7 @@ pub async fn run_cdc<S: Sink>(
     let pool = mysql_async::Pool::new(writer_opts.clone());
     // Under a leadership, the builder's fence stops the senders, the marker and the mirror.
     let mirror = pipeline.mirror();
-    let start = start_position(&*store, &mirror, &pool, &server.current).await?;
+    let start = start_position(store, &mirror, &pool, &server.current).await?;
     let acks = Acknowledgements::new(start.clone());
     let sweeper = match config.sweeper.enabled {
         true => Some(
@@ -56,7 +91,35 @@ pub async fn run_cdc<S: Sink>(
         ),
         false => None,
     };
+    let opened = Opened {
+        pool,
+        mirror,
+        acks,
+        sweeper,
+    };
+    Ok((opened, start))
+}
 
+/// The binlog reader, running, and what the dispatcher takes from it.
+struct Reading {
+    task: JoinHandle<Result<(), ReaderError>>,
+    items: mpsc::Receiver<BinlogItem>,
+    /// Stops the reader, and so the whole run.
+    cancel: CancellationToken,
+    catch_up: Option<dispatch::CatchUp>,
+    clock: StreamClock,
+}
+
+/// Spawns the reader from `start`, stopped by (a child of) `cancel`. The stream clock is armed
+/// at once when there is nothing to catch up.
+fn spawn_reader<S: Sink>(
+    pipeline: &PipelineBuilder<'_, S>,
+    server: &ServerInfo,
+    pool: &mysql_async::Pool,
+    start: BinlogPosition,
+    cancel: &CancellationToken,
+) -> Reading {
+    let (config, deployment) = (pipeline.config(), pipeline.deployment());
     let clock = StreamClock::default();
     let reader = BinlogReader::new(ReaderOptions::from_config(
         config,
@@ -78,7 +141,43 @@ pub async fn run_cdc<S: Sink>(
         clock.arm(); // nothing written before the start is left to read
     }
     let reader_task = tokio::spawn(reader.run(start, items_tx, reader_cancel.clone()));
+    Reading {
+        task: reader_task,
+        items: items_rx,
+        cancel: reader_cancel,
+        catch_up,
+        clock,
+    }
+}
 
+/// The stages after the dispatcher, running: the shards with the marker, the sweeper and the
+/// checkpointer; and the marker's pool, closed once they are done.
+struct Stages {
+    pool: mysql_async::Pool,
+    send_stage: SendStage<Marked>,
+    sweeper: Option<RunningSweeper>,
+    checkpoint_stop: CancellationToken,
+    checkpoint_task: JoinHandle<Result<BinlogPosition, CheckpointError>>,
+}
+
+/// Starts the send stage (with its marker), the sweeper feeding the same shards, and the
+/// checkpointer; returns them with where the dispatcher hands events on and the stream's
+/// acknowledgements.
+fn spawn_stages<S: Sink>(
+    pipeline: &PipelineBuilder<'_, S>,
+    opened: Opened,
+    reading: &Reading,
+    store: &Arc<dyn CheckpointStore>,
+    options: &RunOptions,
+) -> (Stages, dispatch::Outputs, Acknowledgements) {
+    let Opened {
+        pool,
+        mirror,
+        acks,
+        sweeper,
+    } = opened;
+    let config = pipeline.config();
+    let clock = &reading.clock;
     // With a sweeper to send them later, a stalled topic's new events are parked (left PENDING)
     // instead of held in memory.
     let parking = pipeline.parking(config.relay.park_after);
@@ -91,7 +190,7 @@ pub async fn run_cdc<S: Sink>(
         pool.clone(),
         config.instance_id(),
         // A permanent marking error stops the reader, and so the whole run.
-        reader_cancel.clone(),
+        reading.cancel.clone(),
     );
     // The sweeper feeds the same shards: a key's swept rows queue behind its streamed ones, and
     // the stream's key-order guard asks it for the older rows a key waits for.
@@ -99,7 +198,7 @@ pub async fn run_cdc<S: Sink>(
     let key_order = sweeper
         .is_some()
         .then(|| KeyOrder::new(pool.clone(), nudge_tx, config.sweeper.min_age));
-    let mut sweeper = sweeper.map(|sweeper| {
+    let sweeper = sweeper.map(|sweeper| {
         sweeper.spawn(
             inputs.clone(),
             SweepGate::beside_stream(acks.clone(), clock.clone()),
@@ -109,7 +208,7 @@ pub async fn run_cdc<S: Sink>(
     let checkpoint_stop = CancellationToken::new();
     let checkpoint_task = tokio::spawn(run_checkpointer(
         acks.clone(),
-        Arc::clone(&store),
+        Arc::clone(store),
         mirror,
         pool.clone(),
         options.checkpoint.clone(),
@@ -125,8 +224,31 @@ pub async fn run_cdc<S: Sink>(
         key_order,
         park_prepared_after,
     };
-    let dispatched = dispatch::run(items_rx, outputs, acks, catch_up).await;
+    let stages = Stages {
+        pool,
+        send_stage,
+        sweeper,
+        checkpoint_stop,
+        checkpoint_task,
+    };
+    (stages, outputs, acks)
+}
 
+/// Once the dispatcher is done (the reader stopped, cancelled or failed): lets the shards drain
+/// within `drain_timeout`, stops the sweeper, writes the final checkpoint and closes the pool.
+/// The marker's and the reader's errors are returned only after all of that.
+async fn drain_and_join(
+    reader_task: JoinHandle<Result<(), ReaderError>>,
+    stages: Stages,
+    drain_timeout: Duration,
+) -> Result<(MarkStats, BinlogPosition), PipelineError> {
+    let Stages {
+        pool,
+        send_stage,
+        mut sweeper,
+        checkpoint_stop,
+        checkpoint_task,
+    } = stages;
     // The reader stopped (cancelled or failed). Let the shards drain, within the timeout.
     let reader_result = reader_task
         .await
@@ -135,10 +257,7 @@ pub async fn run_cdc<S: Sink>(
         sweeper.stop_claiming().await;
     }
     let marked = send_stage
-        .finish(
-            options.drain_timeout,
-            "they will be sent again after restart",
-        )
+        .finish(drain_timeout, "they will be sent again after restart")
         .await?;
     if let Some(sweeper) = sweeper {
         sweeper.finish().await;
@@ -150,12 +269,7 @@ pub async fn run_cdc<S: Sink>(
     crate::db::close(pool).await;
     let marked = marked?;
     reader_result?;
-    Ok(RunSummary {
-        marked,
-        checkpoint,
-        unidentifiable: dispatched.unidentifiable,
-        key_order_checks: dispatched.key_order,
-    })
+    Ok((marked, checkpoint))
 }
 
 /// Where to start: the furthest of the local (sled) checkpoint and the MySQL mirror (each is safe
