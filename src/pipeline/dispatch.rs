@@ -227,97 +227,30 @@ pub async fn run(
     };
     let mut current: Option<TxSeq> = None;
     loop {
-        // A timer only while something is held (XA transactions, to log the long-prepared ones
-        // on a quiet stream; keys, to hand their events on once their older rows are sent);
-        // the common path just waits.
-        let timer = match (d.held.is_empty(), d.holding_keys()) {
-            (true, false) => None,
-            (_, true) => Some(key_order::RECHECK),
-            (false, false) => Some(d.prepared_timer()),
-        };
-        let next = match timer {
-            None => Ok(items.recv().await),
-            Some(timer) => tokio::time::timeout(timer, items.recv()).await,
-        };
-        let first = match next {
-            Ok(Some(item)) => item,
-            Ok(None) => break,
-            Err(_) => {
-                d.look_at_prepared();
-                if !d.recheck_keys().await {
+        let batch = match d.receive_batch(&mut items).await {
+            Received::Batch(batch) => batch,
+            Received::Closed => break,
+            Received::TimerUp => {
+                if !d.tend_held().await {
                     return d.finish();
                 }
                 continue;
             }
         };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match items.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
-            }
-        }
         let recorded = match &catch_up {
             Some(catch_up) => catch_up.recorded(&batch).await,
             None => HashSet::new(),
         };
-        if let Some(order) = &mut d.key_order {
-            order.new_batch();
-        }
-        // Taken once per batch: the key-order guard's check of the batch below counts every
-        // event the batch hands on as the stream's own, so all of one topic's are parked or
-        // none (a later batch's check then sees the parked rows waiting).
-        let parking = d.inputs.stalls().parking();
-        if parking.grew_since(&d.parking) {
-            // The shards release the streamed events they hold of what parks now: rows the
-            // stream no longer carries.
-            d.let_go(None);
-        }
-        d.catching_up = catch_up.is_some();
-        d.check_key_order(batch_rows(&batch, &recorded, &parking))
-            .await;
-        d.parking = parking;
+        d.start_batch(&batch, &recorded, catch_up.is_some()).await;
         for item in batch {
-            let handed = match item {
-                BinlogItem::TxBegin => {
-                    current = Some(d.begin());
-                    true
-                }
-                BinlogItem::Row(row) => {
-                    let seq = *current.get_or_insert_with(|| d.begin());
-                    d.hand_on(seq, row, &recorded, true).await
-                }
-                BinlogItem::TxEnd(end) => {
-                    d.handed_on.end();
-                    if let Some(catch_up) = &mut catch_up {
-                        catch_up.read.advance(&end);
-                    }
-                    let seq = current.take().unwrap_or_else(|| d.begin());
-                    d.acks.end(seq, end);
-                    true
-                }
-                BinlogItem::Prepared(prepared) => {
-                    if let Some(catch_up) = &mut catch_up {
-                        catch_up.read.advance(&prepared.end);
-                    }
-                    d.hold(prepared, &recorded);
-                    true
-                }
-                BinlogItem::XaOutcome { xid, committed } => d.resolve(&xid, committed).await,
-                BinlogItem::Restart => {
-                    d.handed_on.restart();
-                    if let Some(seq) = current.take() {
-                        d.acks.abandon(seq);
-                    }
-                    true
-                }
-            };
+            let handed = d
+                .hand_on_item(item, &mut current, &recorded, &mut catch_up)
+                .await;
             if !handed {
                 return d.finish(); // shutting down
             }
         }
-        d.look_at_prepared();
-        if !d.recheck_keys().await {
+        if !d.tend_held().await {
             return d.finish();
         }
         if catch_up.as_ref().is_some_and(CatchUp::done) {
@@ -329,6 +262,127 @@ pub async fn run(
         }
     }
     d.finish()
+}
+
+/// What the dispatcher's wait for the reader brought.
+enum Received {
+    /// The reader's next items, at most [`MAX_BATCH`], in the reader's order.
+    Batch(Vec<BinlogItem>),
+    /// The reader's channel is closed: the reader stopped.
+    Closed,
+    /// The timer for what is held ran out first.
+    TimerUp,
+}
+
+impl Dispatcher {
+    /// Waits for the reader's next item, then takes whatever else is already waiting, up to
+    /// [`MAX_BATCH`].
+    async fn receive_batch(&self, items: &mut mpsc::Receiver<BinlogItem>) -> Received {
+        // A timer only while something is held (XA transactions, to log the long-prepared ones
+        // on a quiet stream; keys, to hand their events on once their older rows are sent);
+        // the common path just waits.
+        let timer = match (self.held.is_empty(), self.holding_keys()) {
+            (true, false) => None,
+            (_, true) => Some(key_order::RECHECK),
+            (false, false) => Some(self.prepared_timer()),
+        };
+        let next = match timer {
+            None => Ok(items.recv().await),
+            Some(timer) => tokio::time::timeout(timer, items.recv()).await,
+        };
+        let first = match next {
+            Ok(Some(item)) => item,
+            Ok(None) => return Received::Closed,
+            Err(_) => return Received::TimerUp,
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match items.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        Received::Batch(batch)
+    }
+
+    /// Before `batch` is handed on: takes the parking for the whole batch and asks the
+    /// key-order guard about the rows it will hand on (not those `recorded`, nor parked ones).
+    async fn start_batch(
+        &mut self,
+        batch: &[BinlogItem],
+        recorded: &HashSet<(Arc<TableName>, u64)>,
+        catching_up: bool,
+    ) {
+        if let Some(order) = &mut self.key_order {
+            order.new_batch();
+        }
+        // Taken once per batch: the key-order guard's check of the batch below counts every
+        // event the batch hands on as the stream's own, so all of one topic's are parked or
+        // none (a later batch's check then sees the parked rows waiting).
+        let parking = self.inputs.stalls().parking();
+        if parking.grew_since(&self.parking) {
+            // The shards release the streamed events they hold of what parks now: rows the
+            // stream no longer carries.
+            self.let_go(None);
+        }
+        self.catching_up = catching_up;
+        self.check_key_order(batch_rows(batch, recorded, &parking))
+            .await;
+        self.parking = parking;
+    }
+
+    /// Hands on one item of the stream, in the stream's order: opens, ends or abandons the
+    /// `current` transaction, hands on or holds its rows, and moves the catch-up's read
+    /// position along. False once the shards are gone (shutting down).
+    async fn hand_on_item(
+        &mut self,
+        item: BinlogItem,
+        current: &mut Option<TxSeq>,
+        recorded: &HashSet<(Arc<TableName>, u64)>,
+        catch_up: &mut Option<CatchUp>,
+    ) -> bool {
+        match item {
+            BinlogItem::TxBegin => {
+                *current = Some(self.begin());
+                true
+            }
+            BinlogItem::Row(row) => {
+                let seq = *current.get_or_insert_with(|| self.begin());
+                self.hand_on(seq, row, recorded, true).await
+            }
+            BinlogItem::TxEnd(end) => {
+                self.handed_on.end();
+                if let Some(catch_up) = catch_up {
+                    catch_up.read.advance(&end);
+                }
+                let seq = current.take().unwrap_or_else(|| self.begin());
+                self.acks.end(seq, end);
+                true
+            }
+            BinlogItem::Prepared(prepared) => {
+                if let Some(catch_up) = catch_up {
+                    catch_up.read.advance(&prepared.end);
+                }
+                self.hold(prepared, recorded);
+                true
+            }
+            BinlogItem::XaOutcome { xid, committed } => self.resolve(&xid, committed).await,
+            BinlogItem::Restart => {
+                self.handed_on.restart();
+                if let Some(seq) = current.take() {
+                    self.acks.abandon(seq);
+                }
+                true
+            }
+        }
+    }
+
+    /// After a batch, or when the timer runs out: logs long-prepared XA transactions and lets
+    /// held keys go whose older rows are sent; false once the shards are gone.
+    async fn tend_held(&mut self) -> bool {
+        self.look_at_prepared();
+        self.recheck_keys().await
+    }
 }
 
 /// The streamed rows of `batch` that will be handed on now (not already recorded).
