@@ -83,6 +83,18 @@ impl Held {
     }
 }
 
+/// Where [`Lanes::queue`] puts an event.
+enum Destination {
+    /// Back to the shard, to send itself.
+    Shard,
+    /// The back of its topic's lane of this queue (`None`: the lane of the whole topic).
+    Lane(Option<usize>),
+    /// A new lane of this queue, of which another lane met the failures.
+    NewQueueLane(QueueIndex),
+    /// A new lane of the whole topic, behind the lanes it has.
+    NewTopicLane,
+}
+
 impl<'a, S: Sink> Lanes<'a, S> {
     pub(super) fn new(
         sink: &'a Arc<S>,
@@ -117,60 +129,78 @@ impl<'a, S: Sink> Lanes<'a, S> {
             crate::send::stall::count_parked(&message.topic);
             return Ok(None);
         }
-        let of_topic = self.lanes.get(&event.row.message.topic);
-        let queue = if of_topic.is_some_and(|lanes| lanes.contains_key(&None)) {
-            None
-        } else {
-            // Whether another lane may hold this event's queue: its topic stalled somewhere, or a
-            // broker group not answering. Else (another topic refused, say) no queue look-up.
-            let elsewhere = stalls.any()
-                && self.sink.stable_queues()
-                && stalls.may_hold(&event.row.message.topic);
-            if of_topic.is_none() && !elsewhere {
-                return Ok(Some(event));
+        let queue = match self.destination(&event).await {
+            Destination::Shard => return Ok(Some(event)),
+            Destination::Lane(queue) => queue,
+            Destination::NewQueueLane(q) => {
+                let backoff = Backoff::new(&self.options.retry, &self.options.wake);
+                self.open(Stalled::at(vec![event], q.index, backoff, false))
+                    .await;
+                return Ok(None);
             }
-            // A lane holding the key's older events, bound for the queue the key had when the
-            // lane opened: the key's queue may have changed since (an operator's `updateTopic
-            // -w`, a group made read-only), and its new events must not overtake those.
-            let behind = of_topic.and_then(|lanes| {
-                lanes.iter().find_map(|(index, lane)| {
-                    let q = lane.held.lane.queue?;
-                    (index_for(event.key_hash, q.count) == q.index).then_some(*index)
-                })
-            });
-            let known = match behind {
-                Some(_) => None,
-                None => queue_index(&**self.sink, &event).await,
-            };
-            match (behind, known) {
-                (Some(lane), _) => lane,
-                (None, Some(q))
-                    if of_topic.is_some_and(|lanes| lanes.contains_key(&Some(q.index))) =>
-                {
-                    Some(q.index)
-                }
-                // Another lane found this queue, or its broker group, stalled: its events go to a
-                // lane of this shard at once, so the lane, not the shard, waits out the failures
-                // (a frozen broker's timeouts) the other lane met.
-                (None, Some(q))
-                    if elsewhere && self.stalled_elsewhere(&event.row.message.topic, q) =>
-                {
-                    let backoff = Backoff::new(&self.options.retry, &self.options.wake);
-                    self.open(Stalled::at(vec![event], q.index, backoff, false))
-                        .await;
-                    return Ok(None);
-                }
-                (None, Some(_)) => return Ok(Some(event)),
-                (None, None) if of_topic.is_none() => return Ok(Some(event)),
-                // Its queue is unknown now (no route), so it may be one with a lane: the whole
-                // topic waits, behind the lanes it has.
-                (None, None) => {
-                    let backoff = Backoff::new(&self.options.retry, &self.options.wake);
-                    self.open(Stalled::new(vec![event], backoff)).await;
-                    return Ok(None);
-                }
+            Destination::NewTopicLane => {
+                let backoff = Backoff::new(&self.options.retry, &self.options.wake);
+                self.open(Stalled::new(vec![event], backoff)).await;
+                return Ok(None);
             }
         };
+        self.join_lane(event, queue).await
+    }
+
+    /// Where `event` goes: the shard, a lane its topic has, or a new lane. A lane holding its
+    /// key's older events takes it, whatever its key's queue is now.
+    async fn destination(&self, event: &ShardEvent) -> Destination {
+        let stalls = &self.options.stalls;
+        let of_topic = self.lanes.get(&event.row.message.topic);
+        if of_topic.is_some_and(|lanes| lanes.contains_key(&None)) {
+            return Destination::Lane(None);
+        }
+        // Whether another lane may hold this event's queue: its topic stalled somewhere, or a
+        // broker group not answering. Else (another topic refused, say) no queue look-up.
+        let elsewhere =
+            stalls.any() && self.sink.stable_queues() && stalls.may_hold(&event.row.message.topic);
+        if of_topic.is_none() && !elsewhere {
+            return Destination::Shard;
+        }
+        // A lane holding the key's older events, bound for the queue the key had when the
+        // lane opened: the key's queue may have changed since (an operator's `updateTopic
+        // -w`, a group made read-only), and its new events must not overtake those.
+        let behind = of_topic.and_then(|lanes| {
+            lanes.iter().find_map(|(index, lane)| {
+                let q = lane.held.lane.queue?;
+                (index_for(event.key_hash, q.count) == q.index).then_some(*index)
+            })
+        });
+        let known = match behind {
+            Some(_) => None,
+            None => queue_index(&**self.sink, event).await,
+        };
+        match (behind, known) {
+            (Some(lane), _) => Destination::Lane(lane),
+            (None, Some(q)) if of_topic.is_some_and(|lanes| lanes.contains_key(&Some(q.index))) => {
+                Destination::Lane(Some(q.index))
+            }
+            // Another lane found this queue, or its broker group, stalled: its events go to a
+            // lane of this shard at once, so the lane, not the shard, waits out the failures
+            // (a frozen broker's timeouts) the other lane met.
+            (None, Some(q)) if elsewhere && self.stalled_elsewhere(&event.row.message.topic, q) => {
+                Destination::NewQueueLane(q)
+            }
+            (None, Some(_)) => Destination::Shard,
+            (None, None) if of_topic.is_none() => Destination::Shard,
+            // Its queue is unknown now (no route), so it may be one with a lane: the whole
+            // topic waits, behind the lanes it has.
+            (None, None) => Destination::NewTopicLane,
+        }
+    }
+
+    /// Puts `event` at the back of its topic's lane of `queue` (`None`: of the whole topic),
+    /// waiting while the lane is full; if that lane has closed, see [`Self::behind_closed`].
+    async fn join_lane(
+        &mut self,
+        event: ShardEvent,
+        queue: Option<usize>,
+    ) -> Result<Option<ShardEvent>, ()> {
         let topic = event.row.message.topic.clone();
         let lane = &self.lanes[&topic][&queue];
         let event = tokio::select! {
@@ -183,6 +213,18 @@ impl<'a, S: Sink> Lanes<'a, S> {
                 Err(mpsc::error::SendError(event)) => event,
             },
         };
+        self.behind_closed(topic, queue, event).await
+    }
+
+    /// `event` found its lane closed: the lane is dropped, and `event` waits behind the lane's
+    /// last events in a new lane, or once the lane's task has ended goes back to the shard. A
+    /// key's events are never sent by two tasks at once.
+    async fn behind_closed(
+        &mut self,
+        topic: String,
+        queue: Option<usize>,
+        event: ShardEvent,
+    ) -> Result<Option<ShardEvent>, ()> {
         let of_topic = self.lanes.get_mut(&topic).expect("present");
         let lane = of_topic.remove(&queue).expect("present");
         if of_topic.is_empty() {
