@@ -25,9 +25,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+mod attempt;
 mod interrupt;
 mod lane;
 mod retry;
+use attempt::{attempt, report_stored};
 use interrupt::{Halt, Interrupt, Stalled, Stop};
 use lane::Lanes;
 pub use retry::WakeUp;
@@ -420,86 +422,63 @@ async fn send_batch<S: Sink>(
     stop: Stop<'_>,
 ) -> Result<(), Interrupt> {
     let topic = batch[0].row.message.topic.clone();
-    {
-        // Where keys keep their queue, a failed send holds that queue only, and waits for it.
-        let own_queue = sink.stable_queues().then_some(queue);
-        if !stop.fence.holds() {
-            return Err(Interrupt::Stopped);
-        }
-        let sent = now_us();
-        for event in &mut batch {
-            event.row.stamps.sent = sent;
-        }
-        let messages: Vec<&OutboundMessage> = batch.iter().map(|e| &e.row.message).collect();
-        let size = messages.len();
-        let (stored, error) = match sink.send(&topic, queue, &messages, stop.fence).await {
-            Ok(ids) => (ids, None),
-            Err(SendFailure { stored, error }) => (stored, Some(error)),
-        };
-        if !stored.is_empty() {
-            let ack = now_us();
-            // The broker stored these; nothing is marked SENT nor acknowledged yet.
-            crate::failpoint::hit(crate::failpoint::AFTER_SEND_OK);
-            crate::metrics::health().set_broker(true);
-            crate::metrics::health().set_refused(&topic, None);
-            backoff.broker_answered(&topic, own_queue);
-            // What was stored is reported now, whatever happened to the rest: a retry carries on
-            // after it and never sends it again.
-            let rest = batch.split_off(stored.len().min(batch.len()));
-            for (mut event, msg_id) in batch.into_iter().zip(stored) {
-                event.row.stamps.ack = ack;
-                report(completions, event, SendOutcome::Sent { msg_id }).await?;
-            }
-            batch = rest;
-        }
-        let Some(error) = error else {
-            return Ok(());
-        };
-        if batch.is_empty() {
-            // Every message stored after all (a sink that failed past its last message).
-            return Ok(());
-        }
-        if !stop.fence.holds() {
-            // The leadership ended during the send: the rest stays unreported.
-            return Err(Interrupt::Stopped);
-        }
-        count_error(&error);
-        let broker_wide = matches!(error, SendError::Retryable(_));
-        match error {
-            SendError::Rejected(reason) if batch.len() > 1 => {
-                tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
-                let singles = batch.into_iter().map(|event| (queue, vec![event]));
-                return send_in_turn(sink, singles, &backoff, completions, stop).await;
-            }
-            SendError::Rejected(reason) => {
-                let event = batch.into_iter().next().expect("one event");
-                return Ok(report(completions, event, failed(reason, backoff.attempts())).await?);
-            }
-            error @ (SendError::Unauthorized(_) | SendError::Misconfigured(_)) => {
-                refused(&topic, &error, &mut backoff)
-            }
-            SendError::Retryable(reason) => match backoff.failed() {
-                Next::Retry { retry, delay } => {
-                    crate::metrics::relay().retries.inc();
-                    tracing::warn!(%topic, queue, %reason, retry, ?delay, size, left = batch.len(),
-                        "send not acknowledged; retrying");
-                }
-                Next::Resume { left } => {
-                    tracing::debug!(%topic, queue, %reason, ?left, size, unsent = batch.len(),
-                        "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
-                }
-                Next::Parked { delay } => {
-                    tracing::debug!(%topic, queue, %reason, ?delay, size,
-                        "send of a parked topic's events not acknowledged; trying again");
-                }
-                Next::GiveUp => {
-                    return Ok(report_all(completions, batch, backoff.gave_up(&reason)).await?)
-                }
-            },
-        }
-        let stalled = Stalled::at(batch, queue, backoff, broker_wide);
-        Err(Interrupt::Stalled(stalled))
+    // Where keys keep their queue, a failed send holds that queue only, and waits for it.
+    let own_queue = sink.stable_queues().then_some(queue);
+    if !stop.fence.holds() {
+        return Err(Interrupt::Stopped);
     }
+    let size = batch.len();
+    let (stored, error) = attempt(sink, &topic, queue, &mut batch, stop.fence).await;
+    if !stored.is_empty() {
+        batch = report_stored(completions, &topic, own_queue, &backoff, batch, stored).await?;
+    }
+    let Some(error) = error else {
+        return Ok(());
+    };
+    if batch.is_empty() {
+        // Every message stored after all (a sink that failed past its last message).
+        return Ok(());
+    }
+    if !stop.fence.holds() {
+        // The leadership ended during the send: the rest stays unreported.
+        return Err(Interrupt::Stopped);
+    }
+    count_error(&error);
+    let broker_wide = matches!(error, SendError::Retryable(_));
+    match error {
+        SendError::Rejected(reason) if batch.len() > 1 => {
+            tracing::warn!(%topic, %reason, size = batch.len(), "batch rejected; sending its events one by one");
+            let singles = batch.into_iter().map(|event| (queue, vec![event]));
+            return send_in_turn(sink, singles, &backoff, completions, stop).await;
+        }
+        SendError::Rejected(reason) => {
+            let event = batch.into_iter().next().expect("one event");
+            return Ok(report(completions, event, failed(reason, backoff.attempts())).await?);
+        }
+        error @ (SendError::Unauthorized(_) | SendError::Misconfigured(_)) => {
+            refused(&topic, &error, &mut backoff)
+        }
+        SendError::Retryable(reason) => match backoff.failed() {
+            Next::Retry { retry, delay } => {
+                crate::metrics::relay().retries.inc();
+                tracing::warn!(%topic, queue, %reason, retry, ?delay, size, left = batch.len(),
+                    "send not acknowledged; retrying");
+            }
+            Next::Resume { left } => {
+                tracing::debug!(%topic, queue, %reason, ?left, size, unsent = batch.len(),
+                    "send after a wake-up not acknowledged; waiting out the rest of the retry delay");
+            }
+            Next::Parked { delay } => {
+                tracing::debug!(%topic, queue, %reason, ?delay, size,
+                    "send of a parked topic's events not acknowledged; trying again");
+            }
+            Next::GiveUp => {
+                return Ok(report_all(completions, batch, backoff.gave_up(&reason)).await?)
+            }
+        },
+    }
+    let stalled = Stalled::at(batch, queue, backoff, broker_wide);
+    Err(Interrupt::Stalled(stalled))
 }
 
 /// Sends `stalled` (the events of a topic whose attempt failed, with the retries they used)
