@@ -146,62 +146,11 @@ pub async fn run_marker(
     let fenced = rule.epoch_condition();
     while let Some(first) = completions.recv().await {
         let batch = gather(first, &mut completions).await;
-        let mut failures = 0;
-        loop {
-            if !rule.fence.holds() {
-                // Another instance leads now: it records these outcomes (or sends them again).
-                tracing::warn!(rows = batch.len(),
-                    "leadership is over: leaving this batch of outcomes unrecorded and unacknowledged");
-                return Ok(stats);
-            }
-            // Bounded: a connection cut mid-statement must turn into a retry, not a hang.
-            let written = write(&pool, &batch, &rule, fenced.as_ref());
-            let written = tokio::time::timeout(WRITE_TIMEOUT, written)
-                .await
-                .unwrap_or_else(|_| Err(WriteFailure::timed_out()));
-            match written {
-                // A mark its epoch no longer allowed (another instance leads): unacknowledged.
-                Ok(()) if !rule.fence.holds() => {
-                    tracing::warn!(
-                        rows = batch.len(),
-                        "leadership is over: leaving this batch of outcomes unacknowledged"
-                    );
-                    return Ok(stats);
-                }
-                Ok(()) => break,
-                Err(failure) => {
-                    if let Some(error) = failure.permanent(&pool).await {
-                        tracing::error!(%error, rows = batch.len(), "the relay stops");
-                        stop.cancel();
-                        return Err(error);
-                    }
-                    failures += 1;
-                    let delay = policy.delay(failures).unwrap_or(policy.max);
-                    tracing::warn!(error = %failure, retry_in = ?delay, rows = batch.len(),
-                        "cannot record outcomes in MySQL; retrying (the checkpoint waits)");
-                    tokio::time::sleep(delay).await;
-                }
-            }
+        match record(&pool, &batch, &rule, fenced.as_ref(), &policy, &stop).await? {
+            Recorded::Yes => {}
+            Recorded::LeadershipOver => return Ok(stats),
         }
-        crate::metrics::stages::record(
-            batch
-                .iter()
-                .filter(|c| matches!(c.outcome, SendOutcome::Sent { .. }))
-                .map(|c| (c.event_id.as_str(), &c.stamps)),
-        );
-        let metrics = crate::metrics::relay();
-        for completion in &batch {
-            match completion.outcome {
-                SendOutcome::Sent { .. } => {
-                    stats.sent += 1;
-                    metrics.events_sent.inc();
-                }
-                SendOutcome::Failed { .. } => {
-                    stats.failed += 1;
-                    metrics.events_failed.inc();
-                }
-            }
-        }
+        count(&mut stats, &batch);
         // At most one batch a second, off the marking loop: the next batch's UPDATE does not
         // wait for a metric's query, and a steady trickle of small batches does not double the
         // statements the database runs per event.
@@ -215,6 +164,89 @@ pub async fn run_marker(
         }
     }
     Ok(stats)
+}
+
+/// Whether a batch's outcomes were recorded.
+enum Recorded {
+    Yes,
+    /// Another instance leads now: the batch is left unacknowledged (and maybe unrecorded).
+    LeadershipOver,
+}
+
+/// Writes `batch`'s marks, retrying errors that may pass for ever (with backoff), until they are
+/// recorded or the leadership is over. A permanent error cancels `stop` and is returned; the
+/// batch is then left unacknowledged.
+async fn record(
+    pool: &Pool,
+    batch: &[Completion],
+    rule: &MarkerContext,
+    fenced: Option<&(String, u64)>,
+    policy: &RetryPolicy,
+    stop: &CancellationToken,
+) -> Result<Recorded, MarkError> {
+    let mut failures = 0;
+    loop {
+        if !rule.fence.holds() {
+            // Another instance leads now: it records these outcomes (or sends them again).
+            tracing::warn!(
+                rows = batch.len(),
+                "leadership is over: leaving this batch of outcomes unrecorded and unacknowledged"
+            );
+            return Ok(Recorded::LeadershipOver);
+        }
+        // Bounded: a connection cut mid-statement must turn into a retry, not a hang.
+        let written = write(pool, batch, rule, fenced);
+        let written = tokio::time::timeout(WRITE_TIMEOUT, written)
+            .await
+            .unwrap_or_else(|_| Err(WriteFailure::timed_out()));
+        match written {
+            // A mark its epoch no longer allowed (another instance leads): unacknowledged.
+            Ok(()) if !rule.fence.holds() => {
+                tracing::warn!(
+                    rows = batch.len(),
+                    "leadership is over: leaving this batch of outcomes unacknowledged"
+                );
+                return Ok(Recorded::LeadershipOver);
+            }
+            Ok(()) => return Ok(Recorded::Yes),
+            Err(failure) => {
+                if let Some(error) = failure.permanent(pool).await {
+                    tracing::error!(%error, rows = batch.len(), "the relay stops");
+                    stop.cancel();
+                    return Err(error);
+                }
+                failures += 1;
+                let delay = policy.delay(failures).unwrap_or(policy.max);
+                tracing::warn!(error = %failure, retry_in = ?delay, rows = batch.len(),
+                    "cannot record outcomes in MySQL; retrying (the checkpoint waits)");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Counts `batch`'s recorded outcomes in `stats` and the metrics (with the stage timings of
+/// the SENT ones).
+fn count(stats: &mut MarkStats, batch: &[Completion]) {
+    crate::metrics::stages::record(
+        batch
+            .iter()
+            .filter(|c| matches!(c.outcome, SendOutcome::Sent { .. }))
+            .map(|c| (c.event_id.as_str(), &c.stamps)),
+    );
+    let metrics = crate::metrics::relay();
+    for completion in batch {
+        match completion.outcome {
+            SendOutcome::Sent { .. } => {
+                stats.sent += 1;
+                metrics.events_sent.inc();
+            }
+            SendOutcome::Failed { .. } => {
+                stats.failed += 1;
+                metrics.events_failed.inc();
+            }
+        }
+    }
 }
 
 /// How long a marking batch waits for more outcomes after its first before it is written (unless
