@@ -95,6 +95,78 @@ async fn check_tables(deployment: &Deployment) -> anyhow::Result<()> {
     }
 }
 
+/// The sled checkpoint store in `relay.checkpoint_dir` (created if need be), in CDC mode; none
+/// in poll mode.
+fn open_checkpoint_store(config: &Config) -> anyhow::Result<Option<Arc<dyn CheckpointStore>>> {
+    let store: Option<Arc<dyn CheckpointStore>> = match config.relay.mode {
+        RelayMode::Poll => None,
+        RelayMode::Cdc => {
+            std::fs::create_dir_all(&config.relay.checkpoint_dir).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot create relay.checkpoint_dir {}: {e}",
+                    config.relay.checkpoint_dir.display()
+                )
+            })?;
+            Some(Arc::new(crate::checkpoint::SledStore::open(
+                &config.relay.checkpoint_dir,
+            )?))
+        }
+    };
+    Ok(store)
+}
+
+/// Starts the RocketMQ producer, keeping its queue lists in the relay's database.
+async fn start_sink(config: &Config) -> anyhow::Result<Arc<crate::send::RocketMqSink>> {
+    // The queue lists live in the relay's database too: an instance that starts while a
+    // broker group is down keeps that group's keys on their queues.
+    let queue_table = crate::send::QueueTable::new(crate::db::pool(config)?, &config.relay.name);
+    let sink = Arc::new(
+        crate::send::RocketMqSink::start(&config.rocketmq)
+            .await?
+            .with_queue_store(Arc::new(queue_table)),
+    );
+    Ok(sink)
+}
+
+/// Spawns what runs beside the relay until `cancel` fires: the outbox tables' metrics (returned,
+/// aborted once the relay ends), the dead-letter metrics and the periodic cleanup, when
+/// configured.
+fn spawn_watchers(
+    config: &Config,
+    deployment: &Deployment,
+    cancel: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let streamed = match config.relay.mode {
+        RelayMode::Cdc => Some((deployment.opts.clone(), config.relay.name.clone())),
+        RelayMode::Poll => None,
+    };
+    let tables_watch = tokio::spawn(crate::operate::table_metrics::watch(
+        crate::db::read_committed_pool(config)?,
+        deployment.tables.clone(),
+        streamed,
+        config.metrics.refresh,
+        cancel.child_token(),
+    ));
+    if !config.rocketmq.dead_letter_groups.is_empty() {
+        tokio::spawn(crate::operate::dead_letters::watch(
+            config.rocketmq.clone(),
+            config.rocketmq.dead_letter_groups.clone(),
+            config.metrics.refresh,
+            cancel.child_token(),
+        ));
+    }
+    if config.cleanup.enabled {
+        tokio::spawn(crate::operate::cleanup::run_periodically(
+            config.cleanup.clone(),
+            crate::db::pool(config)?,
+            deployment.tables.clone(),
+            format!("outbox-relay run ({})", config.relay.name),
+            cancel.child_token(),
+        ));
+    }
+    Ok(tables_watch)
+}
+
 /// A relay running on the current Tokio runtime with the RocketMQ sink and the sled store in
 /// `relay.checkpoint_dir`: what `outbox-relay run`, `outbox-dev up`, the tests and the benchmark start.
 pub struct RelayHandle {
@@ -110,60 +182,12 @@ impl RelayHandle {
         options: RunOptions,
         cancel: CancellationToken,
     ) -> anyhow::Result<Self> {
-        let store: Option<Arc<dyn CheckpointStore>> = match config.relay.mode {
-            RelayMode::Poll => None,
-            RelayMode::Cdc => {
-                std::fs::create_dir_all(&config.relay.checkpoint_dir).map_err(|e| {
-                    anyhow::anyhow!(
-                        "cannot create relay.checkpoint_dir {}: {e}",
-                        config.relay.checkpoint_dir.display()
-                    )
-                })?;
-                Some(Arc::new(crate::checkpoint::SledStore::open(
-                    &config.relay.checkpoint_dir,
-                )?))
-            }
-        };
+        let store = open_checkpoint_store(config)?;
         let deployment = Deployment::resolve(config)?;
         check_tables(&deployment).await?;
-        // The queue lists live in the relay's database too: an instance that starts while a
-        // broker group is down keeps that group's keys on their queues.
-        let queue_table =
-            crate::send::QueueTable::new(crate::db::pool(config)?, &config.relay.name);
-        let sink = Arc::new(
-            crate::send::RocketMqSink::start(&config.rocketmq)
-                .await?
-                .with_queue_store(Arc::new(queue_table)),
-        );
+        let sink = start_sink(config).await?;
         let (config, token) = (config.clone(), cancel.clone());
-        let streamed = match config.relay.mode {
-            RelayMode::Cdc => Some((deployment.opts.clone(), config.relay.name.clone())),
-            RelayMode::Poll => None,
-        };
-        let tables_watch = tokio::spawn(crate::operate::table_metrics::watch(
-            crate::db::read_committed_pool(&config)?,
-            deployment.tables.clone(),
-            streamed,
-            config.metrics.refresh,
-            cancel.child_token(),
-        ));
-        if !config.rocketmq.dead_letter_groups.is_empty() {
-            tokio::spawn(crate::operate::dead_letters::watch(
-                config.rocketmq.clone(),
-                config.rocketmq.dead_letter_groups.clone(),
-                config.metrics.refresh,
-                cancel.child_token(),
-            ));
-        }
-        if config.cleanup.enabled {
-            tokio::spawn(crate::operate::cleanup::run_periodically(
-                config.cleanup.clone(),
-                crate::db::pool(&config)?,
-                deployment.tables.clone(),
-                format!("outbox-relay run ({})", config.relay.name),
-                cancel.child_token(),
-            ));
-        }
+        let tables_watch = spawn_watchers(&config, &deployment, &cancel)?;
         // A checkpointer that gives up (saves failing for a minute) stops the relay through
         // this token; the caller's `cancel` stops it too.
         let token = token.child_token();
