@@ -4,7 +4,7 @@
 //! event is published, each key's events reach one queue in commit order, and the checkpoint
 //! reaches the last transaction only once all its events are acknowledged.
 
-use super::dispatch::{self, Outputs};
+use super::dispatch::{self, Dispatched, Outputs};
 use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, TxEnd};
 use crate::checkpoint::{Acknowledgements, CheckpointStore, MemoryStore};
 use crate::event::OutboxRow;
@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 fn event(id: u64, key: &str) -> BinlogItem {
     let mut row = OutboxRow::sample(id);
@@ -31,14 +32,23 @@ fn commit(end_pos: u64) -> BinlogItem {
     })
 }
 
-#[tokio::test]
-async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgements() {
-    let started = Instant::now();
-    const TRANSACTIONS: u64 = 200;
-    const KEYS: u64 = 7;
-    let broker = Arc::new(MemoryBroker::new(4).refusing_first(3));
-    let acks = Acknowledgements::new(BinlogPosition::default());
-    let store = MemoryStore::default();
+/// Transactions streamed, each of two events.
+const TRANSACTIONS: u64 = 200;
+/// Keys the events spread over.
+const KEYS: u64 = 7;
+
+/// The pipeline's stages, running.
+struct Running {
+    shards: Shards,
+    items_tx: mpsc::Sender<BinlogItem>,
+    dispatcher: JoinHandle<Dispatched>,
+    /// Every outcome, in the order the marker's part received them.
+    acknowledger: JoinHandle<Vec<SendOutcome>>,
+}
+
+/// Starts the dispatcher and four shards sending to `broker` (retrying its refusals quickly),
+/// and the marker's part acknowledging each outcome in `acks`.
+fn start(broker: &Arc<MemoryBroker>, acks: &Acknowledgements) -> Running {
     let (completions_tx, mut completions) = mpsc::channel(64);
     let retry = RetryPolicy {
         initial: Duration::from_millis(1),
@@ -47,7 +57,7 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         jitter: crate::retry::Jitter::Equal,
     };
     let (shards, inputs) = Shards::start(
-        &broker,
+        broker,
         4,
         64,
         retry,
@@ -74,8 +84,17 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         }
         outcomes
     });
+    Running {
+        shards,
+        items_tx,
+        dispatcher,
+        acknowledger,
+    }
+}
 
-    // Transaction t holds two events, of keys t % KEYS and (t + 1) % KEYS.
+/// Streams [`TRANSACTIONS`] transactions: transaction t holds two events, of keys t % KEYS and
+/// (t + 1) % KEYS.
+async fn stream_transactions(items_tx: &mpsc::Sender<BinlogItem>) {
     for t in 0..TRANSACTIONS {
         items_tx.send(BinlogItem::TxBegin).await.unwrap();
         for (n, key) in [t % KEYS, (t + 1) % KEYS].into_iter().enumerate() {
@@ -87,29 +106,10 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         }
         items_tx.send(commit(100 * (t + 1))).await.unwrap();
     }
-    drop(items_tx);
-    let dispatched = dispatcher.await.unwrap();
-    assert_eq!(dispatched.unidentifiable, 0);
-    shards.drain(Duration::from_secs(5), "test").await;
-    let outcomes = acknowledger.await.unwrap();
-    store.save(&acks.position()).unwrap();
+}
 
-    let events = (TRANSACTIONS * 2) as usize;
-    assert_eq!(outcomes.len(), events, "one outcome per event");
-    assert!(
-        outcomes
-            .iter()
-            .all(|o| matches!(o, SendOutcome::Sent { .. })),
-        "every event SENT after the broker's refusals: {outcomes:?}"
-    );
-    assert_eq!(
-        store.load().unwrap().map(|p| p.pos),
-        Some(100 * TRANSACTIONS),
-        "the checkpoint reaches the last transaction once everything is acknowledged"
-    );
-    assert_eq!(acks.in_flight(), 0);
-
-    // What the broker stored: each event once; each key on one queue, in commit order.
+/// What the broker stored: each event once; each key on one queue, in commit order.
+fn assert_each_key_on_one_queue_in_order(broker: &MemoryBroker, events: usize) {
     let queues = broker.stored();
     assert_eq!(broker.stored_count(), events, "each event stored once");
     let id_of = |event_id: &str| event_id[1..].parse::<u64>().unwrap();
@@ -133,6 +133,40 @@ async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgement
         }
     }
     assert_eq!(queue_of_key.len(), KEYS as usize);
+}
+
+#[tokio::test]
+async fn events_flow_in_key_order_and_the_checkpoint_follows_the_acknowledgements() {
+    let started = Instant::now();
+    let broker = Arc::new(MemoryBroker::new(4).refusing_first(3));
+    let acks = Acknowledgements::new(BinlogPosition::default());
+    let store = MemoryStore::default();
+    let running = start(&broker, &acks);
+
+    stream_transactions(&running.items_tx).await;
+    drop(running.items_tx);
+    let dispatched = running.dispatcher.await.unwrap();
+    assert_eq!(dispatched.unidentifiable, 0);
+    running.shards.drain(Duration::from_secs(5), "test").await;
+    let outcomes = running.acknowledger.await.unwrap();
+    store.save(&acks.position()).unwrap();
+
+    let events = (TRANSACTIONS * 2) as usize;
+    assert_eq!(outcomes.len(), events, "one outcome per event");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, SendOutcome::Sent { .. })),
+        "every event SENT after the broker's refusals: {outcomes:?}"
+    );
+    assert_eq!(
+        store.load().unwrap().map(|p| p.pos),
+        Some(100 * TRANSACTIONS),
+        "the checkpoint reaches the last transaction once everything is acknowledged"
+    );
+    assert_eq!(acks.in_flight(), 0);
+
+    assert_each_key_on_one_queue_in_order(&broker, events);
     println!(
         "{events} events through the serverless pipeline in {:?}",
         started.elapsed()
