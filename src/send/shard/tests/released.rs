@@ -31,37 +31,40 @@ fn streamed(acked: &Arc<Acked>, id: u64, key: &str, topic: &str) -> ShardEvent {
     ShardEvent::streamed(Ack::new(to, id), row)
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_parked_topic_s_lane_releases_its_streamed_events_but_the_batch_it_retries() {
+/// A shard running with `options`, its sink's topic `t` down: the sink, the shard's input, its
+/// outcomes and its task.
+fn start_with_t_down(
+    options: ShardOptions,
+) -> (
+    Arc<ScriptedSink>,
+    mpsc::Sender<ShardEvent>,
+    mpsc::Receiver<Completion>,
+    tokio::task::JoinHandle<()>,
+) {
     let sink = Arc::new(ScriptedSink::new(vec![]));
     sink.down_topics.lock().unwrap().insert("t".into());
-    let stalls = Arc::new(Stalls::new(Duration::from_secs(2)));
-    let options = ShardOptions {
-        stalls: Arc::clone(&stalls),
-        ..ShardOptions::default()
-    };
-    let acked = Arc::new(Acked::default());
     let (input, rx) = mpsc::channel(100);
-    let (completions, mut done) = mpsc::channel(100);
-    let cancel = CancellationToken::new();
+    let (completions, done) = mpsc::channel(100);
     let task = tokio::spawn(run_shard(
         Arc::clone(&sink),
         rx,
         completions,
         options,
-        cancel.clone(),
+        CancellationToken::new(),
     ));
-    // e1 fails and opens t's lane (its probe); e3 (key c) is followed by a claimed row of its
-    // key, so it must stay; e5 need not.
-    for e in [
-        streamed(&acked, 1, "a", "t"),
-        streamed(&acked, 2, "b", "u"),
-        streamed(&acked, 3, "c", "t"),
-        event(4, "c", "t"),
-        streamed(&acked, 5, "d", "t"),
-    ] {
-        input.send(e).await.unwrap();
-    }
+    (sink, input, done, task)
+}
+
+/// Until `t` parks at 2 s its lane holds its events; then it gives back every streamed one's
+/// acknowledgement and keeps e1 (the batch it retries), e3 (a claimed row of its key follows) and
+/// e4 (that row). An event handed on just before the stream began parking is released at the
+/// shard.
+async fn assert_t_parks_at_two_seconds(
+    input: &mpsc::Sender<ShardEvent>,
+    done: &mut mpsc::Receiver<Completion>,
+    acked: &Arc<Acked>,
+    stalls: &Stalls,
+) {
     let first = done.recv().await.unwrap();
     assert_eq!(first.event_id, "e2", "u flows");
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -83,11 +86,19 @@ async fn a_parked_topic_s_lane_releases_its_streamed_events_but_the_batch_it_ret
         "e5 left memory; e1 (the probe), e3 and e4 stay"
     );
     // An event handed on just before the stream began parking: released at the shard.
-    input.send(streamed(&acked, 6, "e", "t")).await.unwrap();
+    input.send(streamed(acked, 6, "e", "t")).await.unwrap();
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(acked.tokens(), [1, 3, 5, 6]);
     assert_eq!(stalls.held("t"), 3);
+}
 
+/// Once `t` takes events again, its lane sends what it kept (e1, e3 released; e4 claimed), then
+/// closes.
+async fn assert_t_recovers_what_its_lane_kept(
+    sink: &ScriptedSink,
+    done: &mut mpsc::Receiver<Completion>,
+    stalls: &Stalls,
+) {
     sink.down_topics.lock().unwrap().clear();
     let mut recovered = Vec::new();
     for _ in 0..3 {
@@ -105,6 +116,30 @@ async fn a_parked_topic_s_lane_releases_its_streamed_events_but_the_batch_it_ret
     );
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert!(!stalls.is_stalled("t"), "the lane closed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_parked_topic_s_lane_releases_its_streamed_events_but_the_batch_it_retries() {
+    let stalls = Arc::new(Stalls::new(Duration::from_secs(2)));
+    let options = ShardOptions {
+        stalls: Arc::clone(&stalls),
+        ..ShardOptions::default()
+    };
+    let acked = Arc::new(Acked::default());
+    let (sink, input, mut done, task) = start_with_t_down(options);
+    // e1 fails and opens t's lane (its probe); e3 (key c) is followed by a claimed row of its
+    // key, so it must stay; e5 need not.
+    for e in [
+        streamed(&acked, 1, "a", "t"),
+        streamed(&acked, 2, "b", "u"),
+        streamed(&acked, 3, "c", "t"),
+        event(4, "c", "t"),
+        streamed(&acked, 5, "d", "t"),
+    ] {
+        input.send(e).await.unwrap();
+    }
+    assert_t_parks_at_two_seconds(&input, &mut done, &acked, &stalls).await;
+    assert_t_recovers_what_its_lane_kept(&sink, &mut done, &stalls).await;
     drop(input);
     task.await.unwrap();
     assert!(
@@ -120,8 +155,6 @@ async fn a_parked_topic_s_lane_releases_its_streamed_events_but_the_batch_it_ret
 /// [`retry::PARKED_RETRY_EVERY`] of the topic taking events again.
 #[tokio::test(start_paused = true)]
 async fn a_parked_topic_s_retried_batch_outlasts_the_retry_policy_and_is_never_failed() {
-    let sink = Arc::new(ScriptedSink::new(vec![]));
-    sink.down_topics.lock().unwrap().insert("t".into());
     let options = ShardOptions {
         // 1 + 2 s of retries: used up within seconds if parking did not stop the count.
         retry: RetryPolicy {
@@ -132,15 +165,7 @@ async fn a_parked_topic_s_retried_batch_outlasts_the_retry_policy_and_is_never_f
         ..ShardOptions::default()
     };
     let acked = Arc::new(Acked::default());
-    let (input, rx) = mpsc::channel(100);
-    let (completions, mut done) = mpsc::channel(100);
-    let task = tokio::spawn(run_shard(
-        Arc::clone(&sink),
-        rx,
-        completions,
-        options,
-        CancellationToken::new(),
-    ));
+    let (sink, input, mut done, task) = start_with_t_down(options);
     input.send(streamed(&acked, 1, "a", "t")).await.unwrap();
     tokio::time::sleep(Duration::from_secs(600)).await;
     assert!(
