@@ -24,7 +24,7 @@
 //! first).
 
 use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
-use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, TxEnd, TxGtid, Xid};
+use crate::binlog::{BinlogPosition, TxEnd, TxGtid};
 use crate::config::Config;
 use crate::db::Deployment;
 use crate::event::OutboxRow;
@@ -32,7 +32,6 @@ use crate::pipeline::{PipelineBuilder, SendStage};
 use crate::send::{Completion, SendInputs, SendOutcome, ShardEvent, Sink};
 use mysql_async::prelude::*;
 use serde::Serialize;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,12 +39,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 mod bounds;
+mod read;
 
 use bounds::format_unix;
 pub use bounds::{
     checkpoint_at_or_before, format_millis, open_history_store, parse_gtid_position, parse_time,
     unix_seconds,
 };
+use read::{OpenTransactions, Run};
 
 const CHANNEL_CAPACITY: usize = 4096;
 /// Failed events listed in the summary (all are counted).
@@ -241,6 +242,8 @@ impl Replay {
             .await
     }
 
+    /// Checks the range against the server, reads it, and hands its events to `sending` (none
+    /// in a dry run).
     async fn execute(
         &self,
         config: &Config,
@@ -251,35 +254,8 @@ impl Replay {
     ) -> anyhow::Result<ReplaySummary> {
         let Deployment { opts, tables } = deployment.clone();
         let server = check_server(&opts, &tables).await?;
-        let mut to = self.to.clone().unwrap_or_else(|| server.current.clone());
-        let same_gtids = (self.from.mariadb_gtid.is_some() && to.mariadb_gtid.is_some())
-            || (self.from.mysql_gtid_set.is_some() && to.mysql_gtid_set.is_some());
-        if same_gtids {
-            // Compare GTIDs only: a `from` given as a GTID has no file to compare with.
-            (to.file, to.pos) = (None, 0);
-        }
-        if !server.current.covers(&to) {
-            return Err(ReplayError::PastTheEnd {
-                to: to.to_string(),
-                current: server.current.to_string(),
-            }
-            .into());
-        }
-        let mut summary = ReplaySummary {
-            dry_run: sending.is_none(),
-            from: self.from.to_string(),
-            to: to.to_string(),
-            to_time: self.to_time.map(format_unix),
-            stopped: Stop::Empty,
-            transactions: 0,
-            events: 0,
-            sent: 0,
-            failed: 0,
-            failures: Vec::new(),
-            unpublishable: 0,
-            outside_range: 0,
-            reached: self.from.to_string(),
-        };
+        let to = self.end_of_range(&server.current)?;
+        let mut summary = self.first_summary(&to, sending.is_none());
         if self.from.covers(&to) {
             if let Some(sending) = sending {
                 sending.finish(&mut summary, false).await;
@@ -296,109 +272,75 @@ impl Replay {
             items_tx,
             reading.clone(),
         ));
-        let mut position = self.from.clone();
-        let mut progress = Progress::default();
-        let mut buffered: Vec<OutboxRow> = Vec::new();
-        let mut unpublishable = 0;
-        // Prepared XA transactions: their events and unpublishable rows, until their outcome.
-        let mut prepared: HashMap<Xid, (Vec<OutboxRow>, u64)> = HashMap::new();
-        summary.stopped = Stop::Interrupted;
+        let mut run = Run {
+            to,
+            to_time: self.to_time,
+            sending,
+            summary,
+            position: self.from.clone(),
+            progress: Progress::default(),
+            open: OpenTransactions::default(),
+        };
+        run.summary.stopped = Stop::Interrupted;
         while let Some(item) = tokio::select! {
             _ = cancel.cancelled() => None,
             item = items.recv() => item,
         } {
-            let end = match item {
-                BinlogItem::TxBegin | BinlogItem::Restart => {
-                    buffered.clear();
-                    unpublishable = 0;
-                    continue;
-                }
-                BinlogItem::Row(DecodedRow::Event(row)) => {
-                    buffered.push(row);
-                    continue;
-                }
-                BinlogItem::Row(DecodedRow::Problem(_)) => {
-                    unpublishable += 1;
-                    continue;
-                }
-                BinlogItem::Row(DecodedRow::NotPending | DecodedRow::Unidentifiable(_)) => continue,
-                BinlogItem::TxEnd(end) => end,
-                BinlogItem::Prepared(tx) => {
-                    let (mut events, mut problems) = (Vec::new(), 0);
-                    for row in tx.rows {
-                        match row {
-                            DecodedRow::Event(row) => events.push(row),
-                            DecodedRow::Problem(_) => problems += 1,
-                            _ => {}
-                        }
-                    }
-                    prepared.insert(tx.xid, (events, problems));
-                    tx.end // a transaction of its own, with nothing to publish yet
-                }
-                BinlogItem::XaOutcome { xid, committed } => {
-                    match prepared.remove(&xid) {
-                        Some((events, problems)) if committed => {
-                            buffered.extend(events);
-                            unpublishable += problems;
-                        }
-                        None if committed => tracing::warn!(%xid,
-                            "XA COMMIT of a transaction prepared before the start of the range: \
-                             its events are not replayed"),
-                        _ => {}
-                    }
-                    continue;
-                }
+            let Some(end) = run.open.take(item) else {
+                continue;
             };
-            if self.to_time.is_some_and(|t| end.timestamp > t) {
-                summary.stopped = Stop::PassedTime;
-                break;
-            }
-            if within(&to, &end) {
-                summary.unpublishable += unpublishable;
-                for row in buffered.drain(..) {
-                    observer(ReplayEvent::Event {
-                        row: &row,
-                        commit: &end,
-                    });
-                    progress.events += 1;
-                    if let Some(sending) = &sending {
-                        sending.send(row).await?;
-                    }
-                }
-            } else {
-                summary.outside_range += 1;
-            }
-            buffered.clear();
-            unpublishable = 0;
-            position.advance(&end);
-            progress.transactions += 1;
-            progress.position = position.to_string();
-            if let Some(sending) = &sending {
-                (progress.sent, progress.failed) = sending.counts();
-            }
-            observer(ReplayEvent::Progress(&progress));
-            if position.covers(&to) {
-                summary.stopped = Stop::ReachedEnd;
+            if let Some(stopped) = run.end_transaction(end, &mut observer).await? {
+                run.summary.stopped = stopped;
                 break;
             }
         }
         reading.cancel();
         drop(items);
         let read = reader.await?;
-        summary.transactions = progress.transactions;
-        summary.events = progress.events;
-        summary.reached = position.to_string();
-        if let Some(sending) = sending {
-            let interrupted = summary.stopped == Stop::Interrupted;
-            sending.finish(&mut summary, interrupted).await;
-            (progress.sent, progress.failed) = (summary.sent, summary.failed);
-            observer(ReplayEvent::Progress(&progress));
-        }
+        let summary = run.conclude(&mut observer).await;
         if summary.stopped == Stop::Interrupted && !cancel.is_cancelled() {
             read?; // the reader ended on its own: a permanent error
             anyhow::bail!("the binlog stream ended before the end of the range");
         }
         Ok(summary)
+    }
+
+    /// The last transaction to replay: `to`, or the server's `current` end of binlog; an error
+    /// when it is past `current`.
+    fn end_of_range(&self, current: &BinlogPosition) -> Result<BinlogPosition, ReplayError> {
+        let mut to = self.to.clone().unwrap_or_else(|| current.clone());
+        let same_gtids = (self.from.mariadb_gtid.is_some() && to.mariadb_gtid.is_some())
+            || (self.from.mysql_gtid_set.is_some() && to.mysql_gtid_set.is_some());
+        if same_gtids {
+            // Compare GTIDs only: a `from` given as a GTID has no file to compare with.
+            (to.file, to.pos) = (None, 0);
+        }
+        if !current.covers(&to) {
+            return Err(ReplayError::PastTheEnd {
+                to: to.to_string(),
+                current: current.to_string(),
+            });
+        }
+        Ok(to)
+    }
+
+    /// The summary of the range `(from, to]` before anything is read.
+    fn first_summary(&self, to: &BinlogPosition, dry_run: bool) -> ReplaySummary {
+        ReplaySummary {
+            dry_run,
+            from: self.from.to_string(),
+            to: to.to_string(),
+            to_time: self.to_time.map(format_unix),
+            stopped: Stop::Empty,
+            transactions: 0,
+            events: 0,
+            sent: 0,
+            failed: 0,
+            failures: Vec::new(),
+            unpublishable: 0,
+            outside_range: 0,
+            reached: self.from.to_string(),
+        }
     }
 
     /// One `outbox_audit` row for a real run (also when it failed).
