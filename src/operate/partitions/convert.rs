@@ -78,6 +78,8 @@ impl Convert {
         Ok(done)
     }
 
+    /// Converts `table` unless it is partitioned already: refuses foreign keys, plans the key
+    /// changes and the days, then (unless a dry run) alters the table and audits it.
     async fn convert(
         &self,
         conn: &mut Conn,
@@ -85,10 +87,6 @@ impl Convert {
         progress: &mut impl FnMut(&str),
     ) -> Result<TableConvert, PartitionError> {
         let err = PartitionError::of(table, self.lock_wait);
-        let schema = |message: String| PartitionError::Schema {
-            table: table.to_string(),
-            message,
-        };
         let mut report = TableConvert {
             table: table.to_string(),
             outcome: ConvertOutcome::AlreadyPartitioned,
@@ -105,67 +103,10 @@ impl Convert {
             report.last_day = layout.days().last().map(|d| d.to_string());
             return Ok(report);
         }
-        let foreign: Vec<String> = conn
-            .exec(
-                "SELECT CONSTRAINT_NAME FROM information_schema.REFERENTIAL_CONSTRAINTS \
-                 WHERE (CONSTRAINT_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?) \
-                 OR (UNIQUE_CONSTRAINT_SCHEMA = COALESCE(?, DATABASE()) \
-                     AND REFERENCED_TABLE_NAME = ?)",
-                (
-                    schema_of(table),
-                    &table.table,
-                    schema_of(table),
-                    &table.table,
-                ),
-            )
-            .await
-            .map_err(&err)?;
-        if !foreign.is_empty() {
-            return Err(schema(format!(
-                "foreign keys {} involve this table, and partitioned InnoDB tables cannot have \
-                 them: drop them (ALTER TABLE … DROP FOREIGN KEY …), then run convert again",
-                foreign.join(", ")
-            )));
-        }
-        let key_columns: Vec<(String, String)> = conn
-            .exec(
-                "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS \
-                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
-                 AND NON_UNIQUE = 0 ORDER BY INDEX_NAME, SEQ_IN_INDEX",
-                (schema_of(table), &table.table),
-            )
-            .await
-            .map_err(&err)?;
-        let mut keys: Vec<UniqueKey> = Vec::new();
-        for (name, column) in key_columns {
-            match keys.last_mut() {
-                Some(key) if key.name == name => key.columns.push(column),
-                _ => keys.push(UniqueKey {
-                    name,
-                    columns: vec![column],
-                }),
-            }
-        }
-        report.key_changes = plan::key_changes(&keys).map_err(schema)?;
-        let (oldest, rows): (Option<String>, u64) = conn
-            .query_first(format!(
-                "SELECT CAST(DATE(MIN(created_at)) AS CHAR), COUNT(*) FROM {}",
-                table.sql()
-            ))
-            .await
-            .map_err(&err)?
-            .unwrap_or((None, 0));
-        let oldest = oldest.and_then(|d| NaiveDate::parse_from_str(&d, "%Y-%m-%d").ok());
-        let today = db_today(conn).await.map_err(&err)?;
-        let days = plan::convert_days(oldest, today, self.ahead);
-        if days.len() >= plan::MAX_PARTITIONS {
-            return Err(schema(format!(
-                "the oldest row is from {}: {} daily partitions would exceed MySQL's limit; \
-                 delete old SENT rows first (outbox-relay cleanup)",
-                days[0],
-                days.len()
-            )));
-        }
+        self.refuse_foreign_keys(conn, table).await?;
+        let keys = self.unique_keys(conn, table).await?;
+        report.key_changes = plan::key_changes(&keys).map_err(schema_error(table))?;
+        let (days, rows) = self.plan_days(conn, table).await?;
         report.partitions = days.len() + 1;
         report.first_day = days.first().map(|d| d.to_string());
         report.last_day = days.last().map(|d| d.to_string());
@@ -181,43 +122,160 @@ impl Convert {
             days[days.len() - 1],
             plan::FUTURE
         ));
-        let mut clauses = report.key_changes.join(", ");
+        let started = Instant::now();
+        self.partition(conn, table, &report.key_changes, &days)
+            .await?;
+        report.took_ms = started.elapsed().as_millis() as u64;
+        report.outcome = ConvertOutcome::Converted;
+        self.audit(conn, table, &report, days.len()).await?;
+        Ok(report)
+    }
+
+    /// Partitioned InnoDB tables cannot have foreign keys: one that involves `table` (either
+    /// side) stops the conversion before anything changes.
+    async fn refuse_foreign_keys(
+        &self,
+        conn: &mut Conn,
+        table: &TableName,
+    ) -> Result<(), PartitionError> {
+        let foreign: Vec<String> = conn
+            .exec(
+                "SELECT CONSTRAINT_NAME FROM information_schema.REFERENTIAL_CONSTRAINTS \
+                 WHERE (CONSTRAINT_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?) \
+                 OR (UNIQUE_CONSTRAINT_SCHEMA = COALESCE(?, DATABASE()) \
+                     AND REFERENCED_TABLE_NAME = ?)",
+                (
+                    schema_of(table),
+                    &table.table,
+                    schema_of(table),
+                    &table.table,
+                ),
+            )
+            .await
+            .map_err(PartitionError::of(table, self.lock_wait))?;
+        if !foreign.is_empty() {
+            return Err(schema_error(table)(format!(
+                "foreign keys {} involve this table, and partitioned InnoDB tables cannot have \
+                 them: drop them (ALTER TABLE … DROP FOREIGN KEY …), then run convert again",
+                foreign.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// The unique keys of `table`, each with its columns in order.
+    async fn unique_keys(
+        &self,
+        conn: &mut Conn,
+        table: &TableName,
+    ) -> Result<Vec<UniqueKey>, PartitionError> {
+        let key_columns: Vec<(String, String)> = conn
+            .exec(
+                "SELECT INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS \
+                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+                 AND NON_UNIQUE = 0 ORDER BY INDEX_NAME, SEQ_IN_INDEX",
+                (schema_of(table), &table.table),
+            )
+            .await
+            .map_err(PartitionError::of(table, self.lock_wait))?;
+        let mut keys: Vec<UniqueKey> = Vec::new();
+        for (name, column) in key_columns {
+            match keys.last_mut() {
+                Some(key) if key.name == name => key.columns.push(column),
+                _ => keys.push(UniqueKey {
+                    name,
+                    columns: vec![column],
+                }),
+            }
+        }
+        Ok(keys)
+    }
+
+    /// The daily partitions `table` gets (its oldest row's day through today + ahead) and its
+    /// row count; too many days for MySQL's partition limit is an error.
+    async fn plan_days(
+        &self,
+        conn: &mut Conn,
+        table: &TableName,
+    ) -> Result<(Vec<NaiveDate>, u64), PartitionError> {
+        let err = PartitionError::of(table, self.lock_wait);
+        let (oldest, rows): (Option<String>, u64) = conn
+            .query_first(format!(
+                "SELECT CAST(DATE(MIN(created_at)) AS CHAR), COUNT(*) FROM {}",
+                table.sql()
+            ))
+            .await
+            .map_err(&err)?
+            .unwrap_or((None, 0));
+        let oldest = oldest.and_then(|d| NaiveDate::parse_from_str(&d, "%Y-%m-%d").ok());
+        let today = db_today(conn).await.map_err(&err)?;
+        let days = plan::convert_days(oldest, today, self.ahead);
+        if days.len() >= plan::MAX_PARTITIONS {
+            return Err(schema_error(table)(format!(
+                "the oldest row is from {}: {} daily partitions would exceed MySQL's limit; \
+                 delete old SENT rows first (outbox-relay cleanup)",
+                days[0],
+                days.len()
+            )));
+        }
+        Ok((days, rows))
+    }
+
+    /// The one `ALTER TABLE`: the key changes, then partitioning by day with the catch-all.
+    async fn partition(
+        &self,
+        conn: &mut Conn,
+        table: &TableName,
+        key_changes: &[String],
+        days: &[NaiveDate],
+    ) -> Result<(), PartitionError> {
+        let mut clauses = key_changes.join(", ");
         if !clauses.is_empty() {
             clauses.push(' ');
         }
-        let started = Instant::now();
         conn.query_drop(format!(
             "ALTER TABLE {} {clauses}PARTITION BY RANGE COLUMNS ({}) ({})",
             table.sql(),
             plan::COLUMN,
-            plan::definitions(&days)
+            plan::definitions(days)
         ))
         .await
-        .map_err(&err)?;
-        report.took_ms = started.elapsed().as_millis() as u64;
-        report.outcome = ConvertOutcome::Converted;
+        .map_err(PartitionError::of(table, self.lock_wait))
+    }
+
+    /// The `outbox_audit` row of a converted table.
+    async fn audit(
+        &self,
+        conn: &mut Conn,
+        table: &TableName,
+        report: &TableConvert,
+        days: usize,
+    ) -> Result<(), PartitionError> {
         AuditRow {
             operator: &self.operator,
             reason: &self.reason,
             action: "partition-convert",
             table,
             event_id: None,
-            before: Some(json!({ "partitioned": false, "rows": rows })),
+            before: Some(json!({ "partitioned": false, "rows": report.rows })),
             after: Some(json!({
                 "partitions": report.partitions,
                 "first_day": report.first_day,
                 "last_day": report.last_day,
                 "key_changes": report.key_changes,
             })),
-            result: format!(
-                "converted: {} daily partitions and {}",
-                days.len(),
-                plan::FUTURE
-            ),
+            result: format!("converted: {days} daily partitions and {}", plan::FUTURE),
         }
         .insert(conn)
         .await
-        .map_err(&err)?;
-        Ok(report)
+        .map_err(PartitionError::of(table, self.lock_wait))
+    }
+}
+
+/// A problem with `table`'s schema, as `convert` reports it.
+fn schema_error(table: &TableName) -> impl Fn(String) -> PartitionError + '_ {
+    |message| PartitionError::Schema {
+        table: table.to_string(),
+        message,
     }
 }
