@@ -8,7 +8,7 @@
 
 use super::clock::StreamClock;
 use super::decode::{decode_bad_row, decode_row, ColumnLayout, DecodedRow};
-use super::gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
+use super::gtid::{MariaDbGtidPos, MySqlGtidSet, MySqlSource};
 use super::position::{BinlogPosition, TxEnd, TxGtid};
 use super::row_image::{RowImage, TableShape};
 use super::xid::Xid;
@@ -26,13 +26,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 mod checks;
+mod events;
 mod request;
 mod rotate;
 mod transaction;
 
 pub use checks::{check_server, oldest_position, server_position, ServerInfo, StartupError};
 use request::{classify_stream_error, sids, StreamFailure};
-use transaction::{hold, statement_inserts_into, Ending, OpenTx, Statement};
+use transaction::{hold, Ending, OpenTx};
 
 /// What the reader yields, in binlog order.
 #[derive(Debug)]
@@ -336,6 +337,7 @@ impl BinlogReader {
         Ok((stream, checksums))
     }
 
+    /// What one event means: the items it yields, in order (most events yield none).
     fn handle_event(
         &self,
         stream: &BinlogStream,
@@ -351,47 +353,11 @@ impl BinlogReader {
         let timestamp = header.timestamp();
         let mut items = Vec::new();
         if raw_type == MARIADB_GTID_EVENT {
-            let body = event.data();
-            if body.len() < 13 {
-                return Err(StreamFailure::Transient(
-                    "truncated MariaDB GTID event".into(),
-                ));
-            }
-            let seq = u64::from_le_bytes(body[0..8].try_into().expect("8 bytes"));
-            let domain = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
-            let flags = body[12];
-            let gtid = TxGtid::MariaDb(MariaDbGtid {
-                domain,
-                server: header.server_id(),
-                seq,
-            });
-            items.extend(self.begin(state, Some(gtid)));
-            state.in_body = flags & MARIADB_GTID_STANDALONE == 0;
-            if let Some(tx) = &mut state.tx {
-                tx.xa = flags & MARIADB_GTID_PREPARED_XA != 0;
-            }
+            self.mariadb_gtid(state, event.data(), header.server_id(), &mut items)?;
             return Ok(items);
         }
-        if MARIADB_COMPRESSED_EVENTS.contains(&raw_type) {
-            return Err(StreamFailure::Permanent(ReaderError::Unsupported(
-                "the binlog has compressed events: set log_bin_compress=OFF on the MariaDB server"
-                    .into(),
-            )));
-        }
-        let data = match event.read_data() {
-            Ok(Some(data)) => data,
-            Ok(None) => {
-                // Other MariaDB-specific events: none changes a transaction.
-                if raw_type != MARIADB_ANNOTATE_ROWS {
-                    self.not_understood(state, || format!("binlog event type {raw_type}"));
-                }
-                return Ok(items);
-            }
-            Err(e) => {
-                return Err(StreamFailure::Transient(format!(
-                    "undecodable binlog event: {e}"
-                )))
-            }
+        let Some(data) = self.event_data(state, event, raw_type)? else {
+            return Ok(items);
         };
         match data {
             EventData::RotateEvent(rotate) => {
@@ -406,45 +372,15 @@ impl BinlogReader {
                 items.extend(self.begin(state, Some(TxGtid::MySql(source, gtid.gno()))));
             }
             EventData::QueryEvent(query) => {
-                let sql = query.query();
-                let sql = sql.trim();
-                if let Some(table) = statement_inserts_into(sql, &query.schema(), &self.tables) {
-                    let gtid = state.tx.as_ref().and_then(|tx| tx.gtid.clone());
-                    tracing::warn!(%table, ?gtid,
-                        "an outbox row was written in binlog_format=STATEMENT: the stream cannot \
-                         decode it; the sweeper publishes it after sweeper.min_age (set \
-                         binlog_format=ROW for every session that writes the outbox)");
-                }
-                items.extend(self.statement(state, Statement::of(sql), end_pos, timestamp));
+                self.query(state, &query, end_pos, timestamp, &mut items)
             }
             EventData::XidEvent(_) => {
                 items.extend(self.finish(state, end_pos, timestamp, Ending::Commit))
             }
             EventData::XaPrepareLogEvent(body) => {
-                let (one_phase, xid) = Xid::from_prepare_event(&body).map_err(|e| {
-                    StreamFailure::Permanent(ReaderError::Unsupported(format!(
-                        "unreadable XA_PREPARE event at {}:{end_pos}: {e}",
-                        state.file
-                    )))
-                })?;
-                let ending = match one_phase {
-                    true => Ending::Commit, // XA COMMIT … ONE PHASE
-                    false => Ending::Prepared(xid),
-                };
-                items.extend(self.finish(state, end_pos, timestamp, ending));
+                self.xa_prepare(state, &body, end_pos, timestamp, &mut items)?
             }
-            EventData::TableMapEvent(tme) => {
-                let body = event.data();
-                let known = state.tables.get(&tme.table_id());
-                if known.is_none_or(|known| known.map != body) {
-                    // A new or changed map (DDL): learn the table again.
-                    let outbox = self.outbox_table(&tme);
-                    let map = body.to_vec();
-                    state
-                        .tables
-                        .insert(tme.table_id(), KnownTable { map, outbox });
-                }
-            }
+            EventData::TableMapEvent(tme) => self.table_map(state, event.data(), &tme),
             EventData::RowsEvent(rows) => self.rows(stream, state, &rows, &mut items),
             _ if raw_type == TRANSACTION_PAYLOAD => state.payload_end = end_pos,
             EventData::RowsQueryEvent(_)
