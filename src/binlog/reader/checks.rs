@@ -79,8 +79,29 @@ async fn connect(opts: &Opts) -> Result<(Conn, String, bool), StartupError> {
 /// Checks binlog settings and privileges; returns the flavour and current position.
 pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInfo, StartupError> {
     let (mut conn, version, is_mariadb) = connect(opts).await?;
+    check_binlog_settings(&mut conn, is_mariadb).await?;
 
-    let log_bin = variable(&mut conn, "log_bin").await?.unwrap_or_default();
+    let (flavor, current) = read_position(&mut conn, is_mariadb).await?;
+    check_replication_slave(&mut conn).await?;
+    let galera = is_galera(&mut conn).await?;
+    if galera {
+        check_galera(&mut conn).await?;
+    }
+
+    check_table_privileges(&mut conn, tables).await?;
+    conn.disconnect().await?;
+    Ok(ServerInfo {
+        version,
+        flavor,
+        current,
+        galera,
+    })
+}
+
+/// The server writes a binlog in the form the relay decodes: row-based, full row images with
+/// column names, and (MySQL) no partial JSON updates.
+async fn check_binlog_settings(conn: &mut Conn, is_mariadb: bool) -> Result<(), StartupError> {
+    let log_bin = variable(conn, "log_bin").await?.unwrap_or_default();
     if !matches!(log_bin.to_ascii_uppercase().as_str(), "ON" | "1") {
         return Err(misconfigured("the server does not write a binlog: start it with --log-bin (or use relay.mode = \"poll\")".into()));
     }
@@ -94,7 +115,7 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         ),
     ];
     for (name, wanted, fix) in expect {
-        let value = variable(&mut conn, name).await?.unwrap_or_default();
+        let value = variable(conn, name).await?.unwrap_or_default();
         if !value.eq_ignore_ascii_case(wanted) {
             return Err(misconfigured(format!(
                 "{name} is {:?} on the server, the relay needs {wanted}: {fix} (in the server's config, then restart it)",
@@ -103,23 +124,43 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
         }
     }
     if !is_mariadb {
-        let options = variable(&mut conn, "binlog_row_value_options")
+        let options = variable(conn, "binlog_row_value_options")
             .await?
             .unwrap_or_default();
         if options.to_ascii_uppercase().contains("PARTIAL_JSON") {
             return Err(misconfigured("binlog_row_value_options=PARTIAL_JSON writes partial JSON updates the relay cannot decode: set it to ''".into()));
         }
     }
+    Ok(())
+}
 
-    let (flavor, current) = read_position(&mut conn, is_mariadb).await?;
-    check_replication_slave(&mut conn).await?;
-    let galera = is_galera(&mut conn).await?;
-    if galera {
-        check_galera(&mut conn).await?;
+/// SELECT and UPDATE on every outbox table, and SELECT, INSERT and UPDATE on the relay's state
+/// table (leader election, checkpoint mirror), without changing a row. A missing table or
+/// column is a misconfiguration, a missing grant a privilege error naming it.
+async fn check_table_privileges(conn: &mut Conn, tables: &[TableName]) -> Result<(), StartupError> {
+    for (what, sql, table) in privilege_probes(tables) {
+        if let Err(e) = conn.query_drop(&sql).await {
+            use crate::db::PermanentFault;
+            return Err(match (crate::db::permanent_fault(&e), e) {
+                (Some(PermanentFault::Schema), mysql_async::Error::Server(s)) => {
+                    misconfigured(format!(
+                        "outbox table {table}: {}; run `outbox-relay migrate` or fix outbox.tables",
+                        s.message
+                    ))
+                }
+                (Some(PermanentFault::Privilege), mysql_async::Error::Server(s)) => {
+                    StartupError::Privilege(format!("{}; grant {what} on {table}", s.message))
+                }
+                (_, other) => other.into(),
+            });
+        }
     }
+    Ok(())
+}
 
-    // SELECT and UPDATE on every outbox table, and SELECT, INSERT and UPDATE on the relay's state
-    // table (leader election, checkpoint mirror), without changing a row.
+/// The statements that prove each privilege without changing a row: `(privilege, statement,
+/// table)`.
+fn privilege_probes(tables: &[TableName]) -> Vec<(&'static str, String, String)> {
     let state = "outbox_relay_state";
     let mut probes = Vec::new();
     for table in tables {
@@ -148,32 +189,7 @@ pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInf
     ] {
         probes.push((what, sql, state.to_string()));
     }
-    for (what, sql, table) in probes {
-        {
-            if let Err(e) = conn.query_drop(&sql).await {
-                use crate::db::PermanentFault;
-                return Err(match (crate::db::permanent_fault(&e), e) {
-                    (Some(PermanentFault::Schema), mysql_async::Error::Server(s)) => {
-                        misconfigured(format!(
-                            "outbox table {table}: {}; run `outbox-relay migrate` or fix outbox.tables",
-                            s.message
-                        ))
-                    }
-                    (Some(PermanentFault::Privilege), mysql_async::Error::Server(s)) => {
-                        StartupError::Privilege(format!("{}; grant {what} on {table}", s.message))
-                    }
-                    (_, other) => other.into(),
-                });
-            }
-        }
-    }
-    conn.disconnect().await?;
-    Ok(ServerInfo {
-        version,
-        flavor,
-        current,
-        galera,
-    })
+    probes
 }
 
 /// Whether the server is a Galera node (`wsrep_on` is ON; MySQL has no such variable).
