@@ -188,11 +188,36 @@ pub async fn migrate_with(
     result
 }
 
+/// [`migrate_with`] under the migration lock.
 async fn migrate_locked(
     conn: &mut Conn,
     outbox_tables: &[TableName],
     rule: OnlineRule,
 ) -> Result<MigrationReport, MigrateError> {
+    create_bookkeeping_tables(conn).await?;
+    let applied = applied_versions(conn).await?;
+    let mut report = MigrationReport {
+        already_applied: applied.len(),
+        ..MigrationReport::default()
+    };
+    report.adopted = adopt_all(conn, outbox_tables, rule).await?;
+    for migration in MIGRATIONS {
+        if applied.contains(&migration.version) {
+            continue;
+        }
+        apply(conn, migration).await?;
+        report.applied.push((migration.version, migration.name));
+    }
+    // Once more for the tables the migrations made (migration 0001 leaves `msg_id` and `sent_at`
+    // nullable, which adoption stores at full size: `TableShape::sent_in_place`), before the
+    // configured tables are created like `outbox_event`.
+    report.finished = adopt_all(conn, outbox_tables, rule).await?;
+    report.created_tables = create_configured_tables(conn, outbox_tables).await?;
+    Ok(report)
+}
+
+/// The history of applied migrations and the log of adoption steps, if they are not there yet.
+async fn create_bookkeeping_tables(conn: &mut Conn) -> Result<(), MigrateError> {
     conn.query_drop(format!(
         "CREATE TABLE IF NOT EXISTS {CHANGES_TABLE} (
            id           BIGINT        NOT NULL AUTO_INCREMENT,
@@ -213,67 +238,74 @@ async fn migrate_locked(
          ) ENGINE = InnoDB"
     ))
     .await?;
+    Ok(())
+}
+
+/// The versions in the history. Each must be a migration this build knows, with the text it was
+/// applied with: an unknown version or a changed file is an error, not a silent drift.
+async fn applied_versions(conn: &mut Conn) -> Result<Vec<u32>, MigrateError> {
     let applied: Vec<(u32, String, String)> = conn
         .query(format!(
             "SELECT version, name, checksum FROM {HISTORY_TABLE} ORDER BY version"
         ))
         .await?;
-    let mut report = MigrationReport::default();
-    for (version, name, sum) in &applied {
-        let Some(known) = MIGRATIONS.iter().find(|m| m.version == *version) else {
-            return Err(MigrateError::UnknownVersion {
-                version: *version,
-                name: name.clone(),
-            });
+    let mut versions = Vec::with_capacity(applied.len());
+    for (version, name, sum) in applied {
+        let Some(known) = MIGRATIONS.iter().find(|m| m.version == version) else {
+            return Err(MigrateError::UnknownVersion { version, name });
         };
         let expected = checksum(known.sql);
-        if *sum != expected {
+        if sum != expected {
             return Err(MigrateError::ChecksumMismatch {
-                version: *version,
-                name: name.clone(),
-                applied: sum.clone(),
+                version,
+                name,
+                applied: sum,
                 expected,
             });
         }
-        report.already_applied += 1;
+        versions.push(version);
     }
-    report.adopted = adopt_all(conn, outbox_tables, rule).await?;
-    for migration in MIGRATIONS {
-        if applied.iter().any(|(v, _, _)| *v == migration.version) {
+    Ok(versions)
+}
+
+/// Runs the statements of `migration`, then records it in the history.
+async fn apply(conn: &mut Conn, migration: &Migration) -> Result<(), MigrateError> {
+    for statement in statements(migration.sql) {
+        let result = conn.query_drop(&statement).await;
+        // ER_DUP_KEYNAME / ER_DUP_FIELDNAME: an ADD INDEX / ADD COLUMN of a half-applied run
+        // (or of the adoption) is already there; ER_CANT_DROP_FIELD_OR_KEY: a DROP INDEX of
+        // one is already done.
+        if matches!(&result, Err(mysql_async::Error::Server(e)) if [1060, 1061, 1091].contains(&e.code))
+        {
             continue;
         }
-        for statement in statements(migration.sql) {
-            let result = conn.query_drop(&statement).await;
-            // ER_DUP_KEYNAME / ER_DUP_FIELDNAME: an ADD INDEX / ADD COLUMN of a half-applied run
-            // (or of the adoption) is already there; ER_CANT_DROP_FIELD_OR_KEY: a DROP INDEX of
-            // one is already done.
-            if matches!(&result, Err(mysql_async::Error::Server(e)) if [1060, 1061, 1091].contains(&e.code))
-            {
-                continue;
-            }
-            result.map_err(|source| MigrateError::Statement {
-                version: migration.version,
-                name: migration.name,
-                statement: statement.lines().next().unwrap_or_default().to_string(),
-                source,
-            })?;
-        }
-        conn.exec_drop(
-            format!("INSERT INTO {HISTORY_TABLE} (version, name, checksum) VALUES (?, ?, ?)"),
-            (migration.version, migration.name, checksum(migration.sql)),
-        )
-        .await?;
-        tracing::info!(
-            version = migration.version,
-            name = migration.name,
-            "applied migration"
-        );
-        report.applied.push((migration.version, migration.name));
+        result.map_err(|source| MigrateError::Statement {
+            version: migration.version,
+            name: migration.name,
+            statement: statement.lines().next().unwrap_or_default().to_string(),
+            source,
+        })?;
     }
-    // Once more for the tables the migrations made (migration 0001 leaves `msg_id` and `sent_at`
-    // nullable, which adoption stores at full size: `TableShape::sent_in_place`), before the
-    // configured tables are created like `outbox_event`.
-    report.finished = adopt_all(conn, outbox_tables, rule).await?;
+    conn.exec_drop(
+        format!("INSERT INTO {HISTORY_TABLE} (version, name, checksum) VALUES (?, ?, ?)"),
+        (migration.version, migration.name, checksum(migration.sql)),
+    )
+    .await?;
+    tracing::info!(
+        version = migration.version,
+        name = migration.name,
+        "applied migration"
+    );
+    Ok(())
+}
+
+/// Creates each configured outbox table that does not exist yet `LIKE outbox_event`; returns
+/// the tables created.
+async fn create_configured_tables(
+    conn: &mut Conn,
+    outbox_tables: &[TableName],
+) -> Result<Vec<String>, MigrateError> {
+    let mut created = Vec::new();
     for table in outbox_tables {
         if table.is_default_outbox() {
             continue;
@@ -288,10 +320,10 @@ async fn migrate_locked(
         if exists.unwrap_or(0) == 0 {
             conn.query_drop(format!("CREATE TABLE {} LIKE {DEFAULT_TABLE}", table.sql()))
                 .await?;
-            report.created_tables.push(table.to_string());
+            created.push(table.to_string());
         }
     }
-    Ok(report)
+    Ok(created)
 }
 
 /// Adopts every existing outbox table under `rule`; returns each changed table and the
