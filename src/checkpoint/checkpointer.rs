@@ -204,14 +204,13 @@ impl Parts<'_> {
         loop {
             let stopping = tokio::select! {
                 _ = saves_ended.cancelled() => true,
-                _ = tokio::time::sleep(self.settings.save_every) => false,
+                _ = tokio::time::sleep(every) => false,
             };
             let position = acks.position();
             // The standbys' sweepers count their age bound from here (sweep::gate).
             let done_up_to = acks.done_up_to(self.clock.read_up_to());
-            let since_mirror = last_mirror.elapsed();
-            let due = (position != mirrored && (stopping || since_mirror >= every))
-                || (done_up_to > mirrored_done && since_mirror >= every * STREAM_AT_EVERY);
+            let due = position != mirrored
+                || (done_up_to > mirrored_done && last_mirror.elapsed() >= every * STREAM_AT_EVERY);
             if due {
                 match mirror_once(&self.mirror, &self.pool, &position, done_up_to).await {
                     Ok(()) => (mirrored, mirrored_done) = (position, done_up_to),
