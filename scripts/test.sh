@@ -76,6 +76,21 @@ if [ "$WITH_MYSQL" = 1 ]; then
   cargo build --release --locked --bin outbox-relay --quiet
 fi
 
+# Every test run's output is kept (tee) so that, when one fails, what it printed and its panic
+# message are repeated at the very end: CI shows the head and the tail of a long log, and the
+# failures section of a binary sits in its middle.
+TEST_LOG="$(mktemp "${TMPDIR:-/tmp}/outbox-test-output.XXXXXX")"
+run_tests() {
+  cargo test "$@" 2>&1 | tee -a "$TEST_LOG"
+}
+# The failures sections of the kept output, without the relay's log lines, at most 200 lines.
+repeat_failures() {
+  grep -q '^failures:$' "$TEST_LOG" 2>/dev/null || return 0
+  echo "== what the failing tests printed (repeated from above, log lines left out)"
+  awk '/^failures:$/ { on = 1 } /^test result:/ { on = 0 } on' "$TEST_LOG" |
+    sed -E $'s/\x1b\\[[0-9;]*m//g' | grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' | head -n 200
+}
+
 SERVERS_PID=""
 stop_servers() {
   if [ -n "$SERVERS_PID" ]; then
@@ -84,7 +99,7 @@ stop_servers() {
     SERVERS_PID=""
   fi
 }
-trap 'stop_servers; stop_rust_broker_build' EXIT
+trap 'stop_servers; stop_rust_broker_build; repeat_failures; rm -f "$TEST_LOG"' EXIT
 
 # Starts the shared servers, broker kind $1 and SQL server kind $2 (mariadb or mysql), and
 # exports their addresses (and both kinds, so every test binary picks the same).
@@ -115,16 +130,16 @@ start_servers apache "$FIRST_DB"
 # to their bounds (once a checkpoint-mirror bound of 10 s measured 10.1 s beside it).
 ALONE=()
 [ $# -eq 0 ] && ALONE=(-- --skip queue_count::)
-cargo test "${FEATURES[@]}" "${SCOPE[@]}" --no-fail-fast "$@" "${ALONE[@]}"
+run_tests "${FEATURES[@]}" "${SCOPE[@]}" --no-fail-fast "$@" "${ALONE[@]}"
 if [ $# -eq 0 ]; then
-  RUST_TEST_THREADS=1 cargo test "${FEATURES[@]}" --test suite -- queue_count::
+  RUST_TEST_THREADS=1 run_tests "${FEATURES[@]}" --test suite -- queue_count::
 fi
 say "Apache RocketMQ and $FIRST_DB: $((SECONDS - started)) s"
 # The image's release binary from a minimal root filesystem (tests/image.rs), on each server.
 image_test() {
   echo "== the image's release binary from a minimal root filesystem (tests/image.rs)"
   OUTBOX_IMAGE_BINARY="${CARGO_TARGET_DIR:-target}/release/outbox-relay" \
-    cargo test "${FEATURES[@]}" --test suite -- --ignored image::
+    run_tests "${FEATURES[@]}" --test suite -- --ignored image::
 }
 if [ "$WITH_MYSQL" = 1 ]; then image_test; fi
 stop_servers
@@ -152,16 +167,16 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # (The other cluster tests run in the first phase only: each starts a cluster of its own, and
   # in this phase, beside the MySQL tests, a two-group cluster missed its 120 s start once. By
   # hand they pass on MySQL too: OUTBOX_TEST_DB=mysql cargo test --test suite -- cluster::)
-  cargo test "${FEATURES[@]}" --test suite -- "${modules[@]/%/::}"
+  run_tests "${FEATURES[@]}" --test suite -- "${modules[@]/%/::}"
   say "MySQL phase: the suite's relay modules: $((SECONDS - started)) s"
   # The queue table kept in the database (outbox_topic_queues) on MySQL too: alone, so its
   # two-group cluster starts on a machine the other tests have left.
   cluster_started=$SECONDS
-  RUST_TEST_THREADS=1 cargo test "${FEATURES[@]}" --test suite -- \
+  RUST_TEST_THREADS=1 run_tests "${FEATURES[@]}" --test suite -- \
     cluster::an_instance_started_while_a_group_is_down
   say "MySQL phase: the queue table in the database: $((SECONDS - cluster_started)) s"
   soak_started=$SECONDS
-  cargo test "${FEATURES[@]}" --test soak
+  run_tests "${FEATURES[@]}" --test soak
   say "MySQL phase: soak: $((SECONDS - soak_started)) s"
   image_test
   stop_servers
@@ -183,7 +198,7 @@ if [ $# -eq 0 ]; then
   start_servers rust mariadb
   # Two at a time: at three, rocketmq-rust's lookup of unique keys (mqadmin queryMsgById in
   # message_ids::) missed ids it had stored in 2 of 4 runs here, once even asked again for 30 s.
-  RUST_TEST_THREADS=2 cargo test "${FEATURES[@]}" --test suite -- relay:: relay_faults:: \
+  RUST_TEST_THREADS=2 run_tests "${FEATURES[@]}" --test suite -- relay:: relay_faults:: \
     relay_resume:: broker:: message_ids:: bad_input:: bad_input_schema::
   stop_servers
   say "rocketmq-rust phase: $((SECONDS - started)) s"
