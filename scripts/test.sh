@@ -83,12 +83,15 @@ TEST_LOG="$(mktemp "${TMPDIR:-/tmp}/outbox-test-output.XXXXXX")"
 run_tests() {
   cargo test "$@" 2>&1 | tee -a "$TEST_LOG"
 }
-# The failures sections of the kept output, without the relay's log lines, at most 200 lines.
+# The failures sections of the kept output without the relay's log lines (at most 150 lines),
+# then the panic messages alone, last.
 repeat_failures() {
   grep -q '^failures:$' "$TEST_LOG" 2>/dev/null || return 0
   echo "== what the failing tests printed (repeated from above, log lines left out)"
   awk '/^failures:$/ { on = 1 } /^test result:/ { on = 0 } on' "$TEST_LOG" |
-    sed -E $'s/\x1b\\[[0-9;]*m//g' | grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' | head -n 200
+    sed -E $'s/\x1b\\[[0-9;]*m//g' | grep -Ev '^[0-9]{4}-[0-9]{2}-[0-9]{2}T' | head -n 150
+  echo "== the failing tests' panic messages"
+  grep -A 4 'panicked at' "$TEST_LOG" | head -n 40
 }
 
 SERVERS_PID=""
