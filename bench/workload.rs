@@ -256,8 +256,9 @@ impl RelayChild {
         std::fs::write(&file, toml::to_string(&config).unwrap()).unwrap();
         let log = std::fs::File::create(run_dir.join("relay.log")).unwrap();
         // BENCH_RELAY_BIN runs another build (before/after comparisons of a change).
-        let bin = std::env::var("BENCH_RELAY_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_outbox-relay").to_string());
+        let bin = std::env::var_os("BENCH_RELAY_BIN")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| outbox_devenv::workspace_binary("outbox-relay"));
         let mut command = Command::new(bin);
         // SAFETY: prctl is async-signal-safe; the relay dies with the bench even on SIGKILL.
         unsafe {

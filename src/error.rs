@@ -12,12 +12,12 @@
 //! Guarantee: [`PipelineError::class`] is one exhaustive `match` over every kind of every stage's
 //! error, with no wildcard arm. A new variant, in [`PipelineError`] or in any stage error it
 //! carries, does not compile until it is given its [`ErrorClass`] there. One policy acts on the
-//! class: the instance supervisor ([`crate::pipeline::run_instance`]) retries a round that failed
+//! class: the instance supervisor (`pipeline::run_instance`) retries a round that failed
 //! with a retryable error (with backoff) and stops on a permanent one, with the error's message
 //! saying what to fix.
 //!
 //! The send stage returns no error into the run: a failed send is an event's outcome (retried
-//! per `[retry]`, then FAILED with its reason; see [`crate::send`]), never a failed round.
+//! per `[retry]`, then FAILED with its reason; see the `send` module), never a failed round.
 
 pub use crate::binlog::reader::{ReaderError, StartupError};
 pub use crate::checkpoint::store::StoreError;

@@ -45,16 +45,19 @@ pub const ALL: [&str; 3] = [
 ];
 
 /// The exit status of a crash point's `return`, so a test can tell the hook from another crash.
+#[cfg(any(test, feature = "test-utils"))]
 pub const EXIT_CODE: i32 = 86;
 
 /// The `FAILPOINTS` entry that crashes the process the `n`th time (1-based) it reaches the crash
 /// point `point`: `point=(n-1)*off->return`.
+#[cfg(any(test, feature = "test-utils"))]
 pub fn crash_on_hit(point: &str, n: u32) -> String {
     assert!(n >= 1, "hits are counted from 1");
     format!("{point}={}*off->return", n - 1)
 }
 
 /// The `FAILPOINTS` entry that arms the condition `point`: `point=return`.
+#[cfg(any(test, feature = "test-utils"))]
 pub fn arm(point: &str) -> String {
     format!("{point}=return")
 }
@@ -81,6 +84,7 @@ pub fn is_on(name: &str) -> bool {
 }
 
 /// Without the `failpoints` feature no condition is ever armed.
+#[cfg(any(test, feature = "test-utils"))]
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn is_on(_name: &str) -> bool {

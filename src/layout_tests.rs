@@ -14,6 +14,7 @@ const TREES: &[(&str, &str)] = &[
     ("crates/consumer/src", "lib.rs"),
     ("crates/devenv/src", "lib.rs"),
     ("crates/dev/src", "main.rs"),
+    ("crates/outbox-relay/src", "main.rs"),
 ];
 
 type Graph = BTreeMap<String, BTreeSet<String>>;

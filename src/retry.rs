@@ -45,6 +45,7 @@ impl RetryPolicy {
     /// ceiling) with attempts that fail at once; at the latest after every wait at its ceiling
     /// with each of the `max_retry + 1` attempts taking the whole `send_timeout`. (Not once its
     /// topic parks: see `relay.park_after`.)
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn failed_within(config: &RetryConfig, send_timeout: Duration) -> (Duration, Duration) {
         let policy = Self::from_config(config);
         let ceilings: Duration = (1..=config.max_retry)
@@ -87,6 +88,7 @@ impl RetryPolicy {
     }
 
     /// The same policy without jitter (each wait is its ceiling).
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn without_jitter(self) -> Self {
         RetryPolicy {
             jitter: Jitter::None,

@@ -143,7 +143,7 @@ async fn start_up_names_each_missing_privilege_and_the_documented_grants_suffice
 /// SIGTERM); returns its output. Blocking: call it from `spawn_blocking`.
 fn run_binary(args: Vec<String>, env: Vec<(String, String)>, limit: Duration) -> Output {
     use std::io::Read;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let mut child = Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .args(&args)
         .env("RUST_LOG", "debug")
         .env_remove("OUTBOX_RELAY_CONFIG")

@@ -537,7 +537,7 @@ async fn every_metric_the_dashboard_and_the_rules_use_is_exported() {
     let addr = free_addr();
     let file = write_config_file(&config, dir.path());
     // Daily partitions, so the relay exports `outbox_partitions_ahead` for the table.
-    let convert = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let convert = std::process::Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .arg("-c")
         .arg(&file)
         .args([
@@ -600,7 +600,7 @@ async fn every_metric_the_dashboard_and_the_rules_use_is_exported() {
          (a CARGO_TARGET_DIR shared with another checkout: cargo links each checkout's build to \
          the same {}, so the relay started here may be the other checkout's)",
         missing.join("\n"),
-        env!("CARGO_BIN_EXE_outbox-relay")
+        outbox_devenv::workspace_binary("outbox-relay").display()
     );
     let used: BTreeSet<String> = dashboard
         .iter()

@@ -46,7 +46,7 @@ fn dlq_received(addr: &str, group: &str) -> Option<u64> {
 
 /// What `outbox-relay -c FILE status` prints.
 fn status(file: &std::path::Path) -> String {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let out = std::process::Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .args(["-c", file.to_str().unwrap(), "status"])
         .output()
         .expect("outbox-relay status");

@@ -24,7 +24,7 @@ struct Relay(Child);
 
 impl Relay {
     fn spawn(config_file: &Path, failpoints: Option<&str>) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        let mut command = Command::new(outbox_devenv::workspace_binary("outbox-relay"));
         command
             .args(["-c", config_file.to_str().unwrap(), "--metrics-listen", ""])
             .arg("run")

@@ -530,7 +530,7 @@ fn outbox_relay(args: &[&str]) -> Output {
 
 /// Runs the binary with `env` set.
 fn outbox_relay_with(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .args(args)
         .env_remove("OUTBOX_RELAY_CONFIG")
         .envs(env.iter().copied())

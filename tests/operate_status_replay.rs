@@ -41,7 +41,7 @@ fn printed_gtid() -> &'static str {
 }
 
 async fn outbox_relay(args: &[&str]) -> Output {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    tokio::process::Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .args(args)
         .env_remove("OUTBOX_RELAY_CONFIG")
         .env("RUST_LOG", "warn")

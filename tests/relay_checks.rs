@@ -141,7 +141,7 @@ async fn dry_run_prints_events_and_changes_nothing() {
 
     let file = dir.path().join("relay.toml");
     std::fs::write(&file, toml::to_string(&config).unwrap()).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let mut child = Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .args(["-c", file.to_str().unwrap(), "run", "--dry-run"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())

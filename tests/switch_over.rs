@@ -182,7 +182,7 @@ async fn wait_until_nothing_waits(db: &TestDb) {
 
 /// `outbox-relay --mysql-url URL migrate ARGS`: (success, stdout).
 fn migrate_command(db: &TestDb, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let out = Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .args(["--mysql-url", &db.url, "migrate"])
         .args(args)
         .env("RUST_LOG", "warn")

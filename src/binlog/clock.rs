@@ -82,6 +82,7 @@ impl StreamClock {
     }
 
     /// Whether the last thing the server sent was a heartbeat.
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn caught_up(&self) -> bool {
         self.0.caught_up.load(Ordering::Relaxed)
     }

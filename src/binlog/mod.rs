@@ -18,7 +18,11 @@ pub mod xid;
 
 pub use clock::StreamClock;
 pub use decode::DecodedRow;
-pub use gtid::{MariaDbGtid, MariaDbGtidPos, MySqlGtidSet, MySqlSource};
+pub use gtid::{MariaDbGtid, MySqlGtidSet};
+#[cfg(any(test, feature = "test-utils"))]
+pub use gtid::{MariaDbGtidPos, MySqlSource};
 pub use position::{BinlogPosition, TxEnd, TxGtid};
-pub use reader::{BinlogItem, BinlogReader, PreparedTx, ReaderOptions, ServerFlavor};
+pub use reader::{BinlogItem, PreparedTx, ServerFlavor};
+#[cfg(any(test, feature = "test-utils"))]
+pub use reader::{BinlogReader, ReaderOptions};
 pub use xid::Xid;

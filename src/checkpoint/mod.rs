@@ -11,7 +11,11 @@ pub mod history;
 pub mod store;
 mod watermark;
 
-pub use acks::{Acknowledgements, Progress};
+pub use acks::Acknowledgements;
+#[cfg(any(test, feature = "test-utils"))]
+pub use acks::Progress;
 pub use checkpointer::{run_checkpointer, CheckpointError, CheckpointSettings};
-pub use store::{CheckpointStore, MemoryStore, MysqlMirror, SledStore};
+pub use store::{CheckpointStore, MysqlMirror, SledStore};
+#[cfg(any(test, feature = "test-utils"))]
+pub use store::MemoryStore;
 pub use watermark::TxSeq;

@@ -130,10 +130,12 @@ fn is_locked(error: &std::io::Error) -> bool {
 
 /// An in-memory store, for tests of pure pipeline logic. It tells waiting tests about each save
 /// ([`MemoryStore::saves`]), so a test waits for the checkpoint it expects instead of polling.
+#[cfg(any(test, feature = "test-utils"))]
 pub struct MemoryStore {
     position: tokio::sync::watch::Sender<Option<BinlogPosition>>,
 }
 
+#[cfg(any(test, feature = "test-utils"))]
 impl Default for MemoryStore {
     fn default() -> Self {
         MemoryStore {
@@ -142,6 +144,7 @@ impl Default for MemoryStore {
     }
 }
 
+#[cfg(any(test, feature = "test-utils"))]
 impl MemoryStore {
     /// The saved position, woken at every save (see `test_utils::wait_notified`).
     pub fn saves(&self) -> tokio::sync::watch::Receiver<Option<BinlogPosition>> {
@@ -149,6 +152,7 @@ impl MemoryStore {
     }
 }
 
+#[cfg(any(test, feature = "test-utils"))]
 impl CheckpointStore for MemoryStore {
     fn load(&self) -> Result<Option<BinlogPosition>, StoreError> {
         Ok(self.position.borrow().clone())

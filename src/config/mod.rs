@@ -236,7 +236,7 @@ impl Default for RelayConfig {
     }
 }
 
-/// `[retry]`: what happens after a failed send (see [`crate::retry::RetryPolicy`]).
+/// `[retry]`: what happens after a failed send (see `retry::RetryPolicy`).
 ///
 /// Retry `n` waits at most its ceiling, `initial_backoff` doubled `n - 1` times and never more
 /// than `max_backoff`, and at least half of it: each wait is drawn at random in that range

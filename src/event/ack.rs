@@ -70,6 +70,7 @@ pub enum Origin {
 
 impl Origin {
     /// Whether the event was read from the binlog (released or not).
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn is_stream(&self) -> bool {
         matches!(self, Origin::Stream(_) | Origin::Released)
     }

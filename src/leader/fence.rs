@@ -110,7 +110,7 @@ impl Fence {
         Some(Duration::from_millis(until.saturating_sub(now)))
     }
 
-    /// Ends the leadership for `reason` (a [`LeadershipEnd`] constant): the senders and the
+    /// Ends the leadership for `reason` (a `LeadershipEnd` constant): the senders and the
     /// marker stop before their next batch. The first call counts it and logs `why` at ERROR,
     /// then fires [`Fence::ended`] (so whoever it wakes sees the count); later calls do nothing.
     pub fn end(&self, reason: &'static str, why: impl std::fmt::Display) {

@@ -42,7 +42,9 @@ use tokio_util::sync::CancellationToken;
 
 /// How often a leader renews its leadership (and, with the lock, checks its lock).
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
-pub use lock::{IDLE_LIMIT, WAIT_STEP};
+pub use lock::WAIT_STEP;
+#[cfg(any(test, feature = "test-utils"))]
+pub use lock::IDLE_LIMIT;
 
 /// How the election is held, with what it needs.
 #[derive(Debug, Clone)]

@@ -75,6 +75,7 @@ pub struct MarkerContext {
 
 impl MarkerContext {
     /// The context of instance `owner`, with no leadership to end.
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn new(owner: impl Into<String>) -> Self {
         MarkerContext {
             owner: owner.into(),

@@ -26,6 +26,8 @@
 //!   `outbox_audit` summary row per run.
 //! - [`table_metrics`]: reads only; refreshes the outbox table gauges of `/metrics` on a timer
 //!   in every running instance.
+//! - [`Watchers`]: the table gauges, dead-letter gauges and periodic cleanup that run beside a
+//!   relay in its process.
 //! - [`partitions`]: daily partitions with a catch-all, so an INSERT never lacks a partition; a
 //!   day is dropped only when it is wholly past the retention and holds no PENDING, SENDING or
 //!   FAILED row, checked and dropped under a table lock, one `outbox_audit` row per drop.
@@ -42,6 +44,9 @@ pub mod replay;
 pub mod selection;
 pub mod status;
 pub mod table_metrics;
+mod watchers;
+
+pub use watchers::Watchers;
 
 pub use cleanup::{Cleanup, CleanupProgress, CleanupSummary};
 pub use compensate::{Action, Compensation, CompensationReport, RowOutcome, RowReport};

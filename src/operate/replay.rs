@@ -11,7 +11,7 @@
 //! Guarantees:
 //! - Every outbox INSERT committed in the range is sent once more, whatever its row's status is
 //!   now (replay is an explicit operator action), with its original `event_id`, to the queue of
-//!   its `biz_key`, in commit order per key (the relay's [`crate::route::Router`] and [`crate::send::Shards`], from the [`PipelineBuilder`]); only
+//!   its `biz_key`, in commit order per key (the relay's `route::Router` and `send::Shards`, from the `PipelineBuilder`); only
 //!   `SEND_OK` counts as sent, and retryable errors are retried like the relay does.
 //! - Transactions outside the range send nothing: the reader starts after `from`, and a
 //!   transaction past `to` (or past `--to-time`) ends the replay before its events are sent.
@@ -24,7 +24,8 @@
 //! first).
 
 use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
-use crate::binlog::{BinlogPosition, TxEnd, TxGtid};
+use crate::binlog::BinlogPosition;
+pub use crate::binlog::{TxEnd, TxGtid};
 use crate::config::Config;
 use crate::db::Deployment;
 use crate::event::OutboxRow;

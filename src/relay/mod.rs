@@ -1,7 +1,8 @@
-//! The relay as a process: [`RelayHandle`] starts what `outbox-relay run` (and `outbox-dev up`, the
-//! tests and the benchmark) runs around the pipeline of [`crate::pipeline`]: the RocketMQ sink,
-//! the sled checkpoint store, the outbox tables' metrics and the periodic cleanup; it stops them
-//! in order (drain, final checkpoint, sink shutdown). [`dry_run`] is `run --dry-run`.
+//! The running relay: [`RelayHandle`] puts the pipeline of [`crate::pipeline`] together with a
+//! sink (the RocketMQ producer) and a checkpoint store (sled), and stops them in order (drain,
+//! final checkpoint, sink closed). [`dry_run`] is `run --dry-run`. What else runs in an
+//! `outbox-relay run` process (the tables' metrics, the periodic cleanup) is the process's:
+//! [`crate::operate::Watchers`].
 
 use crate::binlog::reader::{check_server, BinlogReader, ReaderOptions};
 use crate::binlog::StreamClock;
@@ -9,6 +10,7 @@ use crate::checkpoint::CheckpointStore;
 use crate::config::{Config, RelayMode};
 use crate::db::Deployment;
 use crate::pipeline::{run_instance, run_poll, PipelineBuilder, RunOptions, RunSummary};
+use crate::send::Sink;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -128,55 +130,19 @@ async fn start_sink(config: &Config) -> anyhow::Result<Arc<crate::send::RocketMq
     Ok(sink)
 }
 
-/// Spawns what runs beside the relay until `cancel` fires: the outbox tables' metrics (returned,
-/// aborted once the relay ends), the dead-letter metrics and the periodic cleanup, when
-/// configured.
-fn spawn_watchers(
-    config: &Config,
-    deployment: &Deployment,
-    cancel: &CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let streamed = match config.relay.mode {
-        RelayMode::Cdc => Some((deployment.opts.clone(), config.relay.name.clone())),
-        RelayMode::Poll => None,
-    };
-    let tables_watch = tokio::spawn(crate::operate::table_metrics::watch(
-        crate::db::read_committed_pool(config)?,
-        deployment.tables.clone(),
-        streamed,
-        config.metrics.refresh,
-        cancel.child_token(),
-    ));
-    if !config.rocketmq.dead_letter_groups.is_empty() {
-        tokio::spawn(crate::operate::dead_letters::watch(
-            config.rocketmq.clone(),
-            config.rocketmq.dead_letter_groups.clone(),
-            config.metrics.refresh,
-            cancel.child_token(),
-        ));
-    }
-    if config.cleanup.enabled {
-        tokio::spawn(crate::operate::cleanup::run_periodically(
-            config.cleanup.clone(),
-            crate::db::pool(config)?,
-            deployment.tables.clone(),
-            format!("outbox-relay run ({})", config.relay.name),
-            cancel.child_token(),
-        ));
-    }
-    Ok(tables_watch)
-}
-
-/// A relay running on the current Tokio runtime with the RocketMQ sink and the sled store in
-/// `relay.checkpoint_dir`: what `outbox-relay run`, `outbox-dev up`, the tests and the benchmark start.
+/// A relay running on the current Tokio runtime: what `outbox-relay run`, `outbox-dev up`, the
+/// tests and the benchmark start. It is the pipeline of `config.relay.mode` (CDC or poll) over a
+/// sink and, in CDC mode, a checkpoint store; it runs until cancelled (or a permanent error),
+/// then drains, writes its final checkpoint and closes the sink.
 pub struct RelayHandle {
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<anyhow::Result<RunSummary>>,
 }
 
 impl RelayHandle {
-    /// Starts the producer and the relay of `config.relay.mode`; `cancel` stops it (drain, final
-    /// checkpoint in CDC mode, release of still-claimed rows in poll mode).
+    /// Starts the relay with the RocketMQ producer of `config.rocketmq` and, in CDC mode, the
+    /// sled store in `relay.checkpoint_dir`; `cancel` stops it (drain, final checkpoint in CDC
+    /// mode, release of still-claimed rows in poll mode).
     pub async fn spawn(
         config: &Config,
         options: RunOptions,
@@ -186,11 +152,23 @@ impl RelayHandle {
         let deployment = Deployment::resolve(config)?;
         check_tables(&deployment).await?;
         let sink = start_sink(config).await?;
-        let (config, token) = (config.clone(), cancel.clone());
-        let tables_watch = spawn_watchers(&config, &deployment, &cancel)?;
+        Self::spawn_with(config, sink, store, options, cancel)
+    }
+
+    /// Starts the relay over `sink` and, in CDC mode, `store` (poll mode keeps no checkpoint:
+    /// `None`); `cancel` stops it. The sink is closed ([`Sink::close`]) once the relay ends.
+    pub fn spawn_with<S: Sink>(
+        config: &Config,
+        sink: Arc<S>,
+        store: Option<Arc<dyn CheckpointStore>>,
+        options: RunOptions,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let deployment = Deployment::resolve(config)?;
+        let config = config.clone();
         // A checkpointer that gives up (saves failing for a minute) stops the relay through
         // this token; the caller's `cancel` stops it too.
-        let token = token.child_token();
+        let token = cancel.child_token();
         let mut options = options;
         options.checkpoint.stop_relay = Some(token.clone());
         let task = tokio::spawn(async move {
@@ -202,10 +180,7 @@ impl RelayHandle {
             .map_err(anyhow::Error::from);
             drop(pipeline);
             crate::metrics::health().set_role(crate::metrics::Role::Stopping);
-            tables_watch.abort();
-            if let Ok(sink) = Arc::try_unwrap(sink) {
-                sink.shutdown().await;
-            }
+            sink.close().await;
             result
         });
         Ok(RelayHandle { cancel, task })

@@ -35,6 +35,7 @@ impl Router {
         index_for(hash, self.shards)
     }
 
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn shards(&self) -> usize {
         self.shards
     }

@@ -24,6 +24,7 @@ pub use crate::outbox::OutboundMessage;
 use crate::leader::Fence;
 
 use std::future::Future;
+use std::sync::Arc;
 
 /// Why a send did not end in `SEND_OK`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -115,4 +116,13 @@ pub trait Sink: Send + Sync + 'static {
         messages: &[&OutboundMessage],
         fence: &Fence,
     ) -> impl Future<Output = Result<Vec<String>, SendFailure>> + Send;
+
+    /// Releases the sink's connections; the relay calls it once, after its last send, with the
+    /// last reference it holds. The default does nothing.
+    fn close(self: Arc<Self>) -> impl Future<Output = ()> + Send
+    where
+        Self: Sized,
+    {
+        async {}
+    }
 }

@@ -68,6 +68,7 @@ impl SendInputs {
     }
 
     /// How many shards there are.
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn shard_count(&self) -> usize {
         self.shards.len()
     }

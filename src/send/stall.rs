@@ -158,6 +158,7 @@ impl StalledSet {
     }
 
     /// The topics held back whole, sorted.
+    #[cfg(any(test, feature = "test-utils"))]
     pub fn whole_topics(&self) -> Vec<String> {
         let mut topics: Vec<String> = self
             .topics

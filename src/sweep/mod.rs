@@ -42,6 +42,8 @@ pub mod lease;
 mod sweeper;
 pub mod waiting;
 
-pub use claim::{ClaimStrategy, Claimed, Claimer};
+pub use claim::ClaimStrategy;
+#[cfg(any(test, feature = "test-utils"))]
+pub use claim::{Claimed, Claimer};
 pub use gate::SweepGate;
 pub use sweeper::{Nudge, RunningSweeper, SweepSettings, Sweeper};

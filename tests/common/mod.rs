@@ -21,17 +21,9 @@ use rocketmq_outbox::outbox::TableName;
 use std::sync::OnceLock;
 
 /// The development binary `outbox-dev` (`demo`, `up`, `servers`), built beside the relay by
-/// `cargo build --workspace` (scripts/test.sh does). A test run without it says how to build it.
+/// `cargo build --workspace --bins` (scripts/test.sh does).
 pub fn outbox_dev() -> std::path::PathBuf {
-    let relay = std::path::Path::new(env!("CARGO_BIN_EXE_outbox-relay"));
-    let dev = relay.with_file_name("outbox-dev");
-    assert!(
-        dev.is_file(),
-        "{} is missing: build it with `cargo build --workspace --features failpoints` \
-         (scripts/test.sh does)",
-        dev.display()
-    );
-    dev
+    outbox_devenv::workspace_binary("outbox-dev")
 }
 
 /// The binary's SQL server, of `$OUTBOX_TEST_DB`'s kind. Tests must not stop it, nor change

@@ -9,6 +9,7 @@ use rocketmq_outbox::binlog::reader::server_position;
 use rocketmq_outbox::binlog::{BinlogPosition, MariaDbGtidPos};
 use rocketmq_outbox::checkpoint::{CheckpointStore, SledStore};
 use rocketmq_outbox::config::Config;
+use rocketmq_outbox::operate::Watchers;
 use rocketmq_outbox::outbox::status::codes::SENT;
 use rocketmq_outbox::pipeline::{RunOptions, RunSummary};
 use rocketmq_outbox::producer::{EnqueueError, NewEvent, Outbox};
@@ -197,9 +198,13 @@ impl RunningRelay {
         let handle = RelayHandle::spawn(config, options, cancel.clone())
             .await
             .expect("relay starts");
+        // What an `outbox-relay run` process runs beside the relay (crates/outbox-relay's
+        // run_relay): the tables' metrics, dead letters, periodic cleanup.
+        let watchers = Watchers::spawn(config, &cancel).expect("watchers start");
         let (name, stopping) = (config.relay.name.clone(), cancel.clone());
         let run = tokio::spawn(async move {
             let result = handle.join().await;
+            watchers.stop();
             if !stopping.is_cancelled() {
                 let how = match &result {
                     Ok(_) => "without an error".to_string(),
@@ -395,7 +400,7 @@ pub fn write_config_file(config: &Config, dir: &std::path::Path) -> std::path::P
 
 /// Starts `outbox-relay -c FILE run` as a child process (no metrics endpoint).
 pub fn spawn_relay_process(config_file: &std::path::Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .args([
             "-c",
             config_file.to_str().unwrap(),
@@ -569,7 +574,7 @@ impl RelayProcess {
         log: &std::path::Path,
         env: &[(&str, &str)],
     ) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        let mut command = Command::new(outbox_devenv::workspace_binary("outbox-relay"));
         command
             .args([
                 "-c",

@@ -133,7 +133,7 @@ pub fn names(done: &TableMaintain) -> Vec<String> {
 }
 
 pub fn outbox_relay(args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let out = std::process::Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .args(args)
         .env_remove("OUTBOX_RELAY_CONFIG")
         .output()

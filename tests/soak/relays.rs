@@ -189,7 +189,7 @@ impl Instance {
             .append(true)
             .open(&self.log_file)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        let child = Command::new(outbox_devenv::workspace_binary("outbox-relay"))
             .args(["-c", self.config_file.to_str().unwrap()])
             .args(["--metrics-listen", "", "run"])
             .env(

@@ -10,13 +10,10 @@ use outbox_devenv::{
     scratch_dir, shared, BrokerKind, Database, DatabaseKind, MariaDb, MariaDbOptions, RocketMq,
     RocketMqOptions, TopicReader,
 };
-use rocketmq_outbox::binlog::reader::check_server;
-use rocketmq_outbox::checkpoint::{CheckpointStore, SledStore};
 use rocketmq_outbox::config::Config;
 use rocketmq_outbox::outbox::Status;
-use rocketmq_outbox::pipeline::RunOptions;
-use rocketmq_outbox::relay::RelayHandle;
 use rocketmq_outbox::{db, schema};
+use rocketmq_outbox::{server_position, CheckpointStore, RelayHandle, RunOptions, SledStore};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -222,7 +219,7 @@ async fn start_relay(config: &Config) -> anyhow::Result<RelayHandle> {
         let store = SledStore::open(&config.relay.checkpoint_dir)?;
         if store.load()?.is_none() {
             let deployment = db::Deployment::resolve(config)?;
-            let server = check_server(&deployment.opts, &deployment.tables).await?;
+            let server = server_position(&deployment.opts).await?;
             store.save(&server.current)?;
         }
     }

@@ -110,6 +110,29 @@ pub fn cache_dir() -> PathBuf {
     PathBuf::from(home).join(".cache").join("outbox-relay")
 }
 
+/// A binary of the workspace (`outbox-relay`, `outbox-dev`) built beside the running test or
+/// bench executable: the profile directory above its `deps/`. Test binaries of the relay's
+/// package cannot name another package's binary (`CARGO_BIN_EXE_*`), so `scripts/test.sh`
+/// builds them first (`cargo build --workspace --bins --features failpoints`); a run without
+/// them stops here with that command.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the running executable's path");
+    let profile_dir = exe
+        .parent()
+        .filter(|dir| dir.ends_with("deps"))
+        .and_then(|deps| deps.parent())
+        .or_else(|| exe.parent())
+        .expect("the executable's directory");
+    let binary = profile_dir.join(name);
+    assert!(
+        binary.is_file(),
+        "{} is missing: build it with `cargo build --workspace --bins --features failpoints` \
+         (scripts/test.sh does)",
+        binary.display()
+    );
+    binary
+}
+
 /// The parent of every scratch directory: `$TMPDIR/outbox-relay-devenv`.
 pub fn scratch_root() -> PathBuf {
     std::env::temp_dir().join("outbox-relay-devenv")

@@ -15,7 +15,7 @@ pub struct ServerInfo {
     /// The server's current end of binlog (where a relay without a checkpoint starts).
     pub current: BinlogPosition,
     /// A Galera node (`wsrep_on`): every node accepts writes, so a MySQL named lock
-    /// (`GET_LOCK`) is not cluster-wide (see [`crate::leader`]).
+    /// (`GET_LOCK`) is not cluster-wide (see the `leader` module).
     pub galera: bool,
 }
 

@@ -350,6 +350,14 @@ async fn start_producer(
 const NO_PERMISSION: i32 = 16;
 
 impl Sink for RocketMqSink {
+    /// Shuts the producer and its client runtime down when no one else holds the sink (a replay
+    /// or a test may still share it).
+    async fn close(self: Arc<Self>) {
+        if let Ok(sink) = Arc::try_unwrap(self) {
+            sink.shutdown().await;
+        }
+    }
+
     fn stable_queues(&self) -> bool {
         self.queue_book.stable()
     }

@@ -3,14 +3,13 @@
 
 use super::GlobalArgs;
 use clap::{ArgGroup, Args};
-use rocketmq_outbox::binlog::{BinlogPosition, TxEnd, TxGtid};
 use rocketmq_outbox::config::Config;
 use rocketmq_outbox::operate::replay::{
     checkpoint_at_or_before, format_millis, open_history_store, parse_gtid_position, parse_time,
-    unix_seconds, Progress, ReplayEvent,
+    unix_seconds, Progress, ReplayEvent, TxEnd, TxGtid,
 };
 use rocketmq_outbox::operate::{thousands, Replay, ReplaySummary};
-use rocketmq_outbox::send::RocketMqSink;
+use rocketmq_outbox::{BinlogPosition, RocketMqSink};
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

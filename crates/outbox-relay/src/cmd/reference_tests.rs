@@ -5,7 +5,7 @@ use super::Cli;
 use clap::CommandFactory;
 use std::collections::BTreeSet;
 
-const PAGE: &str = include_str!("../../docs/reference/cli.md");
+const PAGE: &str = include_str!("../../../../docs/reference/cli.md");
 
 /// `(subcommand path, --flag)` for every long flag, and every subcommand path, of `command`.
 fn walk(

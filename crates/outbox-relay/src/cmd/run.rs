@@ -2,9 +2,9 @@
 
 use super::GlobalArgs;
 use clap::Args;
-use rocketmq_outbox::config::RelayMode;
-use rocketmq_outbox::pipeline::RunOptions;
-use rocketmq_outbox::relay::{self, RelayHandle};
+use rocketmq_outbox::config::{Config, RelayMode};
+use rocketmq_outbox::operate::Watchers;
+use rocketmq_outbox::{RelayHandle, RunOptions, RunSummary};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -26,12 +26,12 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     tokio::spawn(cancel_on_signal(cancel.clone()));
     if args.dry_run {
-        return relay::dry_run(&config, cancel).await;
+        return rocketmq_outbox::dry_run(&config, cancel).await;
     }
     config.namesrv_addr()?;
     if !config.metrics.listen.is_empty() {
-        let listener = rocketmq_outbox::metrics::server::bind(&config.metrics.listen).await?;
-        let server = rocketmq_outbox::metrics::server::serve(listener, cancel.clone());
+        let listener = rocketmq_outbox::bind_metrics(&config.metrics.listen).await?;
+        let server = rocketmq_outbox::serve_metrics(listener, cancel.clone());
         tokio::spawn(async move {
             if let Err(e) = server.await {
                 tracing::error!(error = %e, "the metrics endpoint stopped");
@@ -42,10 +42,7 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
         drain_timeout: args.drain_timeout,
         ..RunOptions::default()
     };
-    let summary = RelayHandle::spawn(&config, options, cancel)
-        .await?
-        .join()
-        .await?;
+    let summary = run_relay(&config, options, cancel).await?;
     match config.relay.mode {
         RelayMode::Cdc => {
             eprintln!(
@@ -66,6 +63,21 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
         ),
     }
     Ok(())
+}
+
+/// The running relay of this process, assembled here and nowhere else: the relay (its pipeline
+/// over the RocketMQ producer and, in CDC mode, the sled checkpoint) and beside it the watchers
+/// (the tables' metrics, dead letters, periodic cleanup), which stop once it has ended.
+async fn run_relay(
+    config: &Config,
+    options: RunOptions,
+    cancel: CancellationToken,
+) -> anyhow::Result<RunSummary> {
+    let relay = RelayHandle::spawn(config, options, cancel.clone()).await?;
+    let watchers = Watchers::spawn(config, &cancel)?;
+    let summary = relay.join().await;
+    watchers.stop();
+    summary
 }
 
 /// Cancels on the first SIGTERM or SIGINT; a second one exits at once.
