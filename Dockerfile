@@ -30,7 +30,7 @@ ARG OUTBOX_RELAY_GIT_COMMIT=unknown
 ENV OUTBOX_RELAY_GIT_COMMIT=${OUTBOX_RELAY_GIT_COMMIT}
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p outbox-relay \
+    cargo build --release --locked -p rocketmq-outbox-relay \
     && install -m 0755 target/release/outbox-relay /usr/local/bin/outbox-relay
 
 # The demo producer of docker-compose.yml (`outbox-dev demo`): development tooling, never in the

@@ -73,7 +73,7 @@ if [ "$WITH_MYSQL" = 1 ]; then
   # The image's binary (tests/image.rs runs it from the image's root filesystem): a release
   # build, without the test-only fault hooks. Minutes the first time, then cached.
   echo "== building the release binary (the container image's)"
-  cargo build --release --locked -p outbox-relay --quiet
+  cargo build --release --locked -p rocketmq-outbox-relay --quiet
 fi
 
 # Every test run's output is kept (tee) so that, when one fails, what it printed and its panic
