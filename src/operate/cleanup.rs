@@ -267,7 +267,7 @@ async fn delete_batch(
 /// round is logged and tried again at the next one.
 ///
 /// [`Maintain`]: super::partitions::Maintain
-pub async fn run_periodically(
+pub(crate) async fn run_periodically(
     config: crate::config::CleanupConfig,
     pool: Pool,
     tables: Vec<TableName>,

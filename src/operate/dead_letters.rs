@@ -100,7 +100,7 @@ pub async fn read(
 /// Exports the dead-letter queues of `groups` as `outbox_dlq_received` / `outbox_dlq_messages`
 /// every `every` until `cancel`; a failed read is logged and counts in
 /// `outbox_dlq_read_errors_total`, and leaves the gauges as they were.
-pub async fn watch(
+pub(crate) async fn watch(
     config: RocketMqConfig,
     groups: Vec<String>,
     every: Duration,

@@ -24,7 +24,7 @@
 //! - [`replay`]: re-publishes the outbox INSERTs of a binlog range through the relay's shard
 //!   senders, with their original `event_id`; it never changes outbox rows and writes one
 //!   `outbox_audit` summary row per run.
-//! - [`table_metrics`]: reads only; refreshes the outbox table gauges of `/metrics` on a timer
+//! - `table_metrics`: reads only; refreshes the outbox table gauges of `/metrics` on a timer
 //!   in every running instance.
 //! - [`Watchers`]: the table gauges, dead-letter gauges and periodic cleanup that run beside a
 //!   relay in its process.
@@ -43,7 +43,7 @@ pub mod reconcile;
 pub mod replay;
 pub mod selection;
 pub mod status;
-pub mod table_metrics;
+pub(crate) mod table_metrics;
 mod watchers;
 
 pub use watchers::Watchers;

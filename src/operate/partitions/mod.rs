@@ -21,7 +21,7 @@
 
 mod convert;
 mod maintain;
-pub mod plan;
+pub(crate) mod plan;
 
 pub use convert::{Convert, ConvertOutcome, TableConvert};
 pub use maintain::{Dropped, Kept, Maintain, TableMaintain};
