@@ -130,12 +130,16 @@ start_servers apache "$FIRST_DB"
 # Every binary runs even if one fails (a soak failure no longer hides the suite's results).
 # A full run leaves the queue-count test out here and runs it alone after: it starts a cluster
 # of two broker groups (four JVMs), and beside the suite's timed tests on two cores it adds load
-# to their bounds (once a checkpoint-mirror bound of 10 s measured 10.1 s beside it).
+# to their bounds (once a checkpoint-mirror bound of 10 s measured 10.1 s beside it). The two
+# stuck-topic isolation tests run after it, by themselves: they bound a healthy topic's latency
+# and the checkpoint mirror's lag in seconds while another topic is refused, and the account
+# variant failed twice in CI beside the suite (never alone, in 8 runs here).
 ALONE=()
-[ $# -eq 0 ] && ALONE=(-- --skip queue_count::)
+[ $# -eq 0 ] && ALONE=(-- --skip queue_count:: --skip isolation::)
 run_tests "${FEATURES[@]}" "${SCOPE[@]}" --no-fail-fast "$@" "${ALONE[@]}"
 if [ $# -eq 0 ]; then
   RUST_TEST_THREADS=1 run_tests "${FEATURES[@]}" --test suite -- queue_count::
+  RUST_TEST_THREADS=2 run_tests "${FEATURES[@]}" --test suite -- isolation::
 fi
 say "Apache RocketMQ and $FIRST_DB: $((SECONDS - started)) s"
 # The image's release binary from a minimal root filesystem (tests/image.rs), on each server.
@@ -166,12 +170,14 @@ if [ "$WITH_MYSQL" = 1 ]; then
   modules=(relay relay_faults relay_resume failover leader purged_binlog row_image poll poll_processes
     marker memory memory_broker bad_input bad_input_access relay_checks sweeper producer migrate operate
     operate_status_replay partitions tls xa binlog_variants metrics switch_over split_primary
-    isolation scheduled)
+    scheduled)
   # (The other cluster tests run in the first phase only: each starts a cluster of its own, and
   # in this phase, beside the MySQL tests, a two-group cluster missed its 120 s start once. By
   # hand they pass on MySQL too: OUTBOX_TEST_DB=mysql cargo test --test suite -- cluster::)
   run_tests "${FEATURES[@]}" --test suite -- "${modules[@]/%/::}"
   say "MySQL phase: the suite's relay modules: $((SECONDS - started)) s"
+  # The stuck-topic isolation tests by themselves, as in the first phase.
+  RUST_TEST_THREADS=2 run_tests "${FEATURES[@]}" --test suite -- isolation::
   # The queue table kept in the database (outbox_topic_queues) on MySQL too: alone, so its
   # two-group cluster starts on a machine the other tests have left.
   cluster_started=$SECONDS
