@@ -17,3 +17,82 @@ pub fn init(default_filter: &str) {
         .with_writer(std::io::stderr)
         .init();
 }
+
+/// One log line per key per period for a condition that repeats (a topic refused at every
+/// attempt of every lane): [`Throttle::admit`] says when to write the line, and how many
+/// occurrences since the last line it stands for. Nothing is lost from view: the counters of
+/// `/metrics` still count each one.
+pub(crate) struct Throttle {
+    every: std::time::Duration,
+    /// Per key: when its last line was written, and the occurrences since.
+    keys: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>,
+}
+
+impl Throttle {
+    /// A throttle writing a key's line at most once per `every`.
+    pub(crate) fn new(every: std::time::Duration) -> Self {
+        Throttle {
+            every,
+            keys: Default::default(),
+        }
+    }
+
+    /// Counts an occurrence of `key`: `Some(n)` when its line is due (the first, or the first
+    /// after `every`), `n` the occurrences it stands for (this one included); `None` when it is
+    /// counted for the next line.
+    pub(crate) fn admit(&self, key: &str) -> Option<u64> {
+        self.admit_at(key, std::time::Instant::now())
+    }
+
+    fn admit_at(&self, key: &str, now: std::time::Instant) -> Option<u64> {
+        let mut keys = self.keys.lock().expect("not poisoned");
+        match keys.get_mut(key) {
+            Some((logged, count)) => {
+                *count += 1;
+                if now.duration_since(*logged) < self.every {
+                    return None;
+                }
+                let stands_for = *count;
+                (*logged, *count) = (now, 0);
+                Some(stands_for)
+            }
+            None => {
+                keys.insert(key.to_string(), (now, 0));
+                Some(1)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Throttle;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_key_gets_one_line_per_period_standing_for_what_it_counted() {
+        let throttle = Throttle::new(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(
+            throttle.admit_at("a", at(0)),
+            Some(1),
+            "the first is written"
+        );
+        assert_eq!(throttle.admit_at("a", at(1)), None);
+        assert_eq!(throttle.admit_at("b", at(2)), Some(1), "keys are apart");
+        assert_eq!(throttle.admit_at("a", at(9)), None);
+        assert_eq!(
+            throttle.admit_at("a", at(10)),
+            Some(3),
+            "two held back, and this one"
+        );
+        assert_eq!(throttle.admit_at("a", at(11)), None);
+        assert_eq!(throttle.admit_at("a", at(30)), Some(2));
+        assert_eq!(
+            throttle.admit_at("a", at(45)),
+            Some(1),
+            "a quiet period: just this one"
+        );
+    }
+}

@@ -253,6 +253,7 @@ async fn refused_until_fixed(
     let log = dir.path().join("relay.log");
     let file = write_config_file(&config, dir.path());
     let relay = RelayProcess::spawn_serving(&file, &addr, &log, &[]);
+    let started = std::time::Instant::now();
     write_events(db, topic, 1, 6, 3).await;
     wait_until_refused(&addr, topic).await;
     // Refusals counted as retries would have FAILED the rows after 1.4 s.
@@ -290,6 +291,14 @@ async fn refused_until_fixed(
         .unwrap_or_default();
     println!("the relay logs: {first}");
     assert!(text.contains("ERROR"), "{text}");
+    // Each lane is refused at every attempt (~every second): one line per 10 s stands for them.
+    let lines = text.lines().filter(|line| line.contains(&advice)).count() as u64;
+    let allowed = 1 + started.elapsed().as_secs() / 10;
+    assert!(
+        lines <= allowed,
+        "{lines} lines of advice in {:?}, at most one per 10 s:\n{text}",
+        started.elapsed()
+    );
     for secret in hidden {
         assert!(!text.contains(secret), "the log shows a secret:\n{text}");
     }

@@ -17,6 +17,7 @@ use super::stall::QueueIndex;
 use super::{OutboundMessage, SendError, SendFailure, Sink, Stalls};
 use crate::event::{now_us, Ack, Origin, OutboxRow, RowProblem, Stamps};
 use crate::leader::Fence;
+use crate::logging::Throttle;
 use crate::outbox::TableName;
 use crate::retry::{Jitter, RetryPolicy};
 use crate::route::{index_for, java_string_hash};
@@ -356,23 +357,37 @@ fn count_error(error: &SendError) {
         .inc();
 }
 
+/// How often a refused topic's ERROR line is written (the first at once), whatever the number of
+/// lanes and attempts it stands for.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// An attempt for `topic` the cluster refused for the relay's configuration (its account, or
 /// the type of its events): marks the relay unready until a send to `topic` is accepted, says at
-/// ERROR what to fix, and sets the wait before the next attempt, which uses no retry (see
-/// [`Backoff::refused`]). Call `backoff.wait` next.
+/// ERROR what to fix (once per [`REFUSAL_LOG_EVERY`] per topic), and sets the wait before the
+/// next attempt, which uses no retry (see [`Backoff::refused`]). Call `backoff.wait` next.
 fn refused(topic: &str, error: &SendError, backoff: &mut Backoff) {
+    static LINES: std::sync::LazyLock<Throttle> =
+        std::sync::LazyLock::new(|| Throttle::new(REFUSAL_LOG_EVERY));
     let reason = error.reason();
     crate::metrics::health().set_refused(topic, Some(reason));
     match backoff.refused() {
-        Refusal::Wait { count, delay } => match error {
-            SendError::Misconfigured(_) => tracing::error!(%topic, refusal = count, ?delay,
-                "RocketMQ refuses the events of topic {topic}: {reason}; they are sent again \
-                 after {delay:?}"),
-            _ => tracing::error!(%topic, %reason, refusal = count, ?delay,
-            "RocketMQ refused the relay's credentials for topic {topic}: check rocketmq.access_key / \
-             secret_key (or secret_key_file) and the account's Pub permission on the topic; the \
-             events wait, never FAILED for this, and are sent again after {delay:?}"),
-        },
+        Refusal::Wait { count, delay } => {
+            // Every lane of the topic is refused at each attempt: one line per topic and period.
+            let Some(refusals) = LINES.admit(topic) else {
+                return;
+            };
+            match error {
+                SendError::Misconfigured(_) => tracing::error!(%topic, refusal = count, ?delay,
+                    refusals_since_last_line = refusals,
+                    "RocketMQ refuses the events of topic {topic}: {reason}; they are sent again \
+                     after {delay:?}"),
+                _ => tracing::error!(%topic, %reason, refusal = count, ?delay,
+                    refusals_since_last_line = refusals,
+                    "RocketMQ refused the relay's credentials for topic {topic}: check rocketmq.access_key / \
+                     secret_key (or secret_key_file) and the account's Pub permission on the topic; the \
+                     events wait, never FAILED for this, and are sent again after {delay:?}"),
+            }
+        }
         Refusal::Resume { left } => tracing::debug!(%topic, %reason, ?left,
             "refused again after a wake-up; waiting out the rest of the delay"),
     }
