@@ -137,12 +137,31 @@ async fn restart_resumes(db: &TestDb, relay: RelayProcess, file: &std::path::Pat
     // At least 1,000 rows a second once it resumed (measured: 36,000 parked rows all SENT 7.4 s
     // after the restart; before the stream's look at its held keys was bounded, none moved).
     let waiting = total - count_status(db, Status::Sent).await;
-    wait_for(
-        "every waiting row SENT",
-        Duration::from_secs(60) + Duration::from_millis(waiting),
-        || async { count_status(db, Status::Sent).await == total },
-    )
-    .await;
+    println!(
+        "memory: {waiting} rows waiting when a new event was SENT {resumed:.1?} after the restart"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60) + Duration::from_millis(waiting);
+    let mut progress = Vec::new();
+    loop {
+        let sent = count_status(db, Status::Sent).await;
+        if sent == total {
+            break;
+        }
+        if progress
+            .last()
+            .is_none_or(|&(at, _): &(u64, u64)| restarted.elapsed().as_secs() >= at + 5)
+        {
+            progress.push((restarted.elapsed().as_secs(), total - sent));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every waiting row SENT {:.1?} after the restart: {} of {total} left; \
+             (seconds after the restart, rows left) {progress:?}",
+            restarted.elapsed(),
+            total - sent
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     println!(
         "memory: after kill -9 and a restart a new event was SENT {resumed:.1?} later, every \
          row {:.1?} later",
