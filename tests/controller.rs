@@ -46,12 +46,14 @@ async fn a_killed_master_is_replaced_by_its_slave_and_every_key_keeps_its_queue(
         .expect("an elected master");
     mq.kill_broker_at(master);
     let killed = Instant::now();
+    // The promotion is the controller's, not what this test bounds: 0.4 s alone, but once about
+    // 90 s beside the suite in CI (its JVMs starved on two cores).
     let promoted = loop {
         match mq.master_of("broker-a").unwrap() {
             Some(new) if new != master => break new,
             _ => assert!(
-                killed.elapsed() < Duration::from_secs(90),
-                "the controller promoted no slave within 90 s"
+                killed.elapsed() < Duration::from_secs(180),
+                "the controller promoted no slave within 180 s"
             ),
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
