@@ -80,22 +80,14 @@ async fn connect(opts: &Opts) -> Result<(Conn, String, bool), StartupError> {
 pub async fn check_server(opts: &Opts, tables: &[TableName]) -> Result<ServerInfo, StartupError> {
     let (mut conn, version, is_mariadb) = connect(opts).await?;
     check_binlog_settings(&mut conn, is_mariadb).await?;
-
-    let (flavor, current) = read_position(&mut conn, is_mariadb).await?;
+    let info = read_server_info(&mut conn, version, is_mariadb).await?;
     check_replication_slave(&mut conn).await?;
-    let galera = is_galera(&mut conn).await?;
-    if galera {
+    if info.galera {
         check_galera(&mut conn).await?;
     }
-
     check_table_privileges(&mut conn, tables).await?;
     conn.disconnect().await?;
-    Ok(ServerInfo {
-        version,
-        flavor,
-        current,
-        galera,
-    })
+    Ok(info)
 }
 
 /// The server writes a binlog in the form the relay decodes: row-based, full row images with
@@ -220,9 +212,19 @@ async fn check_galera(conn: &mut Conn) -> Result<(), StartupError> {
 /// needs: REPLICATION CLIENT / BINLOG MONITOR only).
 pub async fn server_position(opts: &Opts) -> Result<ServerInfo, StartupError> {
     let (mut conn, version, is_mariadb) = connect(opts).await?;
-    let (flavor, current) = read_position(&mut conn, is_mariadb).await?;
-    let galera = is_galera(&mut conn).await?;
+    let info = read_server_info(&mut conn, version, is_mariadb).await?;
     conn.disconnect().await?;
+    Ok(info)
+}
+
+/// What [`check_server`] and [`server_position`] return, read on `conn`.
+async fn read_server_info(
+    conn: &mut Conn,
+    version: String,
+    is_mariadb: bool,
+) -> Result<ServerInfo, StartupError> {
+    let (flavor, current) = read_position(conn, is_mariadb).await?;
+    let galera = is_galera(conn).await?;
     Ok(ServerInfo {
         version,
         flavor,
