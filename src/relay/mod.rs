@@ -152,7 +152,7 @@ impl RelayHandle {
         let deployment = Deployment::resolve(config)?;
         check_tables(&deployment).await?;
         let sink = start_sink(config).await?;
-        Self::spawn_with(config, sink, store, options, cancel)
+        Ok(Self::start(config, deployment, sink, store, options, cancel))
     }
 
     /// Starts the relay over `sink` and, in CDC mode, `store` (poll mode keeps no checkpoint:
@@ -165,6 +165,17 @@ impl RelayHandle {
         cancel: CancellationToken,
     ) -> anyhow::Result<Self> {
         let deployment = Deployment::resolve(config)?;
+        Ok(Self::start(config, deployment, sink, store, options, cancel))
+    }
+
+    fn start<S: Sink>(
+        config: &Config,
+        deployment: Deployment,
+        sink: Arc<S>,
+        store: Option<Arc<dyn CheckpointStore>>,
+        options: RunOptions,
+        cancel: CancellationToken,
+    ) -> Self {
         let config = config.clone();
         // A checkpointer that gives up (saves failing for a minute) stops the relay through
         // this token; the caller's `cancel` stops it too.
@@ -183,7 +194,7 @@ impl RelayHandle {
             sink.close().await;
             result
         });
-        Ok(RelayHandle { cancel, task })
+        RelayHandle { cancel, task }
     }
 
     /// Waits until the relay ends (cancelled, or a permanent error).
