@@ -66,13 +66,7 @@ pub async fn run(global: &GlobalArgs, action: Action, args: CompensateArgs) -> a
     let pool = db::pool(&config)?;
     let report = command.run(&pool, &tables).await;
     pool.disconnect().await.ok();
-    let report = report?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
-    }
-    Ok(())
+    super::print_report(&report?, args.json, print_table)
 }
 
 fn print_table(report: &CompensationReport) {

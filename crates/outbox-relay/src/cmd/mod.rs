@@ -20,6 +20,20 @@ use rocketmq_outbox::operate::Action;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 
+/// Prints a command's result: pretty JSON with `--json`, else as text by `as_text`.
+pub(crate) fn print_report<T: serde::Serialize + ?Sized>(
+    report: &T,
+    json: bool,
+    as_text: impl FnOnce(&T),
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        as_text(report);
+    }
+    Ok(())
+}
+
 /// `outbox-relay --version`: the crate version and the git commit of the build, from
 /// `OUTBOX_RELAY_GIT_COMMIT` at build time (the Dockerfile passes it: the image's build context
 /// has no `.git`) or else from `git describe` of the source tree (`-modified` when it had

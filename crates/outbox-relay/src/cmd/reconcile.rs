@@ -76,13 +76,7 @@ pub async fn run(global: &GlobalArgs, args: ReconcileArgs) -> anyhow::Result<()>
     if args.consumer_url.is_some() {
         consumer.disconnect().await.ok();
     }
-    let report = report?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_table(&report);
-    }
-    Ok(())
+    super::print_report(&report?, args.json, print_table)
 }
 
 fn print_table(report: &ReconcileReport) {

@@ -61,11 +61,7 @@ pub async fn run(global: &GlobalArgs, args: StatusArgs) -> anyhow::Result<()> {
             std::process::exit(EXIT_UNKNOWN);
         }
     };
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_report(&report);
-    }
+    super::print_report(&report, args.json, print_report)?;
     let code = report.exit_code();
     if code != 0 {
         use std::io::Write;
