@@ -108,7 +108,7 @@ async fn write_transactions(db: &TestDb, topic: &str, total: u64, warm: &AtomicB
 async fn restart_resumes(db: &TestDb, relay: RelayProcess, file: &std::path::Path, topic: &str) {
     relay.kill();
     let log = file.with_file_name("relay-restarted.log");
-    let relay = RelayProcess::spawn_serving(file, &free_addr(), &log, &[]);
+    let mut relay = RelayProcess::spawn_serving(file, &free_addr(), &log, &[]);
     let restarted = Instant::now();
     let mut conn = db.conn().await;
     conn.exec_drop(
@@ -153,21 +153,55 @@ async fn restart_resumes(db: &TestDb, relay: RelayProcess, file: &std::path::Pat
         {
             progress.push((restarted.elapsed().as_secs(), total - sent));
         }
-        assert!(
-            Instant::now() < deadline,
-            "not every waiting row SENT {:.1?} after the restart: {} of {total} left; \
-             (seconds after the restart, rows left) {progress:?}",
-            restarted.elapsed(),
-            total - sent
-        );
+        if Instant::now() >= deadline {
+            panic!(
+                "not every waiting row SENT {:.1?} after the restart: {} of {total} left; \
+                 (seconds after the restart, rows left) {progress:?}\n{}",
+                restarted.elapsed(),
+                total - sent,
+                why_not_sent(db, &mut relay, &log).await
+            );
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     println!(
         "memory: after kill -9 and a restart a new event was SENT {resumed:.1?} later, every \
-         row {:.1?} later",
+         row {:.1?} later; (seconds after the restart, rows left) {progress:?}",
         restarted.elapsed()
     );
     relay.stop();
+}
+
+/// What a test that waited in vain for rows to be SENT shows: whether the relay still runs,
+/// the rows left by topic, status and owner, and the relay's last warnings and errors.
+async fn why_not_sent(db: &TestDb, relay: &mut RelayProcess, log: &std::path::Path) -> String {
+    let left: Vec<(String, i8, Option<String>, u64, u64)> = db
+        .conn()
+        .await
+        .exec(
+            "SELECT topic, status, owner, COUNT(*), MIN(id) FROM outbox_event \
+             WHERE status <> ? GROUP BY topic, status, owner",
+            (Status::Sent.code(),),
+        )
+        .await
+        .unwrap_or_default();
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let mut warnings: Vec<&str> = (log.lines())
+        .filter(|line| line.contains(" WARN ") || line.contains(" ERROR "))
+        .collect();
+    let skipped = warnings.len().saturating_sub(30);
+    warnings.drain(..skipped);
+    format!(
+        "the relay: {}\nrows left (topic, status, owner, count, lowest id): {left:?}\n\
+         its last {} warnings and errors (of {}):\n{}",
+        match relay.exit_status() {
+            Some(status) => format!("exited, {status}"),
+            None => "running".to_string(),
+        },
+        warnings.len(),
+        warnings.len() + skipped,
+        warnings.join("\n")
+    )
 }
 
 /// What the relay's `/metrics` says it holds of `topic` in memory and has parked.
