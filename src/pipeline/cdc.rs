@@ -16,7 +16,7 @@ use crate::checkpoint::{
 use crate::error::{DbError, PipelineError};
 use crate::mark::MarkStats;
 use crate::send::Sink;
-use crate::sweep::{RunningSweeper, SweepGate, SweepSettings, Sweeper};
+use crate::sweep::{HeldForOrder, RunningSweeper, SweepGate, SweepSettings, Sweeper};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -195,13 +195,14 @@ fn spawn_stages<S: Sink>(
     // The sweeper feeds the same shards: a key's swept rows queue behind its streamed ones, and
     // the stream's key-order guard asks it for the older rows a key waits for.
     let (nudge_tx, nudge_rx) = mpsc::channel(NUDGE_CAPACITY);
-    let key_order = sweeper
-        .is_some()
-        .then(|| KeyOrder::new(pool.clone(), nudge_tx, config.sweeper.min_age));
+    let held = HeldForOrder::default();
+    let key_order = sweeper.is_some().then(|| {
+        KeyOrder::new(pool.clone(), nudge_tx, held.clone(), config.sweeper.min_age)
+    });
     let sweeper = sweeper.map(|sweeper| {
         sweeper.spawn(
             inputs.clone(),
-            SweepGate::beside_stream(acks.clone(), clock.clone()),
+            SweepGate::beside_stream(acks.clone(), clock.clone(), held),
             Some(nudge_rx),
         )
     });

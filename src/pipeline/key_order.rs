@@ -41,7 +41,7 @@ use crate::send::{SendInputs, ShardEvent, StalledSet};
 use crate::sweep::waiting::{
     newest_per_key, waiting_ids, waiting_rows_of_keys_at_most, OrderKey, WaitingRow,
 };
-use crate::sweep::Nudge;
+use crate::sweep::{HeldForOrder, Nudge};
 use mysql_async::Pool;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -126,12 +126,19 @@ pub struct KeyOrder {
     /// How long a key may be held before it is logged (the sweeper should have sent the older
     /// rows by then).
     warn_after: Duration,
+    /// How many events are held, for the sweeper's gate.
+    held_events: HeldForOrder,
 }
 
 impl KeyOrder {
-    /// A guard querying through `pool` and asking the sweeper through `nudges`; a key held longer
-    /// than `warn_after` is logged.
-    pub fn new(pool: Pool, nudges: mpsc::Sender<Nudge>, warn_after: Duration) -> Self {
+    /// A guard querying through `pool` and asking the sweeper through `nudges`, telling it in
+    /// `held_events` how many events it holds; a key held longer than `warn_after` is logged.
+    pub fn new(
+        pool: Pool,
+        nudges: mpsc::Sender<Nudge>,
+        held_events: HeldForOrder,
+        warn_after: Duration,
+    ) -> Self {
         KeyOrder {
             pool,
             nudges,
@@ -142,6 +149,7 @@ impl KeyOrder {
             known: HashMap::new(),
             checks: KeyOrderChecks::default(),
             warn_after,
+            held_events,
         }
     }
 
@@ -531,5 +539,6 @@ impl KeyOrder {
         crate::metrics::relay()
             .keys_held_for_order
             .set(self.held.len() as i64);
+        (self.held_events).set(self.held.values().map(|key| key.events.len()).sum());
     }
 }

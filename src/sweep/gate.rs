@@ -11,7 +11,10 @@
 //!   rows it is about to read or still holds. And only while the stream is idle or made
 //!   progress (an event completed) within the last half `min_age`: a stream stalled on the
 //!   broker holds its rows in memory and sends them when the broker returns; sweeping them
-//!   meanwhile would send them twice (and fail the same way while the broker is down).
+//!   meanwhile would send them twice (and fail the same way while the broker is down). Events
+//!   the stream's key-order guard holds back ([`HeldForOrder`]) do not count as a stall: they
+//!   wait for this sweeper (for older rows of their keys), so closing the gate for them would
+//!   make every other row the sweeper owns wait for the slowest of those keys.
 //! - A standby: rows older than `min_age` before the time the leader's stream had read up to at
 //!   its last mirrored checkpoint (`stream_at` in `outbox_relay_state`, or `checkpoint_at`
 //!   before migration 0011). While the leader is live that is a few seconds ago; while it
@@ -23,7 +26,26 @@ use crate::binlog::StreamClock;
 use crate::checkpoint::Acknowledgements;
 use mysql_async::prelude::*;
 use mysql_async::Pool;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How many streamed events the stream's key-order guard holds back now, waiting for the sweeper
+/// to send older rows of their keys (shared by the guard, which sets it, and the gate).
+#[derive(Debug, Clone, Default)]
+pub struct HeldForOrder(Arc<AtomicUsize>);
+
+impl HeldForOrder {
+    /// Records that `events` are held back now.
+    pub fn set(&self, events: usize) {
+        self.0.store(events, Ordering::Relaxed);
+    }
+
+    /// How many events are held back now.
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
 
 /// The rule a sweeper applies before each claim round.
 pub enum SweepGate {
@@ -35,6 +57,8 @@ pub enum SweepGate {
         acks: Acknowledgements,
         /// How far the stream has read.
         clock: StreamClock,
+        /// The stream's events held back for key order: in flight, but waiting for us.
+        held: HeldForOrder,
         /// The stream's progress count, and when it was last seen to change.
         seen: Option<(u64, Instant)>,
     },
@@ -43,10 +67,12 @@ pub enum SweepGate {
 }
 
 impl SweepGate {
-    pub fn beside_stream(acks: Acknowledgements, clock: StreamClock) -> Self {
+    /// Beside this process's stream, whose key-order guard reports what it holds in `held`.
+    pub fn beside_stream(acks: Acknowledgements, clock: StreamClock, held: HeldForOrder) -> Self {
         SweepGate::BesideStream {
             acks,
             clock,
+            held,
             seen: None,
         }
     }
@@ -56,7 +82,12 @@ impl SweepGate {
     pub async fn min_age(&mut self, base: Duration, pool: &Pool) -> Option<Duration> {
         match self {
             SweepGate::Always => Some(base),
-            SweepGate::BesideStream { acks, clock, seen } => {
+            SweepGate::BesideStream {
+                acks,
+                clock,
+                held,
+                seen,
+            } => {
                 // Before the stream read anything, it may be about to read every PENDING row.
                 let read_behind = clock.behind()?;
                 let progress = acks.progress();
@@ -65,7 +96,9 @@ impl SweepGate {
                 let held_behind = progress
                     .oldest_unfinished_commit
                     .map_or(Duration::ZERO, StreamClock::since);
-                stream_allows(progress.in_flight, progress.count, seen, base)
+                // Held events wait for this sweeper, not for the broker.
+                let sending = progress.in_flight.saturating_sub(held.get());
+                stream_allows(sending, progress.count, seen, base)
                     .then_some(base + read_behind.max(held_behind))
             }
             SweepGate::BehindMirror { relay_name } => {
@@ -140,5 +173,32 @@ mod tests {
             "idle: nothing in flight"
         );
         assert!(stream_allows(5, 11, &mut seen, base), "moving again");
+    }
+
+    #[tokio::test]
+    async fn events_held_for_key_order_are_not_a_stalled_stream() {
+        let acks = Acknowledgements::new(crate::binlog::BinlogPosition::default());
+        let seq = acks.begin();
+        let _in_flight = acks.event(seq);
+        let clock = StreamClock::default();
+        clock.arm();
+        clock.heartbeat();
+        let held = HeldForOrder::default();
+        let mut gate = SweepGate::beside_stream(acks, clock, held.clone());
+        // Never connected: the gate beside a stream asks the server nothing.
+        let pool = Pool::new("mysql://nobody@127.0.0.1:9/none");
+        let base = Duration::from_millis(200);
+        assert!(gate.min_age(base, &pool).await.is_some(), "first look");
+        std::thread::sleep(Duration::from_millis(120));
+        assert_eq!(
+            gate.min_age(base, &pool).await,
+            None,
+            "an event in flight to the broker with no progress: a stalled stream"
+        );
+        held.set(1);
+        assert!(
+            gate.min_age(base, &pool).await.is_some(),
+            "the one event in flight waits for the sweeper (held for key order)"
+        );
     }
 }

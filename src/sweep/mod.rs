@@ -45,5 +45,5 @@ pub mod waiting;
 pub use claim::ClaimStrategy;
 #[cfg(any(test, feature = "test-utils"))]
 pub use claim::{Claimed, Claimer};
-pub use gate::SweepGate;
+pub use gate::{HeldForOrder, SweepGate};
 pub use sweeper::{Nudge, RunningSweeper, SweepSettings, Sweeper};

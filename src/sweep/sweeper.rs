@@ -328,9 +328,8 @@ async fn pause_or_nudged(
 
 /// Claims and dispatches the rows a stream waits for (`ids`), a batch at a time, oldest first,
 /// until all are claimed or sent. All of them at once: a stream held behind a long stall's
-/// parked rows waits for every one (100,000 after 10 minutes at 200 events/s) and, while it
-/// holds events, the sweep gate skips the ordinary rounds (they read as a stalled stream), so one
-/// batch per ask drained them at ~100 rows/s. True once `stop` fired (or the shards are gone).
+/// parked rows waits for every one (100,000 after 10 minutes at 200 events/s), and one batch
+/// per ask drained them at ~100 rows/s. True once `stop` fired (or the shards are gone).
 async fn claim_nudged(
     pool: &Pool,
     claimer: &Claimer,
