@@ -14,6 +14,7 @@ use crate::retry::RetryPolicy;
 use crate::send::{Completion, SendInputs, ShardEvent, Stopped};
 use mysql_async::prelude::*;
 use mysql_async::Pool;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -317,13 +318,37 @@ async fn pause_or_nudged(
             _ = tokio::time::sleep_until(until) => return false,
             Some(nudge) = next_nudge(nudges) => nudge,
         };
-        let Some(claimer) = claimers.iter().find(|c| *c.table == nudge.table) else {
-            continue;
-        };
-        if claim_nudged(pool, claimer, nudge.ids, to, stop).await {
-            return true;
+        for (table, ids) in with_queued(nudge, nudges) {
+            let Some(claimer) = claimers.iter().find(|c| *c.table == table) else {
+                continue;
+            };
+            if claim_nudged(pool, claimer, ids, to, stop).await {
+                return true;
+            }
         }
     }
+}
+
+/// `first` and every nudge queued behind it, as one set of rows per table. A stream that waits
+/// asks again at every look (ten times a second) while a claim of the rows it asked for can
+/// take seconds; one nudge at a time, a queue of asks made while the oldest row of each key was
+/// still under a dead instance's lease (not asked for: not PENDING) was worked through, in full,
+/// before the ask that names it: after a `kill -9` and a restart, a stuck topic's parked backlog
+/// waited minutes for it. Merged, the oldest rows come first, and asks that are out of date cost
+/// one pass.
+fn with_queued(
+    first: Nudge,
+    nudges: &mut Option<mpsc::Receiver<Nudge>>,
+) -> BTreeMap<TableName, Vec<u64>> {
+    let mut asked: BTreeMap<TableName, Vec<u64>> = BTreeMap::new();
+    let mut add = |nudge: Nudge| asked.entry(nudge.table).or_default().extend(nudge.ids);
+    add(first);
+    if let Some(receiver) = nudges {
+        while let Ok(nudge) = receiver.try_recv() {
+            add(nudge);
+        }
+    }
+    asked
 }
 
 /// Claims and dispatches the rows a stream waits for (`ids`), a batch at a time, oldest first,
@@ -407,4 +432,32 @@ async fn dispatch(
         sent?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queued_nudges_are_claimed_as_one_set_per_table() {
+        let (tx, rx) = mpsc::channel(8);
+        let table = |name: &str| TableName::parse(name).unwrap();
+        let nudge = |name: &str, ids: &[u64]| Nudge {
+            table: table(name),
+            ids: ids.to_vec(),
+        };
+        tx.try_send(nudge("app.outbox_event", &[7, 9])).unwrap();
+        tx.try_send(nudge("app.other_outbox", &[3])).unwrap();
+        tx.try_send(nudge("app.outbox_event", &[2, 9])).unwrap();
+        let mut nudges = Some(rx);
+        let asked = with_queued(nudge("app.outbox_event", &[9, 11]), &mut nudges);
+        assert_eq!(
+            asked.into_iter().collect::<Vec<_>>(),
+            vec![
+                (table("app.other_outbox"), vec![3]),
+                (table("app.outbox_event"), vec![9, 11, 7, 9, 2, 9]),
+            ]
+        );
+        assert!(nudges.unwrap().try_recv().is_err(), "the queue is drained");
+    }
 }
