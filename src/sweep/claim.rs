@@ -15,15 +15,18 @@
 //! - [`ClaimStrategy::Optimistic`] (older servers): a plain `SELECT`, then per row
 //!   `UPDATE … WHERE id = ? AND <PENDING>`; a row is ours only if exactly one row was affected.
 
+mod row;
+
 use super::cursor::ClaimCursor;
 use super::lease::HeldRows;
 use super::waiting::{newest_per_key, on_pending_index, waiting_rows_of_keys, OrderKey};
 use crate::event::{OutboxRow, RowProblem};
-use crate::outbox::message::{message_from_text, RowLimits, RowText};
+use crate::outbox::message::{RowLimits, RowText};
 use crate::outbox::{Status, TableName};
 use crate::send::{StalledSet, Stalls};
 use mysql_async::prelude::*;
 use mysql_async::{Conn, IsolationLevel, Row, TxOpts, Value};
+use row::{read_row, ROW_COLUMNS};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -348,27 +351,8 @@ impl Claimer {
         Ok(claimed)
     }
 
-    fn build(&self, (id, text): (u64, RowText)) -> Claimed {
-        let event_id = text.event_id.clone();
-        let message = if let Some(reason) = text_problem(&text) {
-            Err(reason)
-        } else {
-            message_from_text(text, self.limits)
-        };
-        match message {
-            Ok(message) => Claimed::Event(OutboxRow {
-                table: Arc::clone(&self.table),
-                id,
-                message,
-                stamps: crate::event::Stamps::read_now(),
-            }),
-            Err(reason) => Claimed::Problem(RowProblem {
-                table: Arc::clone(&self.table),
-                id,
-                event_id: (!event_id.is_empty()).then_some(event_id),
-                reason,
-            }),
-        }
+    fn build(&self, row: (u64, RowText)) -> Claimed {
+        row::build(&self.table, self.limits, row)
     }
 }
 
@@ -412,60 +396,6 @@ fn keep_key_order<K: Eq + std::hash::Hash>(
             },
         )
         .collect()
-}
-
-/// The columns a claim selects, in the order [`read_row`] reads them. `deliver_at` as Unix
-/// seconds (a TIMESTAMP's instant, whatever the session's time zone).
-const ROW_COLUMNS: &str =
-    "id, event_id, biz_key, topic, tags, headers, payload, UNIX_TIMESTAMP(deliver_at)";
-
-/// Marker put in a [`RowText`] field when the column was not valid UTF-8.
-const NOT_UTF8: &str = "\u{0}not-utf8";
-
-/// The first column of `text` that could not be read as text.
-fn text_problem(text: &RowText) -> Option<String> {
-    let columns = [
-        ("event_id", Some(&text.event_id)),
-        ("biz_key", text.biz_key.as_ref()),
-        ("topic", text.topic.as_ref()),
-        ("tags", text.tags.as_ref()),
-        ("headers", text.headers.as_ref()),
-        ("payload", text.payload.as_ref()),
-    ];
-    columns
-        .into_iter()
-        .find(|(_, v)| v.is_some_and(|v| v == NOT_UTF8))
-        .map(|(name, _)| format!("`{name}` is not valid UTF-8"))
-}
-
-/// The id and text columns of a selected row (in the order of [`Claimer::select_sql`]).
-fn read_row(row: Row) -> (u64, RowText) {
-    let values = row.unwrap();
-    let mut values = values.into_iter();
-    let id = match values.next() {
-        Some(Value::Int(i)) => i as u64,
-        Some(Value::UInt(u)) => u,
-        Some(Value::Bytes(b)) => String::from_utf8_lossy(&b).parse().unwrap_or(0),
-        _ => 0,
-    };
-    let mut next = || match values.next() {
-        None | Some(Value::NULL) => None,
-        Some(Value::Bytes(bytes)) => {
-            Some(String::from_utf8(bytes).unwrap_or_else(|_| NOT_UTF8.to_string()))
-        }
-        Some(other) => Some(other.as_sql(true)),
-    };
-    let event_id = next().unwrap_or_default();
-    let text = RowText {
-        event_id,
-        biz_key: next(),
-        topic: next(),
-        tags: next(),
-        headers: next(),
-        payload: next(),
-        deliver_at: next(),
-    };
-    (id, text)
 }
 
 #[cfg(test)]
@@ -593,38 +523,5 @@ mod tests {
         assert!(o
             .update_sql(1)
             .ends_with(&format!("WHERE id = ? AND {pending}")));
-    }
-
-    #[test]
-    fn claimed_rows_are_checked_like_binlog_rows() {
-        let c = claimer(ClaimStrategy::SkipLocked);
-        let good = RowText {
-            event_id: "e1".into(),
-            biz_key: Some("k".into()),
-            topic: Some("t".into()),
-            tags: None,
-            headers: Some(r#"{"a":"b"}"#.into()),
-            payload: Some("{}".into()),
-            deliver_at: None,
-        };
-        match c.build((7, good.clone())) {
-            Claimed::Event(row) => {
-                assert_eq!(row.id, 7);
-                assert_eq!(row.message.headers, vec![("a".into(), "b".into())]);
-            }
-            other => panic!("{other:?}"),
-        }
-        let bad = RowText {
-            payload: Some("not json".into()),
-            ..good.clone()
-        };
-        assert!(matches!(c.build((8, bad)), Claimed::Problem(p) if p.reason.contains("JSON")));
-        let garbled = RowText {
-            topic: Some(NOT_UTF8.into()),
-            ..good
-        };
-        assert!(
-            matches!(c.build((9, garbled)), Claimed::Problem(p) if p.reason.contains("`topic` is not valid UTF-8"))
-        );
     }
 }
