@@ -20,10 +20,10 @@ use crate::common;
 
 use common::http::{free_addr, get, wait_until_refused};
 use common::ledger::{ledger_db, Ledger};
+use common::process::{write_config_file, RelayProcess};
 use common::relay::{
     assert_read_every_event_in_key_order, count_status, current_position, relay_config_on,
-    seed_checkpoint, wait_for, wait_until_sent, write_config_file, write_events, RelayProcess,
-    RunningRelay,
+    seed_checkpoint, wait_for, wait_until_sent, write_events, RunningRelay,
 };
 use common::{wait_until, TestDb};
 use mysql_async::prelude::*;

@@ -9,7 +9,8 @@ use crate::common;
 #[allow(dead_code)]
 use crate::common::rows;
 
-use common::relay::{relay_config, write_config_file};
+use common::process::write_config_file;
+use common::relay::relay_config;
 use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;

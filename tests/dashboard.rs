@@ -18,9 +18,8 @@ use crate::common;
 
 use common::http::{free_addr, get};
 use common::ledger::{ledger_db, Failure, Ledger};
-use common::relay::{
-    relay_config, wait_for, wait_until_sent, write_config_file, write_events, RelayProcess,
-};
+use common::process::{write_config_file, RelayProcess};
+use common::relay::{relay_config, wait_for, wait_until_sent, write_events};
 use common::rocketmq::new_topic;
 use prometheus_client::registry::Registry;
 use rocketmq_outbox::consumer::{ConsumedEvent, ConsumerMetrics, Disposition, IdempotentProcessor};

@@ -7,9 +7,9 @@
 use crate::common;
 
 use common::http::{free_addr, get};
+use common::process::{write_config_file, RelayProcess};
 use common::relay::{
-    current_position, relay_fixture, seed_checkpoint, wait_for, wait_until_sent, write_config_file,
-    write_events, RelayProcess,
+    current_position, relay_fixture, seed_checkpoint, wait_for, wait_until_sent, write_events,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;

@@ -4,11 +4,11 @@
 
 use crate::common;
 
+use common::process::{write_config_file, RelayProcess};
 use common::relay::{
     assert_every_event_arrived_in_key_order, assert_read_every_event_in_key_order, commit_events,
     copies_per_event, count_status, current_position, deliveries, duplicates, relay_fixture,
-    seed_checkpoint, stored_messages, wait_for, wait_until_sent, write_config_file, write_events,
-    RelayProcess,
+    seed_checkpoint, stored_messages, wait_for, wait_until_sent, write_events,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;

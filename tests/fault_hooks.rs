@@ -7,9 +7,10 @@
 
 use crate::common;
 
+use common::process::write_config_file;
 use common::relay::{
     count_status, current_position, deliveries, duplicates, relay_fixture, seed_checkpoint,
-    wait_for, wait_until_sent, write_config_file, write_events,
+    wait_for, wait_until_sent, write_events,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;

@@ -7,9 +7,10 @@
 
 use crate::common;
 
+use common::process::{write_config_file, RelayProcess};
 use common::relay::{
     assert_key_order, assert_msg_ids_stored, commit_events, copies_per_event, outbox_rows,
-    relay_fixture, stored_messages, wait_for, write_config_file, RelayProcess,
+    relay_fixture, stored_messages, wait_for,
 };
 use common::rocketmq::new_topic;
 use common::TestDb;

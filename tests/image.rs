@@ -13,9 +13,10 @@
 use crate::common;
 
 use common::http::{free_addr, get};
+use common::process::RelayProcess;
 use common::relay::{
     assert_every_event_arrived_in_key_order, relay_config_on, wait_for, wait_until_sent,
-    write_events, RelayProcess,
+    write_events,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;

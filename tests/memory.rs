@@ -8,9 +8,8 @@
 //! `OUTBOX_MEMORY_TRANSACTIONS` and `OUTBOX_MEMORY_STUCK_FOR` (humantime).
 
 use crate::common::http::free_addr;
-use crate::common::relay::{
-    count_status, relay_fixture, wait_for, write_config_file, RelayProcess,
-};
+use crate::common::process::{write_config_file, RelayProcess};
+use crate::common::relay::{count_status, relay_fixture, wait_for};
 use crate::common::rocketmq::new_topic;
 use crate::common::TestDb;
 use mysql_async::prelude::*;

@@ -5,9 +5,8 @@
 use crate::common;
 
 use common::http::{free_addr, get};
-use common::relay::{
-    relay_config_on, wait_for, wait_until_sent, write_config_file, write_events, RelayProcess,
-};
+use common::process::{write_config_file, RelayProcess};
+use common::relay::{relay_config_on, wait_for, wait_until_sent, write_events};
 use common::TestDb;
 use outbox_devenv::{scratch_dir, RocketMq, RocketMqOptions};
 use std::time::Duration;

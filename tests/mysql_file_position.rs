@@ -15,10 +15,11 @@
 
 use crate::common;
 
+use common::process::{write_config_file, RelayProcess};
 use common::relay::{
     assert_every_event_arrived_in_key_order, count_status, current_position, deliveries,
     purge_all_but_the_newest_binlog, relay_fixture, seed_checkpoint, wait_for, wait_until_sent,
-    write_config_file, write_events, RelayProcess, RunningRelay,
+    write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;

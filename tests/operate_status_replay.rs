@@ -6,9 +6,10 @@
 
 use crate::common;
 
+use common::process::write_config_file;
 use common::relay::{
     commit_events, copies_per_event, current_position, relay_fixture, stored_messages,
-    wait_until_sent, write_config_file, RunningRelay,
+    wait_until_sent, RunningRelay,
 };
 use common::rocketmq::new_topic;
 use common::{database, TestDb};
@@ -301,7 +302,8 @@ async fn an_empty_outbox_is_healthy_while_an_instance_streams() {
 /// so, and its exit code is not 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_tells_that_no_instance_streams_once_the_only_one_is_killed() {
-    use common::relay::{wait_for, RelayProcess};
+    use common::process::RelayProcess;
+    use common::relay::wait_for;
     let db = TestDb::migrated("status_killed").await;
     let (config, dir) = relay_fixture(&db).at_current_end().await;
     let file = write_config_file(&config, dir.path());

@@ -3,9 +3,9 @@
 
 use crate::common;
 
+use common::process::{write_config_file, RelayProcess as Relay};
 use common::relay::{
-    count_status, deliveries, duplicates, poll_config, wait_for, wait_until_sent,
-    write_config_file, write_events, RelayProcess as Relay,
+    count_status, deliveries, duplicates, poll_config, wait_for, wait_until_sent, write_events,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;

@@ -3,11 +3,11 @@
 
 use crate::common;
 
+use common::process::{spawn_relay_process, write_config_file};
 use common::proxy::CuttingProxy;
 use common::relay::{
     assert_every_event_arrived_in_key_order, count_status, deliveries, last_committed_gtid,
-    relay_fixture, spawn_relay_process, stop_when_all_sent, wait_for, wait_until_sent,
-    write_config_file, write_events, RunningRelay,
+    relay_fixture, stop_when_all_sent, wait_for, wait_until_sent, write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;

@@ -10,10 +10,10 @@ use crate::common;
 
 use common::http::{free_addr, get, wait_until_refused};
 use common::java_client::JavaConsumer;
+use common::process::{write_config_file, RelayProcess};
 use common::relay::{
     assert_key_order, assert_msg_ids_stored, count_status, count_where, current_position,
-    relay_fixture, seed_checkpoint, wait_for, wait_until_sent, write_config_file, write_events,
-    OutboxRow, RelayProcess,
+    relay_fixture, seed_checkpoint, wait_for, wait_until_sent, write_events, OutboxRow,
 };
 use common::rocketmq::{rocketmq, TEST_QUEUES};
 use common::TestDb;

@@ -9,9 +9,10 @@ use crate::common;
 #[allow(dead_code)]
 use crate::common::rows;
 
+use common::process::{write_config_file, RelayProcess};
 use common::relay::{
     commit_events, current_position, deliveries, relay_fixture, seed_checkpoint, wait_until_sent,
-    write_config_file, write_events, RelayProcess, RunningRelay,
+    write_events, RunningRelay,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::{database, TestDb};

@@ -12,9 +12,8 @@ use crate::rocketmq5::{proxy, typed_topic};
 
 use common::http::{free_addr, wait_until_refused};
 use common::java_client::JavaConsumer;
-use common::relay::{
-    count_where, current_position, relay_fixture, seed_checkpoint, write_config_file, RelayProcess,
-};
+use common::process::{write_config_file, RelayProcess};
+use common::relay::{count_where, current_position, relay_fixture, seed_checkpoint};
 use common::rocketmq::rocketmq;
 use common::TestDb;
 use mysql_async::prelude::*;

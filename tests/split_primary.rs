@@ -9,11 +9,9 @@
 
 use crate::common;
 
+use common::process::{write_config_file, RelayProcess};
 use common::proxy::MovableProxy;
-use common::relay::{
-    copies_per_event, count_where, relay_fixture, stored_messages, wait_for, write_config_file,
-    RelayProcess,
-};
+use common::relay::{copies_per_event, count_where, relay_fixture, stored_messages, wait_for};
 use common::rocketmq::new_topic;
 use common::TestDb;
 use mysql_async::prelude::*;

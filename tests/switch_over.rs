@@ -7,9 +7,9 @@
 
 use crate::common;
 
+use common::process::{write_config_file, RelayProcess};
 use common::relay::{
-    assert_key_order, assert_msg_ids_stored, count_where, outbox_rows, sweeping_config,
-    write_config_file, OutboxRow, RelayProcess,
+    assert_key_order, assert_msg_ids_stored, count_where, outbox_rows, sweeping_config, OutboxRow,
 };
 use common::rocketmq::{new_topic, rocketmq, ContractMessage, TestProducer};
 use common::TestDb;

@@ -7,6 +7,7 @@
 pub mod http;
 pub mod java_client;
 pub mod ledger;
+pub mod process;
 pub mod proxy;
 pub mod relay;
 pub mod rocketmq;

@@ -18,7 +18,6 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -391,29 +390,6 @@ pub async fn commit_events(conn: &mut mysql_async::Conn, events: Vec<NewEvent>) 
     ids.into_iter().map(|id| id.to_string()).collect()
 }
 
-/// Writes `config` as the TOML file of a relay process.
-pub fn write_config_file(config: &Config, dir: &std::path::Path) -> std::path::PathBuf {
-    let path = dir.join("relay.toml");
-    std::fs::write(&path, toml::to_string(config).unwrap()).unwrap();
-    path
-}
-
-/// Starts `outbox-relay -c FILE run` as a child process (no metrics endpoint).
-pub fn spawn_relay_process(config_file: &std::path::Path) -> Child {
-    Command::new(outbox_devenv::workspace_binary("outbox-relay"))
-        .args([
-            "-c",
-            config_file.to_str().unwrap(),
-            "--metrics-listen",
-            "",
-            "run",
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("start outbox-relay run")
-}
-
 /// One arrival of a key's message: ((broker group, queue id), queue offset, row id).
 type Arrival<'a> = ((&'a str, i32), i64, u64);
 
@@ -556,88 +532,6 @@ pub fn assert_msg_ids_stored(rows: &[OutboxRow], messages: &[ReceivedMessage]) {
         unproven.len(),
         unproven.iter().take(5).collect::<Vec<_>>()
     );
-}
-
-/// A relay process that is killed if the test fails before stopping it.
-pub struct RelayProcess(Child);
-
-impl RelayProcess {
-    pub fn spawn(config_file: &std::path::Path) -> Self {
-        RelayProcess(spawn_relay_process(config_file))
-    }
-
-    /// `outbox-relay -c FILE --metrics-listen ADDR run` with `env` set, logging at the default
-    /// level to `log`.
-    pub fn spawn_serving(
-        config_file: &std::path::Path,
-        metrics: &str,
-        log: &std::path::Path,
-        env: &[(&str, &str)],
-    ) -> Self {
-        let mut command = Command::new(outbox_devenv::workspace_binary("outbox-relay"));
-        command
-            .args([
-                "-c",
-                config_file.to_str().unwrap(),
-                "--metrics-listen",
-                metrics,
-                "run",
-            ])
-            .env_remove("RUST_LOG")
-            .envs(env.iter().copied());
-        Self::spawn_command(command, log)
-    }
-
-    /// Starts `command` (a relay however launched: e.g. from an image's root filesystem) with
-    /// its stderr to `log`.
-    pub fn spawn_command(mut command: Command, log: &std::path::Path) -> Self {
-        let log = std::fs::File::create(log).expect("relay log file");
-        let child = command
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start outbox-relay run");
-        RelayProcess(child)
-    }
-
-    /// How the process ended, if it has.
-    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
-        self.0.try_wait().ok().flatten()
-    }
-
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    /// Sends `signal` (e.g. `SIGSTOP` to freeze the process, `SIGCONT` to thaw it).
-    pub fn signal(&self, signal: libc::c_int) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, signal) };
-    }
-
-    /// SIGKILL: no drain, no release of claimed rows.
-    pub fn kill(mut self) {
-        self.0.kill().unwrap();
-        self.0.wait().unwrap();
-    }
-
-    /// SIGTERM (graceful stop); the exit must be clean.
-    pub fn stop(mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
-        let status = self.0.wait().unwrap();
-        assert!(status.success(), "SIGTERM is a clean stop: {status:?}");
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 }
 
 /// How many deliveries beyond the first, over all events.
