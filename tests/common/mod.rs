@@ -155,16 +155,21 @@ pub async fn wait_until_every<F, Fut>(
     let deadline = std::time::Instant::now() + timeout;
     while !condition().await {
         if std::time::Instant::now() >= deadline {
-            // Read before panicking (a panic holding the lock would poison it for every later
-            // test of the binary).
-            let notes: String = timeout_notes()
-                .iter()
-                .map(|note| format!("\n(in this test binary) {note}"))
-                .collect();
-            panic!("timed out after {timeout:?} waiting for {what}{notes}");
+            timed_out(what, timeout);
         }
         tokio::time::sleep(period).await;
     }
+}
+
+/// Fails the test: `timeout` passed waiting for `what`, with the binary's notes.
+pub fn timed_out(what: &str, timeout: std::time::Duration) -> ! {
+    // Read before panicking (a panic holding the lock would poison it for every later test of
+    // the binary).
+    let notes: String = timeout_notes()
+        .iter()
+        .map(|note| format!("\n(in this test binary) {note}"))
+        .collect();
+    panic!("timed out after {timeout:?} waiting for {what}{notes}");
 }
 
 /// How long the isolation and cluster tests hold a fault once the relay has met it: `short`

@@ -236,10 +236,18 @@ where
 
 /// Waits (see [`wait_for`]) until exactly `total` rows of the outbox are SENT.
 pub async fn wait_until_sent(db: &TestDb, total: u64, timeout: Duration) {
-    wait_for(&format!("{total} rows SENT"), timeout, || async {
-        count_status(db, rocketmq_outbox::outbox::Status::Sent).await == total
-    })
-    .await;
+    let deadline = std::time::Instant::now() + timeout;
+    while count_status(db, rocketmq_outbox::outbox::Status::Sent).await != total {
+        if std::time::Instant::now() >= deadline {
+            let by_status: Vec<(i8, u64)> = (db.conn().await)
+                .query("SELECT status, COUNT(*) FROM outbox_event GROUP BY status")
+                .await
+                .unwrap_or_default();
+            let what = format!("{total} rows SENT; (status, rows) now: {by_status:?}");
+            super::timed_out(&what, timeout);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits up to `timeout` for `total` SENT rows, stops `relay`, and checks that nothing was
