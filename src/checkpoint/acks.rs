@@ -31,8 +31,8 @@ impl Acknowledge for Shared {
 /// A look at the stream's progress, for the sweep gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Progress {
-    /// Transactions read but not yet passed.
-    pub in_flight: usize,
+    /// Events handed on and not completed yet.
+    pub events_outstanding: u64,
     /// Moves whenever an event completes or a transaction is passed (see `Watermark::progress`).
     pub count: u64,
     /// The commit time of the oldest transaction with events not yet completed
@@ -98,7 +98,7 @@ impl Acknowledgements {
     pub fn progress(&self) -> Progress {
         let w = self.watermark();
         Progress {
-            in_flight: w.in_flight(),
+            events_outstanding: w.events_outstanding(),
             count: w.progress(),
             oldest_unfinished_commit: w.oldest_unfinished_commit(),
         }
@@ -147,6 +147,7 @@ mod tests {
         c.acknowledge();
         assert!(acks.is_done(again));
         assert_eq!(acks.position().pos, 0, "held behind the first");
-        assert_eq!(acks.progress().in_flight, 3);
+        assert_eq!(acks.in_flight(), 3, "transactions from the oldest unfinished one");
+        assert_eq!(acks.progress().events_outstanding, 1, "a: dropped, never acknowledged");
     }
 }

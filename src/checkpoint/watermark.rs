@@ -123,6 +123,8 @@ pub struct Watermark {
     advanced: u64,
     /// Events completed since the start.
     completed: u64,
+    /// Events added and not completed yet.
+    outstanding: u64,
 }
 
 impl Watermark {
@@ -134,6 +136,7 @@ impl Watermark {
             position,
             advanced: 0,
             completed: 0,
+            outstanding: 0,
         }
     }
 
@@ -162,6 +165,7 @@ impl Watermark {
     /// Counts one more event of `seq` that must complete before the watermark passes it.
     pub fn add_event(&mut self, seq: TxSeq) {
         self.entry(seq).remaining += 1;
+        self.outstanding += 1;
     }
 
     /// Closes `seq` at `end`; no more events will be added to it.
@@ -192,6 +196,7 @@ impl Watermark {
             .checked_sub(1)
             .expect("more completions than events");
         self.completed += 1;
+        self.outstanding -= 1;
         self.settle(seq);
     }
 
@@ -233,6 +238,11 @@ impl Watermark {
     pub fn in_flight(&self) -> usize {
         let oldest = self.entries.keys().next().copied().unwrap_or(self.next);
         usize::try_from(self.next - oldest).unwrap_or(usize::MAX)
+    }
+
+    /// Events handed on and not completed yet (in the senders, or held back for key order).
+    pub fn events_outstanding(&self) -> u64 {
+        self.outstanding
     }
 
     /// Entries held: the transactions still open or with events not completed. This, not

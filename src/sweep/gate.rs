@@ -8,8 +8,9 @@
 //!   ([`Acknowledgements::progress`]): the newest commit read ([`StreamClock`]), or now once the
 //!   server has nothing more to send, or earlier: the commit of the oldest transaction whose
 //!   events are still on their way. So a stream catching up on a backlog is not raced for the
-//!   rows it is about to read or still holds. And only while the stream is idle or made
-//!   progress (an event completed) within the last half `min_age`: a stream stalled on the
+//!   rows it is about to read or still holds. And only while the stream is idle (no event on
+//!   its way to the broker) or made progress (an event completed) within the last half
+//!   `min_age`: a stream stalled on the
 //!   broker holds its rows in memory and sends them when the broker returns; sweeping them
 //!   meanwhile would send them twice (and fail the same way while the broker is down). Events
 //!   the stream's key-order guard holds back ([`HeldForOrder`]) do not count as a stall: they
@@ -97,7 +98,7 @@ impl SweepGate {
                     .oldest_unfinished_commit
                     .map_or(Duration::ZERO, StreamClock::since);
                 // Held events wait for this sweeper, not for the broker.
-                let sending = progress.in_flight.saturating_sub(held.get());
+                let sending = (progress.events_outstanding).saturating_sub(held.get() as u64);
                 stream_allows(sending, progress.count, seen, base)
                     .then_some(base + read_behind.max(held_behind))
             }
@@ -133,10 +134,10 @@ async fn mirror_behind(pool: &Pool, relay_name: &str) -> Option<Duration> {
     Some(Duration::from_micros(micros))
 }
 
-/// True when the stream is idle (nothing in flight) or made progress within `base / 2`;
-/// `seen` remembers the last `progress` count and when it changed.
+/// True when the stream is idle (no event on its way to the broker: `sending` is 0) or made
+/// progress within `base / 2`; `seen` remembers the last `progress` count and when it changed.
 fn stream_allows(
-    in_flight: usize,
+    sending: u64,
     progress: u64,
     seen: &mut Option<(u64, Instant)>,
     base: Duration,
@@ -144,7 +145,7 @@ fn stream_allows(
     let now = Instant::now();
     match seen {
         Some((count, at)) if *count == progress => {
-            in_flight == 0 || now.duration_since(*at) < base / 2
+            sending == 0 || now.duration_since(*at) < base / 2
         }
         _ => {
             *seen = Some((progress, now));
@@ -179,7 +180,7 @@ mod tests {
     async fn events_held_for_key_order_are_not_a_stalled_stream() {
         let acks = Acknowledgements::new(crate::binlog::BinlogPosition::default());
         let seq = acks.begin();
-        let _in_flight = acks.event(seq);
+        let (_held, sending) = (acks.event(seq), acks.event(seq));
         let clock = StreamClock::default();
         clock.arm();
         clock.heartbeat();
@@ -196,9 +197,23 @@ mod tests {
             "an event in flight to the broker with no progress: a stalled stream"
         );
         held.set(1);
+        assert_eq!(
+            gate.min_age(base, &pool).await,
+            None,
+            "one of the two events is held for key order, the other still on its way"
+        );
+        sending.acknowledge(); // e.g. released: given back
+        assert!(gate.min_age(base, &pool).await.is_some(), "progress");
+        std::thread::sleep(Duration::from_millis(120));
         assert!(
             gate.min_age(base, &pool).await.is_some(),
-            "the one event in flight waits for the sweeper (held for key order)"
+            "the one event left waits for the sweeper (held for key order), not for the broker"
+        );
+        held.set(0);
+        assert_eq!(
+            gate.min_age(base, &pool).await,
+            None,
+            "the same event on its way to the broker, no progress: stalled"
         );
     }
 }
