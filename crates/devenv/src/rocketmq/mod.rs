@@ -370,10 +370,16 @@ impl RocketMq {
     }
 
     /// Creates (or updates) `topic` with `queues` read and write queues on every master the
-    /// name server lists, and waits until the route shows them all. Works whether or not the
+    /// name server lists, and waits until the route shows them all; in controller mode also until
+    /// every slave holds it (a slave promoted without it refuses it). Works whether or not the
     /// brokers auto-create topics.
     pub fn create_topic(&self, topic: &str, queues: u32) -> io::Result<()> {
-        probe::Probe::new(&self.namesrv_addr, self.client_security())?.create_topic(topic, queues)
+        let probe = probe::Probe::new(&self.namesrv_addr, self.client_security())?;
+        probe.create_topic(topic, queues)?;
+        if self.options.controller {
+            probe.slaves_hold(topic)?;
+        }
+        Ok(())
     }
 
     /// Runs Apache's `mqadmin` against this cluster's name server (`-n` is added), e.g.
