@@ -486,6 +486,7 @@ async fn send_batch<S: Sink>(
             Next::Parked { delay } => {
                 tracing::debug!(%topic, queue, %reason, ?delay, size,
                     "send of a parked topic's events not acknowledged; trying again");
+                crate::send::stall::still_parked(&topic, &reason, delay);
             }
             Next::GiveUp => {
                 return Ok(report_all(completions, batch, backoff.gave_up(&reason)).await?)

@@ -378,6 +378,24 @@ pub fn count_parked(topic: &str) {
         .inc();
 }
 
+/// How often a parked topic's failed attempts are logged: its probe's failures are otherwise
+/// at debug (one per lane per attempt), and an operator would see nothing after the line that
+/// says the topic parked, however long it stays so.
+const STILL_PARKED_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// A parked topic's attempt (the batch its lane keeps to learn when the topic accepts events
+/// again) failed for `reason`: once per [`STILL_PARKED_LOG_EVERY`] per topic, a WARN line says
+/// it is still parked and why.
+pub fn still_parked(topic: &str, reason: &str, delay: Duration) {
+    static LINES: std::sync::LazyLock<crate::logging::Throttle> =
+        std::sync::LazyLock::new(|| crate::logging::Throttle::new(STILL_PARKED_LOG_EVERY));
+    if let Some(failures) = LINES.admit(topic) {
+        tracing::warn!(%topic, %reason, failures_since_last_line = failures, next_attempt_in = ?delay,
+            "topic {topic} still does not accept events: they wait PENDING in the outbox (never \
+             FAILED for this) and go out in key order once it does");
+    }
+}
+
 fn gauge_since(
     topic: &str,
 ) -> prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64> {
