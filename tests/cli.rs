@@ -2,23 +2,10 @@
 
 use crate::common;
 
+use common::process::{outbox_relay, outbox_relay_with};
 use outbox_devenv::SqlServer;
 use std::io::Write;
 use std::process::{Command, Output};
-
-fn outbox_relay(args: &[&str]) -> Output {
-    outbox_relay_with(args, &[])
-}
-
-/// Runs the binary with `env` set.
-fn outbox_relay_with(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(outbox_devenv::workspace_binary("outbox-relay"))
-        .args(args)
-        .env_remove("OUTBOX_RELAY_CONFIG")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run outbox-relay")
-}
 
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()

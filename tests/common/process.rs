@@ -2,7 +2,7 @@
 //! file, killed with `kill -9` or stopped with SIGTERM by the tests.
 
 use rocketmq_outbox::config::Config;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 /// Writes `config` as the TOML file of a relay process.
 pub fn write_config_file(config: &Config, dir: &std::path::Path) -> std::path::PathBuf {
@@ -107,4 +107,19 @@ impl Drop for RelayProcess {
             let _ = self.0.wait();
         }
     }
+}
+
+/// Runs `outbox-relay ARGS` (a command an operator types) to its end.
+pub fn outbox_relay(args: &[&str]) -> Output {
+    outbox_relay_with(args, &[])
+}
+
+/// Runs `outbox-relay ARGS` with `env` set, without a configuration file from the environment.
+pub fn outbox_relay_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(outbox_devenv::workspace_binary("outbox-relay"))
+        .args(args)
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run outbox-relay")
 }

@@ -2,23 +2,9 @@
 //! it refuses, what it prints and audits.
 
 use super::rows::{age_rows, insert_rows, FAILED, SENT};
+use crate::common::process::{outbox_relay, outbox_relay_with};
 use crate::common::TestDb;
 use serde_json::Value as Json;
-use std::process::{Command, Output};
-
-fn outbox_relay(args: &[&str]) -> Output {
-    outbox_relay_with(args, &[])
-}
-
-/// Runs the binary with `env` set.
-fn outbox_relay_with(args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(outbox_devenv::workspace_binary("outbox-relay"))
-        .args(args)
-        .env_remove("OUTBOX_RELAY_CONFIG")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run outbox-relay")
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
