@@ -384,8 +384,8 @@ pub fn count_parked(topic: &str) {
 const STILL_PARKED_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// A parked topic's attempt (the batch its lane keeps to learn when the topic accepts events
-/// again) failed for `reason`: once per [`STILL_PARKED_LOG_EVERY`] per topic, a WARN line says
-/// it is still parked and why.
+/// again) failed for `reason`: once a minute per topic, a WARN line says it is still parked
+/// and why.
 pub fn still_parked(topic: &str, reason: &str, delay: Duration) {
     static LINES: std::sync::LazyLock<crate::logging::Throttle> =
         std::sync::LazyLock::new(|| crate::logging::Throttle::new(STILL_PARKED_LOG_EVERY));

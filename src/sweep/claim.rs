@@ -4,8 +4,9 @@
 //! so two claimers never both claim the same row at the same time (one of them may claim it
 //! again after the lease expired and lease recovery returned it to PENDING: a duplicate, not a
 //! loss). Rows are returned in `id` order. Each claimed row is either a message that passed the
-//! same checks as the binlog decoder's ([`message_from_text`]) or a [`RowProblem`] to be marked
-//! FAILED with its reason.
+//! same checks as the binlog decoder's
+//! ([`message_from_text`](crate::outbox::message::message_from_text)) or a [`RowProblem`] to be
+//! marked FAILED with its reason.
 //!
 //! Two strategies, chosen once at start-up from the server's version:
 //! - [`ClaimStrategy::SkipLocked`] (MySQL ≥ 8.0, MariaDB ≥ 10.6): in one transaction,
