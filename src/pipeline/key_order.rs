@@ -126,7 +126,8 @@ pub struct KeyOrder {
     /// How long a key may be held before it is logged (the sweeper should have sent the older
     /// rows by then).
     warn_after: Duration,
-    /// How many events are held, for the sweeper's gate.
+    /// How many events `held` holds, for the sweeper's gate (kept as they come and go: the
+    /// dispatcher must not count every held key at each event).
     held_events: HeldForOrder,
 }
 
@@ -310,6 +311,7 @@ impl KeyOrder {
                 warned: false,
             });
             held.events.push_back(event);
+            self.held_events.add(1);
             self.publish();
             return true;
         }
@@ -332,6 +334,7 @@ impl KeyOrder {
             .collect();
         for key in parked {
             let held = self.held.remove(&key).expect("present");
+            self.held_events.remove(held.events.len());
             for mut event in held.events {
                 event.origin.release();
                 crate::send::stall::count_parked(&key.1.topic);
@@ -375,6 +378,7 @@ impl KeyOrder {
             let (mut go, stay): (Vec<ShardEvent>, Vec<ShardEvent>) =
                 held.events.drain(..).partition(|e| e.row.id < bound);
             held.events = stay.into();
+            self.held_events.remove(go.len());
             go.sort_by_key(|e| e.row.id);
             for event in go {
                 if inputs.send(event).await.is_err() {
@@ -539,6 +543,5 @@ impl KeyOrder {
         crate::metrics::relay()
             .keys_held_for_order
             .set(self.held.len() as i64);
-        (self.held_events).set(self.held.values().map(|key| key.events.len()).sum());
     }
 }

@@ -37,9 +37,14 @@ use std::time::{Duration, Instant};
 pub struct HeldForOrder(Arc<AtomicUsize>);
 
 impl HeldForOrder {
-    /// Records that `events` are held back now.
-    pub fn set(&self, events: usize) {
-        self.0.store(events, Ordering::Relaxed);
+    /// `events` more are held back.
+    pub fn add(&self, events: usize) {
+        self.0.fetch_add(events, Ordering::Relaxed);
+    }
+
+    /// `events` held back are let go (handed on or parked).
+    pub fn remove(&self, events: usize) {
+        self.0.fetch_sub(events, Ordering::Relaxed);
     }
 
     /// How many events are held back now.
@@ -196,7 +201,7 @@ mod tests {
             None,
             "an event in flight to the broker with no progress: a stalled stream"
         );
-        held.set(1);
+        held.add(1);
         assert_eq!(
             gate.min_age(base, &pool).await,
             None,
@@ -209,7 +214,7 @@ mod tests {
             gate.min_age(base, &pool).await.is_some(),
             "the one event left waits for the sweeper (held for key order), not for the broker"
         );
-        held.set(0);
+        held.remove(1);
         assert_eq!(
             gate.min_age(base, &pool).await,
             None,
