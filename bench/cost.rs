@@ -1,6 +1,7 @@
 //! What the relay costs the database its application shares: writers commit single-event
-//! transactions as fast as they can for a while, once with no relay and once with the relay
-//! running beside them (CDC, with and without its sweeper). Each run measures the commit rate
+//! transactions for a while, at a fixed rate (spread evenly) or as fast as they can, once with no
+//! relay and once with the relay running beside them (CDC, with and without its sweeper). Each
+//! run measures the commit rate
 //! the writers sustained, the database server's CPU per event and the binlog bytes per event,
 //! counted until the relay has recorded every event SENT: the difference between a run with the
 //! relay and the run without is what the relay adds.
@@ -8,10 +9,8 @@
 use crate::counters::{self, Counters};
 use crate::procs::CpuSplit;
 use crate::runs::{Bench, System};
-use crate::workload::{self, RelayChild};
+use crate::workload::{self, Pace, RelayChild};
 use mysql_async::prelude::*;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One writer-cost run.
@@ -22,6 +21,9 @@ pub struct CostResult {
     /// The relay logged its own updates with the server's full row image (as without the
     /// session privilege `relay.minimal_row_image` needs).
     pub full_row_image: bool,
+    pub pace: Pace,
+    /// The connections the writers committed from.
+    pub writers: usize,
     pub events: usize,
     /// Commits per second while the writers ran (one event each).
     pub commit_rate: f64,
@@ -38,10 +40,14 @@ pub struct CostResult {
 
 impl CostResult {
     pub fn label(&self) -> String {
-        match self.system {
+        let system = match self.system {
             None => "no relay".to_string(),
             Some(system) if self.full_row_image => format!("{} (full row image)", system.label()),
             Some(system) => system.label().to_string(),
+        };
+        match self.pace {
+            Pace::Rate(rate) => format!("{system} at {rate}/s"),
+            Pace::FlatOut => system,
         }
     }
 }
@@ -55,38 +61,6 @@ async fn binlog_bytes(pool: &mysql_async::Pool) -> u64 {
         .sum()
 }
 
-/// `writers` connections each commit one-event transactions (the latency runs' events) until
-/// `seconds` have passed; returns how many events were committed.
-async fn write_flat_out(
-    pool: &mysql_async::Pool,
-    topic: &str,
-    writers: usize,
-    seconds: u64,
-) -> usize {
-    let stop = Arc::new(AtomicBool::new(false));
-    let next = Arc::new(AtomicUsize::new(0));
-    let tasks: Vec<_> = (0..writers)
-        .map(|_| {
-            let (pool, topic) = (pool.clone(), topic.to_string());
-            let (stop, next) = (Arc::clone(&stop), Arc::clone(&next));
-            tokio::spawn(async move {
-                let mut conn = pool.get_conn().await.unwrap();
-                while !stop.load(Ordering::Relaxed) {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    workload::commit_one(&mut conn, &topic, n).await;
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.unwrap();
-    }
-    // Each writer took a number it then committed: the count is the last number taken.
-    next.load(Ordering::Relaxed)
-}
-
 impl Bench {
     /// One writer-cost run on a database of its own: the writers alone (`system` `None`) or
     /// beside `system`, which is streaming before the writers start (with the server's row
@@ -96,11 +70,16 @@ impl Bench {
         system: Option<System>,
         full_row_image: bool,
         writers: usize,
+        pace: Pace,
         seconds: u64,
     ) -> CostResult {
         let slug = system.map_or("none", System::slug);
         let image = if full_row_image { "_full" } else { "" };
-        let topic = format!("bench_cost_{slug}{image}");
+        let rate = match pace {
+            Pace::Rate(rate) => format!("_{rate}"),
+            Pace::FlatOut => String::new(),
+        };
+        let topic = format!("bench_cost_{slug}{image}{rate}");
         let (pool, url) = self.database(&topic).await;
         let start = workload::gtid_now(&pool).await;
         let relay = system.map(|system| {
@@ -127,7 +106,9 @@ impl Bench {
         let (bytes_before, before) = (binlog_bytes(&pool).await, watched.sample());
         let counted = Counters::read(&pool).await;
         let began = Instant::now();
-        let events = write_flat_out(&pool, &topic, writers, seconds).await;
+        let events = (workload::write_paced(&pool, &topic, writers, pace, seconds).await)
+            .committed_at
+            .len();
         let commit_rate = events as f64 / began.elapsed().as_secs_f64();
         if relay.is_some() {
             let deadline = Instant::now() + Duration::from_secs(300);
@@ -150,6 +131,8 @@ impl Bench {
         CostResult {
             system,
             full_row_image,
+            pace,
+            writers,
             events,
             commit_rate,
             database_cpu_us: per_event(split.of(self.database_role())),
@@ -166,32 +149,46 @@ const RATE_WITH_RELAY: f64 = 0.8;
 /// Binlog bytes the relay adds per event at most this share of the INSERT's own.
 const BINLOG_ADDED: f64 = 0.25;
 
+/// Database CPU the relay adds per event at most this share of the application's INSERT's, at
+/// fixed rates of single-event transactions.
+const DATABASE_ADDED: f64 = 0.5;
+
+/// The run without a relay at `run`'s pace.
+fn alone_of<'a>(costs: &'a [CostResult], run: &CostResult) -> Option<&'a CostResult> {
+    (costs.iter()).find(|c| c.system.is_none() && c.pace == run.pace)
+}
+
 /// The run without a relay, and `label`'s run.
 fn pair<'a>(costs: &'a [CostResult], label: &str) -> Option<(&'a CostResult, &'a CostResult)> {
-    let alone = costs.iter().find(|c| c.system.is_none())?;
-    Some((alone, costs.iter().find(|c| c.label() == label)?))
+    let with = costs.iter().find(|c| c.label() == label)?;
+    Some((alone_of(costs, with)?, with))
 }
 
 /// The report's section: one row per run, and what each relay adds per event.
-pub fn write_section(costs: &[CostResult], writers: usize, database: &str, s: &mut String) {
+pub fn write_section(costs: &[CostResult], database: &str, s: &mut String) {
     use std::fmt::Write as _;
-    let Some(alone) = costs.iter().find(|c| c.system.is_none()) else {
+    if costs.is_empty() {
         return;
-    };
+    }
     let _ = writeln!(
         s,
-        "\n### What the relay costs the application's writers\n\n{writers} writers commit \
-         one-event transactions (the latency runs' events) as fast as they can, alone and with \
-         the relay streaming beside them; CPU and binlog are counted until every event is SENT. \
-         \"Added\" is the run's figure less the writers' alone.\n\n\
-         | run | events | commits/s | × alone | {database} CPU µs/event | added | binlog B/event | added | relay CPU µs/event |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "\n### What the relay costs the application's writers\n\nWriters commit \
+         one-event transactions (the latency runs' events), at a fixed rate spread evenly (\"at \
+         N/s\") or as fast as they can, alone and with the relay streaming beside them; CPU and \
+         binlog are counted until every event is SENT. \"Added\" is the run's figure less the \
+         writers' alone at the same pace.\n\n\
+         | run | writers | events | commits/s | × alone | {database} CPU µs/event | added | binlog B/event | added | relay CPU µs/event |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for c in costs {
+        let Some(alone) = alone_of(costs, c) else {
+            continue;
+        };
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.2}× | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} |",
+            "| {} | {} | {} | {:.0} | {:.2}× | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} |",
             c.label(),
+            c.writers,
             c.events,
             c.commit_rate,
             c.commit_rate / alone.commit_rate,
@@ -219,6 +216,39 @@ pub fn write_section(costs: &[CostResult], writers: usize, database: &str, s: &m
 /// The goals rows (goal, measured, met) of the writer-cost runs.
 pub fn goals(costs: &[CostResult]) -> Vec<(String, String, bool)> {
     let mut rows = Vec::new();
+    let defaults =
+        (costs.iter()).filter(|c| c.system == Some(System::CdcSweeper) && !c.full_row_image);
+    for with in defaults {
+        let Some(alone) = alone_of(costs, with) else {
+            continue;
+        };
+        let added = with.database_cpu_us - alone.database_cpu_us;
+        let ratio = added / alone.database_cpu_us;
+        // Not at saturation, or it measures contention for the cores rather than the relay.
+        let Pace::Rate(rate) = with.pace else {
+            continue;
+        };
+        let reached = |c: &CostResult| c.commit_rate >= 0.95 * rate as f64;
+        let saturated = match reached(alone) && reached(with) {
+            true => String::new(),
+            false => format!(
+                " (saturated, not a verdict: the writers committed {:.0}/s alone, {:.0}/s \
+                 beside the relay)",
+                alone.commit_rate, with.commit_rate
+            ),
+        };
+        rows.push((
+            format!(
+                "database CPU the relay adds per event ≤ {DATABASE_ADDED}× the INSERT's ({})",
+                with.label()
+            ),
+            format!(
+                "{added:.1} / {:.1} µs = {ratio:.2}×{saturated}",
+                alone.database_cpu_us
+            ),
+            ratio <= DATABASE_ADDED && saturated.is_empty(),
+        ));
+    }
     if let Some((alone, with)) = pair(costs, System::CdcSweeper.label()) {
         let ratio = with.commit_rate / alone.commit_rate;
         rows.push((

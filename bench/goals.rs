@@ -18,8 +18,6 @@ const STEADY_OVER_DRAIN: f64 = 3.0;
 /// The relay as users run it (sweeper on): p50 and p99 at most this many times the sweeper-off
 /// figures of the same run.
 const SWEEPER_ON_OVER_OFF: f64 = 1.2;
-/// Relay CPU per event at a steady 500/s of single-event transactions, defaults (µs).
-const STEADY_500_CPU_US: f64 = 100.0;
 
 /// Writes the goals table of `report` to `s`.
 pub fn write(report: &Report<'_>, s: &mut String) {
@@ -150,13 +148,5 @@ fn sweeper_goals(report: &Report<'_>, s: &mut String) {
                 verdict(ratio <= SWEEPER_ON_OVER_OFF)
             );
         }
-    }
-    if let Some(l) = report.latency_of(on, 500) {
-        let _ = writeln!(
-            s,
-            "| relay CPU per event at a steady 500/s, defaults ≤ {STEADY_500_CPU_US:.0} µs | {:.1} µs | {} |",
-            l.cpu_us_per_event,
-            verdict(l.cpu_us_per_event <= STEADY_500_CPU_US)
-        );
     }
 }

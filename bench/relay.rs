@@ -26,7 +26,9 @@
 //! (7500,10000,12500,15000,20000,25000,30000; "" for none) `--seconds S` (10) `--shards N` (8)
 //! `--poll-batch N` (100) `--poll-interval-ms N` (500) `--singles N` (3000) `--out DIR`
 //! (bench/results) `--no-poll` (CDC only) `--peers` (Debezium, Canal and the sweeper's drain too)
-//! `--cost-seconds S` (10; 0 skips the writer-cost runs) `--cost-writers N` (4);
+//! `--cost-seconds S` (10; 0 skips the writer-cost runs) `--cost-writers N` (4) `--cost-rates
+//! A,B` (1000,5000: writer-cost runs at those fixed rates too) `--rate-writers N` (8: the
+//! connections the fixed-rate writers commit from, one event per transaction);
 //! `BENCH_SENT_COLUMNS=nullable` makes `msg_id` and `sent_at` NULL until SENT (the form before
 //! the in-place SENT mark) in every database of the run. `BENCH_PERF="-F 999 -g"` runs `perf record` on the
 //! relay during each drain and latency run (`perf.data` in its run directory; `BENCH_PERF_ALL=1`:
@@ -58,6 +60,7 @@ use runs::{Bench, System};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use workload::Pace;
 
 struct Args {
     backlog: usize,
@@ -72,6 +75,8 @@ struct Args {
     peers: bool,
     cost_seconds: u64,
     cost_writers: usize,
+    cost_rates: Vec<usize>,
+    rate_writers: usize,
     out: PathBuf,
 }
 
@@ -96,6 +101,8 @@ fn parse_args() -> Args {
         peers: false,
         cost_seconds: 10,
         cost_writers: 4,
+        cost_rates: vec![1000, 5000],
+        rate_writers: 8,
         out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/results")),
     };
     let mut it = std::env::args().skip(1);
@@ -115,6 +122,8 @@ fn parse_args() -> Args {
             "--peers" => args.peers = true,
             "--cost-seconds" => args.cost_seconds = value().parse().expect("--cost-seconds N"),
             "--cost-writers" => args.cost_writers = value().parse().expect("--cost-writers N"),
+            "--cost-rates" => args.cost_rates = list(&value()),
+            "--rate-writers" => args.rate_writers = value().parse().expect("--rate-writers N"),
             "--bench" => {}
             other => panic!("unknown flag {other}; see bench/relay.rs"),
         }
@@ -210,6 +219,7 @@ async fn main() {
         dir: relays_dir.clone(),
         debezium_home,
         canal_home,
+        rate_writers: args.rate_writers,
     };
 
     // 1. Broker ceiling.
@@ -318,16 +328,22 @@ async fn main() {
     // 5. What the relay costs the writers beside it (see `cost`).
     let mut costs = Vec::new();
     if args.cost_seconds > 0 {
-        let runs = [
-            (None, false),
-            (Some(System::Cdc), false),
-            (Some(System::CdcSweeper), false),
-            (Some(System::CdcSweeper), true),
+        let flat_out = [
+            (None, false, Pace::FlatOut),
+            (Some(System::Cdc), false, Pace::FlatOut),
+            (Some(System::CdcSweeper), false, Pace::FlatOut),
+            (Some(System::CdcSweeper), true, Pace::FlatOut),
         ];
-        for (system, full_row_image) in runs {
-            let result = bench
-                .writer_cost(system, full_row_image, args.cost_writers, args.cost_seconds)
-                .await;
+        let at_rates = (args.cost_rates.iter()).flat_map(|&rate| {
+            [None, Some(System::CdcSweeper)].map(|system| (system, false, Pace::Rate(rate)))
+        });
+        for (system, full_row_image, pace) in flat_out.into_iter().chain(at_rates) {
+            let writers = match pace {
+                Pace::Rate(_) => args.rate_writers,
+                Pace::FlatOut => args.cost_writers,
+            };
+            let seconds = args.cost_seconds;
+            let result = (bench.writer_cost(system, full_row_image, writers, pace, seconds)).await;
             eprintln!(
                 "writer cost, {}: {:.0} commits/s, database {:.1} µs/event, binlog {:.0} B/event",
                 result.label(),
@@ -345,9 +361,15 @@ async fn main() {
         load_before,
         load_after: procs::load_average(),
         settings: format!(
-            "backlog {}, {} s per rate, relay.shards {}, poll.interval {} ms, poll.batch_size {}, \
-             sweeper off unless named, 8 queues per topic, relay log level warn",
-            args.backlog, args.seconds, args.shards, args.poll_interval_ms, args.poll_batch
+            "backlog {}, {} s per rate, fixed rates from {} connections (one event per \
+             transaction, commits spread evenly), relay.shards {}, poll.interval {} ms, \
+             poll.batch_size {}, sweeper off unless named, 8 queues per topic, relay log level warn",
+            args.backlog,
+            args.seconds,
+            args.rate_writers,
+            args.shards,
+            args.poll_interval_ms,
+            args.poll_batch
         ),
         database_role: db_role,
         ceiling: &ceiling,
@@ -355,7 +377,6 @@ async fn main() {
         drains: &drains,
         latencies: &latencies,
         costs: &costs,
-        cost_writers: args.cost_writers,
     };
     let mut markdown = report.markdown();
     goals::write(&report, &mut markdown);

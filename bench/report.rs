@@ -41,7 +41,6 @@ pub struct Report<'a> {
     pub drains: &'a [DrainResult],
     pub latencies: &'a [LatencyResult],
     pub costs: &'a [crate::cost::CostResult],
-    pub cost_writers: usize,
 }
 
 /// How a goal's row ends: met or not met.
@@ -187,7 +186,7 @@ impl Report<'_> {
         }
 
         self.stages(&mut s);
-        crate::cost::write_section(self.costs, self.cost_writers, self.database_role, &mut s);
+        crate::cost::write_section(self.costs, self.database_role, &mut s);
         s
     }
 

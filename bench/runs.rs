@@ -218,6 +218,8 @@ pub struct Bench {
     pub debezium_home: Option<PathBuf>,
     /// Canal's built distribution, when peers run.
     pub canal_home: Option<PathBuf>,
+    /// The connections the fixed-rate writers commit from.
+    pub rate_writers: usize,
 }
 
 impl Bench {

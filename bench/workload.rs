@@ -11,6 +11,8 @@ use rocketmq_outbox::producer::{NewEvent, Outbox, Payload};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const KEYS: usize = 10_000;
@@ -158,13 +160,14 @@ pub async fn write_backlog(pool: &mysql_async::Pool, topic: &str, count: usize) 
     }
 }
 
-/// Commits event `n` to `topic` in a transaction of its own on `conn`.
-pub async fn commit_one(conn: &mut mysql_async::Conn, topic: &str, n: usize) {
+/// Commits event `n` to `topic` in a transaction of its own on `conn`; returns its event id.
+async fn commit_one(conn: &mut mysql_async::Conn, topic: &str, n: usize) -> String {
     let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
-    (Outbox::default().enqueue_batch(&mut tx, vec![event(topic, n)]))
+    let mut ids = (Outbox::default().enqueue_batch(&mut tx, vec![event(topic, n)]))
         .await
         .unwrap();
     tx.commit().await.unwrap();
+    String::from(ids.remove(0))
 }
 
 /// Puts every row back to PENDING (for the next drain of the same rows).
@@ -180,7 +183,7 @@ pub async fn reset_to_pending(pool: &mysql_async::Pool) {
         .unwrap();
 }
 
-/// What the fixed-rate writer did.
+/// What the writers did.
 pub struct Written {
     /// event_id → wall-clock µs when its COMMIT returned.
     pub committed_at: HashMap<String, i64>,
@@ -189,37 +192,62 @@ pub struct Written {
     pub last_commit: Instant,
 }
 
-/// Commits `rate` events/s to `topic` for `seconds`: every 10 ms one transaction of `rate/100`
-/// events; records the microsecond each COMMIT returned.
-pub async fn write_at_rate(
+/// How the writers commit: event `n` at `n / rate` seconds after they start (commits spread
+/// evenly, as an application's requests arrive), or each as fast as it can.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    Rate(usize),
+    FlatOut,
+}
+
+/// `writers` connections commit one-event transactions (the article's shape: one business
+/// change, one outbox row) to `topic` for `seconds`, taking event numbers in turn, at `pace`;
+/// records the microsecond each COMMIT returned.
+pub async fn write_paced(
     pool: &mysql_async::Pool,
     topic: &str,
-    rate: usize,
+    writers: usize,
+    pace: Pace,
     seconds: u64,
 ) -> Written {
-    let outbox = Outbox::default();
-    let total = rate * seconds as usize;
-    let per_tick = (rate / 100).max(1);
-    let mut committed_at = HashMap::with_capacity(total);
-    let mut conn = pool.get_conn().await.unwrap();
-    let mut ticker = tokio::time::interval(Duration::from_millis(10));
-    let began = Instant::now();
-    let mut n = 0;
-    while n < total {
-        ticker.tick().await;
-        let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
-        let events = (n..(n + per_tick).min(total))
-            .map(|i| event(topic, i))
-            .collect();
-        let ids = outbox.enqueue_batch(&mut tx, events).await.unwrap();
-        tx.commit().await.unwrap();
-        let at = rocketmq_outbox::event::now_us() as i64;
-        n += ids.len();
-        committed_at.extend(ids.into_iter().map(|id| (String::from(id), at)));
+    let total = match pace {
+        Pace::Rate(rate) => rate * seconds as usize,
+        Pace::FlatOut => usize::MAX,
+    };
+    let next = Arc::new(AtomicUsize::new(0));
+    let began = tokio::time::Instant::now();
+    let until = began + Duration::from_secs(seconds);
+    let tasks: Vec<_> = (0..writers.max(1))
+        .map(|_| {
+            let (pool, topic, next) = (pool.clone(), topic.to_string(), Arc::clone(&next));
+            tokio::spawn(async move {
+                let mut conn = pool.get_conn().await.unwrap();
+                let mut committed = Vec::new();
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    match pace {
+                        Pace::Rate(rate) if n < total => {
+                            let due =
+                                Duration::from_nanos((n as u64 * 1_000_000_000) / rate as u64);
+                            tokio::time::sleep_until(began + due).await;
+                        }
+                        Pace::FlatOut if tokio::time::Instant::now() < until => {}
+                        _ => break,
+                    }
+                    let id = commit_one(&mut conn, &topic, n).await;
+                    committed.push((id, rocketmq_outbox::event::now_us() as i64));
+                }
+                committed
+            })
+        })
+        .collect();
+    let mut committed_at = HashMap::new();
+    for task in tasks {
+        committed_at.extend(task.await.unwrap());
     }
     Written {
+        achieved_rate: committed_at.len() as f64 / began.elapsed().as_secs_f64(),
         committed_at,
-        achieved_rate: total as f64 / began.elapsed().as_secs_f64(),
         last_commit: Instant::now(),
     }
 }

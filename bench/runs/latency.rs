@@ -1,4 +1,5 @@
-//! The latency run: a writer at a fixed commit rate, each event's latency read from the
+//! The latency run: writers at a fixed commit rate (one event per transaction, commits spread
+//! evenly over several connections, as an application's requests arrive), each event's latency read from the
 //! broker's store (its store timestamp minus the writer's commit time).
 
 use super::{keep_trace, Bench, System};
@@ -24,7 +25,8 @@ impl Bench {
         running.start_profile();
         let before = watched.sample();
         let began = Instant::now();
-        let written = workload::write_at_rate(pool, &topic, rate, seconds).await;
+        let pace = workload::Pace::Rate(rate);
+        let written = workload::write_paced(pool, &topic, self.rate_writers, pace, seconds).await;
         let total = written.committed_at.len();
         let mut progress = workload::Progress::new();
         loop {
