@@ -172,9 +172,9 @@ async fn a_superseded_leaders_marks_touch_nothing_and_end_its_leadership() {
         .unwrap();
     let fence = Fence::new(4, BootInstant::now(), std::time::Duration::from_secs(60));
     let rule = MarkerContext {
-        owner: "a".into(),
         fence: fence.clone(),
         relay_name: Some("fenced".into()),
+        ..MarkerContext::new("a")
     };
     let refused = rocketmq_outbox::metrics::relay()
         .leadership_ended
@@ -217,9 +217,9 @@ async fn a_superseded_leaders_marks_touch_nothing_and_end_its_leadership() {
 
     // The leader of epoch 5 marks the same rows.
     let leader = MarkerContext {
-        owner: "b".into(),
         fence: Fence::new(5, BootInstant::now(), std::time::Duration::from_secs(60)),
         relay_name: Some("fenced".into()),
+        ..MarkerContext::new("b")
     };
     let pool = rocketmq_outbox::db::writer_pool(&db.config).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel(16);

@@ -71,6 +71,8 @@ pub struct MarkerContext {
     /// The deployment's row in `outbox_relay_state`: where the fence's epoch must still be the
     /// leader's for a mark to be written (`None`, or an open fence: not fenced in the database).
     pub relay_name: Option<String>,
+    /// How long a batch waits for more outcomes after its first (`relay.mark_linger`).
+    pub linger: std::time::Duration,
 }
 
 impl MarkerContext {
@@ -81,6 +83,7 @@ impl MarkerContext {
             owner: owner.into(),
             fence: Fence::open(),
             relay_name: None,
+            linger: crate::config::DEFAULT_MARK_LINGER,
         }
     }
 
@@ -146,7 +149,7 @@ pub async fn run_marker(
     let mut last_sample = None;
     let fenced = rule.epoch_condition();
     while let Some(first) = completions.recv().await {
-        let batch = gather(first, &mut completions).await;
+        let batch = gather(first, &mut completions, rule.linger).await;
         match record(&pool, &batch, &rule, fenced.as_ref(), &policy, &stop).await? {
             Recorded::Yes => {}
             Recorded::LeadershipOver => return Ok(stats),
@@ -250,22 +253,13 @@ fn count(stats: &mut MarkStats, batch: &[Completion]) {
     }
 }
 
-/// How long a marking batch waits for more outcomes after its first before it is written (unless
-/// it is full). The shards of one binlog transaction answer within a millisecond or so of each
-/// other (at 1k/s in `bench/`: p50 0.7 ms between the first and last answer of a 10 ms tick);
-/// without the wait they were marked in two UPDATEs per tick instead of one, each a commit for
-/// the database and a transaction more in the binlog the relay reads back. With it, four rounds
-/// back to back in `bench/` (means): events per SENT UPDATE at 1k/s 5.1 → 9.9, relay CPU per
-/// event at 1k/s 135 → 120 µs and at 5k/s 32.1 → 29.4 µs. Only the SENT mark and the
-/// checkpoint wait; the event is already stored on the broker.
-const LINGER: std::time::Duration = std::time::Duration::from_millis(1);
-
-/// `first` and the outcomes that follow it within [`LINGER`], at most [`MAX_BATCH`].
+/// `first` and the outcomes that follow it within `linger`, at most [`MAX_BATCH`].
 async fn gather(
     first: Completion,
     completions: &mut mpsc::Receiver<Completion>,
+    linger: std::time::Duration,
 ) -> Vec<Completion> {
-    let deadline = tokio::time::Instant::now() + LINGER;
+    let deadline = tokio::time::Instant::now() + linger;
     let mut batch = vec![first];
     while batch.len() < MAX_BATCH {
         let next = match completions.try_recv() {

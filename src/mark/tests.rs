@@ -1,6 +1,7 @@
 use super::*;
 use crate::event::{Ack, Acknowledge};
 use std::sync::Arc;
+use crate::config::DEFAULT_MARK_LINGER as LINGER;
 
 struct Nobody;
 
@@ -57,14 +58,14 @@ async fn a_batch_takes_the_outcomes_that_follow_its_first_within_the_linger() {
         late.send(completion(false)).await.unwrap();
     });
     let began = tokio::time::Instant::now();
-    let batch = gather(completion(true), &mut rx).await;
+    let batch = gather(completion(true), &mut rx, LINGER).await;
     assert_eq!(
         batch.len(),
         2,
         "the outcome after the linger waits for the next batch"
     );
     assert_eq!(began.elapsed(), LINGER, "written when the linger ends");
-    let next = gather(rx.recv().await.unwrap(), &mut rx).await;
+    let next = gather(rx.recv().await.unwrap(), &mut rx, LINGER).await;
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].origin, Origin::Claimed);
 }
@@ -77,7 +78,7 @@ async fn a_full_batch_is_written_without_waiting() {
     }
     let began = tokio::time::Instant::now();
     let first = rx.recv().await.unwrap();
-    assert_eq!(gather(first, &mut rx).await.len(), MAX_BATCH);
+    assert_eq!(gather(first, &mut rx, LINGER).await.len(), MAX_BATCH);
     assert_eq!(began.elapsed(), std::time::Duration::ZERO);
     assert_eq!(rx.len(), 1, "the rest starts the next batch");
 }

@@ -147,6 +147,7 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
             owner,
             fence: self.fence.clone(),
             relay_name: Some(self.config.relay.name.clone()),
+            linger: self.config.relay.mark_linger,
         };
         self.send_stage(move |completions| run_marker(pool, completions, context, stop))
     }
