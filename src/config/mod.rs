@@ -237,10 +237,10 @@ pub struct RelayConfig {
 /// relay adds per event at 1k/s 171 → 128 µs (302 → 147 on MySQL 9.7; docs/performance.md).
 /// The price: the checkpoint and a SENT mark trail `SEND_OK` by up to this, and a relay killed
 /// with `kill -9` sends up to this much more traffic again.
-pub const DEFAULT_MARK_LINGER: Duration = Duration::from_millis(20);
+pub(crate) const DEFAULT_MARK_LINGER: Duration = Duration::from_millis(20);
 
 /// The longest `relay.mark_linger` allowed.
-pub const MAX_MARK_LINGER: Duration = Duration::from_secs(1);
+pub(crate) const MAX_MARK_LINGER: Duration = Duration::from_secs(1);
 
 impl Default for RelayConfig {
     fn default() -> Self {

@@ -130,6 +130,18 @@ fn bad_values_are_rejected_with_the_key() {
             .unwrap_err()
             .to_string();
         assert!(text.contains("interval"), "{text}");
+
+        let file = write_toml("[relay]\nmark_linger = \"2s\"\n");
+        let text = Config::load(Some(file.path()), serde_json::json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("relay.mark_linger") && text.contains("at most 1s"),
+            "{text}"
+        );
+        let file = write_toml("[relay]\nmark_linger = \"50ms\"\n");
+        let config = Config::load(Some(file.path()), serde_json::json!({})).unwrap();
+        assert_eq!(config.relay.mark_linger, Duration::from_millis(50));
         Ok(())
     });
 }
