@@ -219,15 +219,13 @@ pub fn goals(costs: &[CostResult]) -> Vec<(String, String, bool)> {
     let defaults =
         (costs.iter()).filter(|c| c.system == Some(System::CdcSweeper) && !c.full_row_image);
     for with in defaults {
-        let Some(alone) = alone_of(costs, with) else {
+        // The fixed-rate runs: not at saturation, or it measures contention for the cores
+        // rather than the relay.
+        let (Pace::Rate(rate), Some(alone)) = (with.pace, alone_of(costs, with)) else {
             continue;
         };
         let added = with.database_cpu_us - alone.database_cpu_us;
         let ratio = added / alone.database_cpu_us;
-        // Not at saturation, or it measures contention for the cores rather than the relay.
-        let Pace::Rate(rate) = with.pace else {
-            continue;
-        };
         let reached = |c: &CostResult| c.commit_rate >= 0.95 * rate as f64;
         let saturated = match reached(alone) && reached(with) {
             true => String::new(),
