@@ -227,7 +227,7 @@ pub async fn run(
     };
     let mut current: Option<TxSeq> = None;
     loop {
-        let batch = match d.receive_batch(&mut items).await {
+        let mut batch = match d.receive_batch(&mut items).await {
             Received::Batch(batch) => batch,
             Received::Closed => break,
             Received::TimerUp => {
@@ -237,6 +237,9 @@ pub async fn run(
                 continue;
             }
         };
+        if catch_up.is_none() {
+            d.read_on_for_skipped(&mut batch, &mut items).await;
+        }
         let recorded = match &catch_up {
             Some(catch_up) => catch_up.recorded(&batch).await,
             None => HashSet::new(),
@@ -296,13 +299,32 @@ impl Dispatcher {
             Err(_) => return Received::TimerUp,
         };
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match items.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
-            }
-        }
+        take_ready(&mut batch, items);
         Received::Batch(batch)
+    }
+
+    /// While `batch` skips ids of a table known clean (mostly other writers' older ids,
+    /// committed a moment later), reads on for up to [`key_order::GAP_WAIT`]: the ids that
+    /// arrive need no question (see [`KeyOrder::skips`]).
+    async fn read_on_for_skipped(
+        &self,
+        batch: &mut Vec<BinlogItem>,
+        items: &mut mpsc::Receiver<BinlogItem>,
+    ) {
+        let Some(order) = &self.key_order else {
+            return;
+        };
+        let parking = self.inputs.stalls().parking();
+        let none = HashSet::new();
+        let deadline = Instant::now() + key_order::GAP_WAIT;
+        while batch.len() < MAX_BATCH && order.skips(batch_rows(batch, &none, &parking)) {
+            match tokio::time::timeout_at(deadline, items.recv()).await {
+                Ok(Some(item)) => batch.push(item),
+                // Closed (the next receive says so), or the wait is over: ask.
+                Ok(None) | Err(_) => return,
+            }
+            take_ready(batch, items);
+        }
     }
 
     /// Before `batch` is handed on: takes the parking for the whole batch and asks the
@@ -382,6 +404,16 @@ impl Dispatcher {
     async fn tend_held(&mut self) -> bool {
         self.look_at_prepared();
         self.recheck_keys().await
+    }
+}
+
+/// Adds to `batch` the items the reader has ready, up to [`MAX_BATCH`] in all.
+fn take_ready(batch: &mut Vec<BinlogItem>, items: &mut mpsc::Receiver<BinlogItem>) {
+    while batch.len() < MAX_BATCH {
+        match items.try_recv() {
+            Ok(item) => batch.push(item),
+            Err(_) => break,
+        }
     }
 }
 
@@ -473,11 +505,12 @@ impl Dispatcher {
             let order = self.key_order.as_mut().expect("holding keys");
             order.park_held(&parking);
         }
-        if !self.holding_keys() || self.last_recheck.elapsed() < key_order::RECHECK {
+        let order = self.key_order.as_mut().expect("holding keys");
+        let due = self.last_recheck.elapsed() >= key_order::RECHECK || order.recheck_soon();
+        if !order.holding() || !due {
             return true;
         }
         self.last_recheck = Instant::now();
-        let order = self.key_order.as_mut().expect("holding keys");
         order.recheck(&self.acks, &self.inputs).await
     }
 

@@ -24,8 +24,10 @@
 //!
 //! Mostly nothing needs asking: while a table is *clean* (every waiting row up to the highest id
 //! read is the stream's own, see [`known`]) a batch whose ids follow on from what was read is
-//! handed on at once, and one whose ids skip some asks which of the skipped ids wait (one range
-//! of `idx_pending`, covering), and by key only when one does. A
+//! handed on at once. One whose ids skip some first reads on for them (at most [`GAP_WAIT`]:
+//! mostly other writers' older ids, committed a moment later), then asks which of the ids still
+//! skipped wait (one range of `idx_pending`, and those rows); a waiting one holds only its key's
+//! later events, until the stream reads it. A
 //! look off the stream's path (every [`known::LOOK_EVERY`] while batches flow) keeps the table
 //! known clean. A table not known clean (at start, while catching up, after the stream parked
 //! a row or a look found a row not its own) is asked by key, once per dispatcher batch (at most
@@ -39,7 +41,7 @@ use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::outbox::TableName;
 use crate::send::{SendInputs, ShardEvent, StalledSet};
 use crate::sweep::waiting::{
-    newest_per_key, waiting_ids, waiting_rows_of_keys_at_most, OrderKey, WaitingRow,
+    newest_per_key, waiting_rows_between, waiting_rows_of_keys_at_most, OrderKey, WaitingRow,
 };
 use crate::sweep::{HeldForOrder, Nudge};
 use mysql_async::Pool;
@@ -57,6 +59,14 @@ pub const RECHECK: Duration = Duration::from_millis(100);
 /// Rows of other writers (or of the sweeper's) a look at the held keys reads at most, beyond the
 /// stream's own: enough to send the sweeper a few claims' worth at each look.
 const LOOK_ROWS: usize = 1024;
+
+/// How long the dispatcher reads on, at most, for the ids a batch of a clean table skipped
+/// before it asks about them ([`KeyOrder::skips`]). With concurrent writers commit order is not
+/// id order: nearly every batch skips a few ids that the next binlog events bring a moment
+/// later. Asking at once put a round trip on the stream's path, and the rows found made the next
+/// batches ask by key (p99 "binlog read -> dispatched" at 5k events/s from 8 connections, MySQL
+/// 9.7: 13.8 ms, against 2.4 ms when nothing was asked; docs/performance.md).
+pub const GAP_WAIT: Duration = Duration::from_millis(2);
 
 /// A gap question reading this many waiting rows or more asks by key instead.
 const GAP_LIMIT: usize = 1_000;
@@ -126,6 +136,8 @@ pub struct KeyOrder {
     /// How long a key may be held before it is logged (the sweeper should have sent the older
     /// rows by then).
     warn_after: Duration,
+    /// A suspect a key may be held for arrived: look at the held keys again at once.
+    recheck_soon: bool,
     /// How many events `held` holds, for the sweeper's gate (kept as they come and go: the
     /// dispatcher must not count every held key at each event).
     held_events: HeldForOrder,
@@ -151,6 +163,7 @@ impl KeyOrder {
             checks: KeyOrderChecks::default(),
             warn_after,
             held_events,
+            recheck_soon: false,
         }
     }
 
@@ -160,9 +173,30 @@ impl KeyOrder {
         !self.held.is_empty()
     }
 
+    /// Whether the held keys should be looked at again before [`RECHECK`] is up: the stream
+    /// read a row some of them may have been held for.
+    pub fn recheck_soon(&self) -> bool {
+        self.recheck_soon
+    }
+
     /// Forgets what earlier checks learnt (a new dispatcher batch starts).
     pub fn new_batch(&mut self) {
         self.blockers.clear();
+    }
+
+    /// Whether a batch of `rows` would ask about ids the stream has not read yet, in a table
+    /// known clean ([`Known::skips`]): the dispatcher then reads on for up to [`GAP_WAIT`].
+    pub fn skips<'a>(&self, rows: impl Iterator<Item = &'a DecodedRow>) -> bool {
+        let mut by_table: HashMap<&Arc<TableName>, HashSet<u64>> = HashMap::new();
+        for row in rows {
+            let (table, id) = match row {
+                DecodedRow::Event(row) => (&row.table, row.id),
+                DecodedRow::Problem(problem) => (&problem.table, problem.id),
+                _ => continue,
+            };
+            by_table.entry(table).or_default().insert(id);
+        }
+        (by_table.iter()).any(|(table, ids)| self.known.get(*table).is_some_and(|k| k.skips(ids)))
     }
 
     /// Before the events of `rows` are handed on: learns, for each of their keys, the oldest
@@ -213,7 +247,7 @@ impl KeyOrder {
             let exclude = |id: u64| batch.contains(&id);
             self.checks.count(&question);
             let answer = match question {
-                Question::None => Ok(HashMap::new()),
+                Question::None => Ok(self.known_of(&table).blocking(&keys)),
                 Question::Gap(from, to) => {
                     (self.oldest_in_gap(&table, (from, to), &keys, batch.len(), exclude)).await
                 }
@@ -252,7 +286,10 @@ impl KeyOrder {
         if catching_up {
             known.spoil();
         }
-        let question = known.question(batch.iter().copied());
+        let (question, arrived) = known.question(batch.iter().copied());
+        // A key held for a suspect may go on once the stream reads it: looked at again now, not
+        // at the next RECHECK.
+        self.recheck_soon |= arrived && !self.held.is_empty();
         if !catching_up {
             // The batch's rows are carried once handed on, right after this.
             let own = (carried.iter())
@@ -347,6 +384,7 @@ impl KeyOrder {
     /// Looks at the held keys again: hands on, in order, each key's events that no older row
     /// waits for any more, and asks again for the rest. False once the shards are gone.
     pub async fn recheck(&mut self, acks: &Acknowledgements, inputs: &SendInputs) -> bool {
+        self.recheck_soon = false;
         if self.held.is_empty() {
             return true;
         }
@@ -446,10 +484,11 @@ impl KeyOrder {
         Ok(oldest)
     }
 
-    /// [`Self::oldest_waiting`] for a clean table: asks for the waiting ids among the ids the
+    /// [`Self::oldest_waiting`] for a clean table: asks for the waiting rows among the ids the
     /// stream skipped (`from`..=`to`). Those not its own are *suspects* (mostly another writer's
-    /// older id committed just now, which the stream reads next; see [`known::SETTLE`]): while
-    /// any is outstanding the batch is asked by key. Many: no longer clean.
+    /// older id committed just now, which the stream reads next; see [`known::SETTLE`]): until
+    /// the stream reads one, it holds the later events of its key ([`Known::blocking`]). Many:
+    /// no longer clean, asked by key.
     async fn oldest_in_gap(
         &mut self,
         table: &Arc<TableName>,
@@ -460,22 +499,19 @@ impl KeyOrder {
     ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
         let waiting = crate::db::bounded(async {
             let mut conn = self.pool.get_conn().await?;
-            waiting_ids(&mut conn, table, (from, to), GAP_LIMIT).await
+            waiting_rows_between(&mut conn, table, (from, to), GAP_LIMIT).await
         })
         .await?;
         if waiting.len() >= GAP_LIMIT {
             self.known_of(table).spoil();
-        } else {
-            let carried = &self.carried_ids;
-            let own = |id: &u64| exclude(*id) || carried.contains(&(Arc::clone(table), *id));
-            let suspects: Vec<u64> = waiting.into_iter().filter(|id| !own(id)).collect();
-            let known = self.known.entry(Arc::clone(table)).or_default();
-            known.suspect(suspects);
-            if !known.suspecting() {
-                return Ok(HashMap::new());
-            }
+            return self.oldest_waiting(table, keys, batch, exclude).await;
         }
-        self.oldest_waiting(table, keys, batch, exclude).await
+        let carried = &self.carried_ids;
+        let own = |id: u64| exclude(id) || carried.contains(&(Arc::clone(table), id));
+        let suspects = waiting.into_iter().filter(|row| !own(row.id));
+        let known = self.known.entry(Arc::clone(table)).or_default();
+        known.suspect(suspects);
+        Ok(known.blocking(keys))
     }
 
     /// Of `waiting` (rows of `table`), those neither this stream's nor named by `exclude`: the

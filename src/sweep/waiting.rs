@@ -47,6 +47,17 @@ pub struct WaitingRow {
     pub sending: bool,
 }
 
+impl WaitingRow {
+    /// From the columns `(id, topic, biz_key, status)`.
+    fn from_columns((id, topic, biz_key, status): (u64, String, String, i8)) -> Self {
+        WaitingRow {
+            id,
+            key: OrderKey { topic, biz_key },
+            sending: status == Status::Sending.code(),
+        }
+    }
+}
+
 /// (table, index) pairs found without the index a query names (its migration not applied):
 /// those queries run unhinted.
 static MISSING_INDEXES: std::sync::Mutex<std::collections::BTreeSet<(String, &'static str)>> =
@@ -200,13 +211,35 @@ pub async fn waiting_ids<Q: Queryable>(
     // this fails, and the guard asks by key as before.
     // The limit is bound, not written in: one statement text, prepared once per connection
     // (a look's limit changes with every look).
-    let sql = format!(
-        "SELECT id FROM {}{} WHERE {} AND id BETWEEN ? AND ? LIMIT ?",
+    q.exec(waiting_between_sql(table, "id"), (from, to, limit as u64))
+        .await
+}
+
+/// `columns` of the waiting rows of `table` in a range of ids, through `idx_pending` (binds: the
+/// first id, the last, the limit).
+fn waiting_between_sql(table: &TableName, columns: &str) -> String {
+    format!(
+        "SELECT {columns} FROM {}{} WHERE {} AND id BETWEEN ? AND ? LIMIT ?",
         table.sql(),
         pending_index_hint(true),
         waiting_ranges()
-    );
-    q.exec(sql, (from, to, limit as u64)).await
+    )
+}
+
+/// The waiting rows of `table` with ids from `from` to `to` (inclusive), at most `limit` of them,
+/// in no particular order: [`waiting_ids`] with each row's key, read from the row (the range of
+/// `idx_pending`, then the waiting rows only). The stream's key-order guard asks this about the
+/// ids it skipped: a few, mostly another writer's older rows committed a moment later; knowing
+/// their keys, it holds only those keys' later events until it reads them. Non-locking.
+pub async fn waiting_rows_between<Q: Queryable>(
+    q: &mut Q,
+    table: &TableName,
+    (from, to): (u64, u64),
+    limit: usize,
+) -> Result<Vec<WaitingRow>, mysql_async::Error> {
+    let sql = waiting_between_sql(table, "id, topic, biz_key, status");
+    let rows: Vec<(u64, String, String, i8)> = q.exec(sql, (from, to, limit as u64)).await?;
+    Ok(rows.into_iter().map(WaitingRow::from_columns).collect())
 }
 
 /// The rows `(id, topic, biz_key, status)` read below the highest bound that are also below
@@ -225,11 +258,7 @@ fn below_own_bounds(
                 .get(&(topic.as_str(), biz_key.as_str()))
                 .is_some_and(|below| id < below)
         })
-        .map(|(id, topic, biz_key, status)| WaitingRow {
-            id,
-            key: OrderKey { topic, biz_key },
-            sending: status == Status::Sending.code(),
-        })
+        .map(WaitingRow::from_columns)
         .collect();
     rows.sort_unstable_by_key(|row| row.id);
     rows

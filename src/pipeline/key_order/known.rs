@@ -6,10 +6,11 @@
 //! whose ids follow on from `read_max` with no gap needs no question at all: an older row of one
 //! of its keys that waits would have to be one the stream carries. A gap (ids the stream has not
 //! read: a rolled-back insert, a row written with the binlog off, one committed later) is asked
-//! about as a range of ids. A waiting row found there is mostly another writer's older id
-//! committed just after the batch, which the stream reads next; until it does (at most
-//! [`SETTLE`]: otherwise it is not in the binlog and the table is no longer clean) batches are
-//! asked by key.
+//! about as a range of ids, after the dispatcher read on briefly for them. A waiting row found
+//! there (a *suspect*) is mostly another writer's older id committed just after the batch, which
+//! the stream reads next; until it does (at most [`SETTLE`]: otherwise it is not in the binlog
+//! and the table is no longer clean) the later events of its key are held ([`Known::blocking`]):
+//! it is the only waiting row up to `read_max` that is not the stream's.
 //!
 //! The table becomes clean by a *look*: a query, off the stream's path, for the ids of the
 //! waiting rows up to `read_max`; clean when each is the stream's (carried, or read within
@@ -21,7 +22,7 @@
 //! up past rows someone else claimed, a failed question) ends it at once ([`Known::spoil`]).
 
 use crate::outbox::TableName;
-use crate::sweep::waiting::waiting_ids;
+use crate::sweep::waiting::{waiting_ids, OrderKey, WaitingRow};
 use mysql_async::Pool;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -71,9 +72,9 @@ pub struct Known {
     generation: u64,
     look: Option<Look>,
     last_look: Option<Instant>,
-    /// Waiting rows found in a gap that the stream has not read yet, and since when: while
-    /// any is outstanding, batches are asked by key ([`SETTLE`]).
-    suspects: HashMap<u64, Instant>,
+    /// Waiting rows found in a gap that the stream has not read yet: their keys, and since when
+    /// ([`SETTLE`]).
+    suspects: HashMap<u64, (OrderKey, Instant)>,
 }
 
 /// What to ask before a batch of the table is handed on.
@@ -83,8 +84,7 @@ pub enum Question {
     None,
     /// The waiting rows with ids in this range (inclusive): the ids the stream skipped.
     Gap(u64, u64),
-    /// Each key's older waiting rows (the table is not known to be clean, or rows found in a
-    /// gap have not reached the stream yet).
+    /// Each key's older waiting rows (the table is not known to be clean).
     Keys,
 }
 
@@ -116,26 +116,57 @@ impl Known {
 
     /// Waiting rows found in a gap, not the stream's: expected in the binlog shortly (see
     /// [`SETTLE`]).
-    pub fn suspect(&mut self, ids: impl IntoIterator<Item = u64>) {
+    pub fn suspect(&mut self, rows: impl IntoIterator<Item = WaitingRow>) {
         let now = Instant::now();
-        for id in ids {
-            self.suspects.entry(id).or_insert(now);
+        for row in rows {
+            self.suspects.entry(row.id).or_insert((row.key, now));
         }
     }
 
-    /// Whether rows found in a gap have yet to reach the stream.
-    pub fn suspecting(&self) -> bool {
-        !self.suspects.is_empty()
+    /// Of `keys` (each with the newest id of its events in a batch), those an older suspect
+    /// waits for, with the oldest such suspect's id. In a clean table the suspects are the only
+    /// waiting rows up to `read_max` that are not the stream's, so this is what asking by key
+    /// would answer.
+    pub fn blocking(&self, keys: &[(OrderKey, u64)]) -> HashMap<OrderKey, u64> {
+        let mut oldest: HashMap<OrderKey, u64> = HashMap::new();
+        if self.suspects.is_empty() {
+            return oldest;
+        }
+        let newest: HashMap<&OrderKey, u64> = keys.iter().map(|(key, id)| (key, *id)).collect();
+        for (&id, (key, _)) in &self.suspects {
+            if newest.get(key).is_some_and(|&newest| id < newest) {
+                let bound = oldest.entry(key.clone()).or_insert(id);
+                *bound = (*bound).min(id);
+            }
+        }
+        oldest
+    }
+
+    /// Whether a batch of the table with row ids `ids` would be asked about ids the stream has
+    /// not read: the table is clean, and the batch skips ids after `read_max` or leaves rows
+    /// found in an earlier gap unread. Those are mostly other writers' older ids committed a
+    /// moment later, next in the binlog: the dispatcher reads on for up to
+    /// [`crate::pipeline::key_order::GAP_WAIT`] before it asks ([`Question::Gap`] is a round
+    /// trip on the stream's path, and rows it finds make batches ask by key for up to
+    /// [`SETTLE`]).
+    pub fn skips(&self, ids: &HashSet<u64>) -> bool {
+        if !self.is_clean() {
+            return false;
+        }
+        let mut sorted: Vec<u64> = ids.iter().copied().collect();
+        sorted.sort_unstable();
+        gap(self.read_max, &sorted).is_some() || self.suspects.keys().any(|id| !ids.contains(id))
     }
 
     /// The question for a batch of the table with row ids `ids`, which the stream then counts as
-    /// read.
-    pub fn question(&mut self, ids: impl IntoIterator<Item = u64>) -> Question {
+    /// read; and whether the batch brought a suspect (a key held for it may go on).
+    pub fn question(&mut self, ids: impl IntoIterator<Item = u64>) -> (Question, bool) {
         let mut ids: Vec<u64> = ids.into_iter().collect();
         ids.sort_unstable();
+        let mut arrived = false;
         if !self.suspects.is_empty() {
             for id in &ids {
-                self.suspects.remove(id);
+                arrived |= self.suspects.remove(id).is_some();
             }
         }
         if let Some(look) = &mut self.look {
@@ -143,16 +174,16 @@ impl Known {
             look.read
                 .extend(ids.iter().copied().filter(|&id| id <= look.up_to));
         }
-        if self.suspects.values().any(|at| at.elapsed() >= SETTLE) {
+        if self.suspects.values().any(|(_, at)| at.elapsed() >= SETTLE) {
             self.spoil(); // a row the stream will not read waits
         }
         let question = match (self.is_clean(), gap(self.read_max, &ids)) {
             (true, Some((from, to))) => Question::Gap(from, to),
-            (true, None) if !self.suspecting() => Question::None,
-            _ => Question::Keys,
+            (true, None) => Question::None,
+            (false, _) => Question::Keys,
         };
         self.read_max = self.read_max.max(ids.last().copied().unwrap_or(0));
-        question
+        (question, arrived)
     }
 
     /// Takes the answer of a look finished and [`SETTLE`]d: clean when every waiting id it read
@@ -258,38 +289,75 @@ mod tests {
         assert_eq!(gap(0, &[5, 6]), Some((1, 4)));
     }
 
-    #[test]
-    fn a_table_not_known_clean_is_asked_by_key_and_its_ids_count_as_read() {
-        let mut known = Known::default();
-        assert_eq!(known.question([7, 5]), Question::Keys);
-        assert_eq!(known.read_max, 7);
-        known.clean_since = Some(Instant::now());
-        assert_eq!(known.question([8, 9]), Question::None);
-        assert_eq!(known.question([12]), Question::Gap(10, 11));
-        known.spoil();
-        assert_eq!(known.question([13]), Question::Keys);
+    /// A row of key `key` (topic "t") waiting with id `id`.
+    fn row(id: u64, key: &str) -> WaitingRow {
+        WaitingRow {
+            id,
+            key: OrderKey::new("t", key),
+            sending: false,
+        }
+    }
+
+    fn asked(known: &mut Known, ids: impl IntoIterator<Item = u64>) -> Question {
+        known.question(ids).0
     }
 
     #[test]
-    fn rows_found_in_a_gap_are_asked_by_key_until_the_stream_reads_them() {
+    fn a_table_not_known_clean_is_asked_by_key_and_its_ids_count_as_read() {
+        let mut known = Known::default();
+        assert_eq!(asked(&mut known, [7, 5]), Question::Keys);
+        assert_eq!(known.read_max, 7);
+        known.clean_since = Some(Instant::now());
+        assert_eq!(asked(&mut known, [8, 9]), Question::None);
+        assert_eq!(asked(&mut known, [12]), Question::Gap(10, 11));
+        known.spoil();
+        assert_eq!(asked(&mut known, [13]), Question::Keys);
+    }
+
+    #[test]
+    fn rows_found_in_a_gap_hold_their_keys_until_the_stream_reads_them() {
         let mut known = Known {
             clean_since: Some(Instant::now()),
             read_max: 10,
             ..Known::default()
         };
-        assert_eq!(known.question([12]), Question::Gap(11, 11));
-        known.suspect([11]);
-        assert_eq!(known.question([13]), Question::Keys);
+        assert_eq!(asked(&mut known, [12]), Question::Gap(11, 11));
+        known.suspect([row(11, "a")]);
+        // Nothing to ask: the suspect is the only row that may wait, and it holds only its key's
+        // later events.
+        assert_eq!(asked(&mut known, [13]), Question::None);
+        let (a, b) = (OrderKey::new("t", "a"), OrderKey::new("t", "b"));
+        let blocking = known.blocking(&[(a.clone(), 13), (b.clone(), 13)]);
+        assert_eq!(blocking, HashMap::from([(a.clone(), 11)]));
+        assert!(known.blocking(&[(a.clone(), 11)]).is_empty(), "not older");
         assert_eq!(
             known.question([11, 14]),
-            Question::None,
+            (Question::None, true),
             "11 was a late commit"
         );
+        assert!(known.blocking(&[(a, 15)]).is_empty());
         // One never read: after SETTLE the table is no longer known clean.
-        known.suspect([9]);
-        known.suspects.insert(9, Instant::now() - SETTLE);
-        assert_eq!(known.question([15]), Question::Keys);
-        assert!(!known.is_clean() && !known.suspecting());
+        known.suspect([row(9, "b")]);
+        known.suspects.get_mut(&9).unwrap().1 = Instant::now() - SETTLE;
+        assert_eq!(asked(&mut known, [15]), Question::Keys);
+        assert!(!known.is_clean() && known.suspects.is_empty());
+    }
+
+    #[test]
+    fn a_clean_table_skips_what_a_batch_leaves_unread() {
+        let ids = |ids: &[u64]| ids.iter().copied().collect::<HashSet<u64>>();
+        let mut known = Known {
+            clean_since: Some(Instant::now()),
+            read_max: 10,
+            ..Known::default()
+        };
+        assert!(!known.skips(&ids(&[11, 12])));
+        assert!(known.skips(&ids(&[11, 13])), "12 is not read yet");
+        known.suspect([row(12, "a")]);
+        assert!(known.skips(&ids(&[11])), "12 was found waiting and is not read yet");
+        assert!(!known.skips(&ids(&[11, 12])));
+        known.spoil();
+        assert!(!known.skips(&ids(&[11, 13])), "asked by key whatever comes next");
     }
 
     #[test]
@@ -299,6 +367,6 @@ mod tests {
             read_max: 3,
             ..Known::default()
         };
-        assert_eq!(known.question([4]), Question::Keys);
+        assert_eq!(asked(&mut known, [4]), Question::Keys);
     }
 }
