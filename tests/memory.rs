@@ -213,6 +213,41 @@ fn held_and_parked(metrics: &str, topic: &str) -> String {
         .join("; ")
 }
 
+/// The rows the server read from the outbox table over a stretch of the stuck-topic test, per
+/// event of the healthy topic (written at [`HEALTHY_PER_SECOND`]): the relay's and its
+/// sweeper's statements (the test's own queries run outside the stretch).
+struct ReadsWindow {
+    rows: Option<u64>,
+    at: Instant,
+}
+
+/// The healthy topic's share of the stuck-topic test's load.
+const HEALTHY_PER_SECOND: f64 = 200.0;
+
+impl ReadsWindow {
+    async fn open(db: &TestDb) -> Self {
+        let rows = crate::common::reads::outbox_rows_read(db).await;
+        ReadsWindow {
+            rows,
+            at: Instant::now(),
+        }
+    }
+
+    /// What was read since [`ReadsWindow::open`], as a figure.
+    async fn close(&self, db: &TestDb) -> String {
+        let now = crate::common::reads::outbox_rows_read(db).await;
+        let (Some(from), Some(to)) = (self.rows, now) else {
+            return "outbox rows read: not counted by this server".into();
+        };
+        let seconds = self.at.elapsed().as_secs_f64();
+        let rows = to.saturating_sub(from);
+        format!(
+            "outbox rows read over {seconds:.0} s: {rows} ({:.1} per healthy event)",
+            rows as f64 / (seconds * HEALTHY_PER_SECOND)
+        )
+    }
+}
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -314,20 +349,28 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
     let hidden = tokio::spawn(write_hidden_rows(db.clone_handle(), healthy.clone()));
     let started = Instant::now();
     let (mut mirror_lag, mut last_report) = (0.0f64, Instant::now());
+    let mut reads = ReadsWindow::open(&db).await;
     while started.elapsed() < stuck_for {
         tokio::time::sleep(Duration::from_secs(1)).await;
         mirror_lag = mirror_lag.max(mirror_behind(&db).await);
         if last_report.elapsed() >= Duration::from_secs(30) {
             last_report = Instant::now();
+            // Closed before the report's own count of the stuck topic's rows (a read of them all).
+            let read = reads.close(&db).await;
             println!(
                 "memory: {:.0?} stuck, {} rows of it waiting, relay RSS {:.1} MiB, checkpoint \
-                 mirror at most {mirror_lag:.1} s behind; {}",
+                 mirror at most {mirror_lag:.1} s behind; {}; {read}",
                 started.elapsed(),
                 load.not_sent(&stuck).await,
                 rss_mib(relay.pid()),
                 held_and_parked(&metrics, &stuck)
             );
+            reads = ReadsWindow::open(&db).await;
         }
+    }
+    println!("memory: last {}", reads.close(&db).await);
+    for (statement, rows) in crate::common::reads::rows_examined_by_statement(&db).await {
+        println!("memory: rows examined over the run: {rows:>10}  {statement}");
     }
     let (baseline, peak) = sampler.finish().await;
     let fault_to = load.elapsed().await;

@@ -9,6 +9,7 @@ pub mod java_client;
 pub mod ledger;
 pub mod process;
 pub mod proxy;
+pub mod reads;
 pub mod relay;
 pub mod rocketmq;
 pub mod rows;
