@@ -240,6 +240,9 @@ impl ReadsWindow {
             return "outbox rows read: not counted by this server".into();
         };
         let seconds = self.at.elapsed().as_secs_f64();
+        if seconds < 1.0 {
+            return "outbox rows read: no stretch left".into();
+        }
         let rows = to.saturating_sub(from);
         format!(
             "outbox rows read over {seconds:.0} s: {rows} ({:.1} per healthy event)",
@@ -368,7 +371,7 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
             reads = ReadsWindow::open(&db).await;
         }
     }
-    println!("memory: last {}", reads.close(&db).await);
+    println!("memory: to the end, {}", reads.close(&db).await);
     for (statement, rows) in crate::common::reads::rows_examined_by_statement(&db).await {
         println!("memory: rows examined over the run: {rows:>10}  {statement}");
     }

@@ -54,6 +54,12 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     );
     let oldest_series = format!("outbox_oldest_pending_seconds{{table=\"{table}\"}}");
     let oldest = || sample(&get(&addr, "/metrics").unwrap().1, &oldest_series);
+    // PENDING and SENDING rows (a sweeper's claim makes a PENDING row SENDING).
+    let waiting = || {
+        let body = get(&addr, "/metrics").unwrap().1;
+        let rows = |gauge: &str| sample(&body, &format!("{gauge}{{table=\"{table}\"}}"));
+        Some(rows("outbox_pending_rows")? + rows("outbox_sending_rows")?)
+    };
 
     wait_for("ready", Duration::from_secs(30), || async {
         get(&addr, "/readyz").is_some_and(|(status, _)| status == 200)
@@ -111,6 +117,12 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
     tokio::time::sleep(Duration::from_secs(2)).await;
     let later = oldest().unwrap();
     println!("broker down: oldest PENDING {first:.1} s, then {later:.1} s");
+    wait_for(
+        "the row gauges to count the 10 unsent rows",
+        Duration::from_secs(10),
+        || async { waiting() == Some(10.0) },
+    )
+    .await;
     assert!(
         later > first + 1.0,
         "it keeps growing while the broker is down"
@@ -150,8 +162,8 @@ async fn oldest_pending_grows_while_the_broker_is_down_and_drops_to_zero_after()
 
     broker.start_broker().unwrap();
     wait_until_sent(&db, 30, Duration::from_secs(120)).await;
-    wait_for("the gauge back to 0", Duration::from_secs(10), || async {
-        oldest() == Some(0.0)
+    wait_for("the gauges back to 0", Duration::from_secs(10), || async {
+        oldest() == Some(0.0) && waiting() == Some(0.0)
     })
     .await;
     let body = get(&addr, "/metrics").unwrap().1;
