@@ -20,6 +20,7 @@ mod row;
 
 use super::cursor::ClaimCursor;
 use super::lease::HeldRows;
+use super::parked_runs::ParkedRuns;
 use super::waiting::{newest_per_key, on_pending_index, waiting_rows_of_keys, OrderKey};
 use crate::event::{OutboxRow, RowProblem};
 use crate::outbox::message::{RowLimits, RowText};
@@ -129,11 +130,17 @@ impl Claimer {
                 // backlog, read and dropped below at every claim, would fill the batches and
                 // keep every later row (another topic's) from being claimed while it lasts.
                 let topics = stalled.topics();
-                let params = self.select_params(after, &topics);
-                let sql = |hinted| self.select_sql(hinted, topics.len());
+                // And the runs of their parked rows are stepped over, once learnt.
+                let runs = self.cursor.parked_runs(&topics);
+                let skip = runs.clone().unwrap_or_default();
+                let params = self.select_params(after, &topics, &skip);
+                let sql = |hinted| self.select_sql(hinted, topics.len(), skip.len());
                 let rows = on_pending_index(q, &self.table, sql, params).await?;
                 let rows: Vec<(u64, RowText)> = rows.into_iter().map(read_row).collect();
                 self.moved_past(after, &rows);
+                if !topics.is_empty() {
+                    self.learn_parked_runs(q, topics, runs.is_none()).await;
+                }
                 rows
             }
             Scope::These(ids) => {
@@ -149,6 +156,37 @@ impl Claimer {
         Ok(rows)
     }
 
+    /// Learns where the PENDING rows of the stalled `topics` lie (see [`ParkedRuns`]): one read
+    /// of the PENDING ids in `idx_pending`, each with whether its topic is stalled; all of them
+    /// on a `full` pass, else those above the ones learnt already. On an error nothing is
+    /// learnt (the claims read those rows, as a full pass does).
+    async fn learn_parked_runs<Q: Queryable>(&self, q: &mut Q, topics: Vec<String>, full: bool) {
+        let from = match full {
+            true => 0,
+            false => self.cursor.parked_read_to().unwrap_or(0),
+        };
+        let sql = |hinted| {
+            format!(
+                "SELECT id, topic IN ({}) FROM {}{} WHERE {} AND id > ? ORDER BY id",
+                vec!["?"; topics.len()].join(", "),
+                self.table.sql(),
+                super::waiting::pending_index_hint(hinted),
+                Status::Pending.sql()
+            )
+        };
+        let mut params: Vec<Value> = topics.iter().map(|t| Value::from(t.as_str())).collect();
+        params.push(Value::from(from));
+        match on_pending_index::<_, (u64, bool)>(q, &self.table, sql, params).await {
+            Ok(rows) if full => {
+                let learnt = ParkedRuns::learn(topics, &rows, std::time::Instant::now());
+                self.cursor.learn_parked(learnt);
+            }
+            Ok(rows) => self.cursor.learn_parked_on(&rows),
+            Err(e) => tracing::debug!(table = %self.table, error = %e,
+                "cannot learn where the stalled topics' rows lie; claims read them"),
+        }
+    }
+
     /// Notes what a claim that read past `after` found, for where the next one starts.
     fn moved_past(&self, after: u64, rows: &[(u64, RowText)]) {
         let highest = rows.iter().map(|(id, _)| *id).max().unwrap_or(0);
@@ -156,9 +194,9 @@ impl Claimer {
             .record(after, rows.len(), highest, self.batch_size as usize);
     }
 
-    /// The SELECT of the claimable rows, but those of `stalled` topics (binds
-    /// `Claimer::select_params`).
-    pub fn select_sql(&self, hinted: bool, stalled: usize) -> String {
+    /// The SELECT of the claimable rows, but those of `stalled` topics and the `runs` of their
+    /// parked rows (binds `Claimer::select_params`).
+    pub fn select_sql(&self, hinted: bool, stalled: usize, runs: usize) -> String {
         let lock = match self.strategy {
             ClaimStrategy::SkipLocked => " FOR UPDATE SKIP LOCKED",
             ClaimStrategy::Optimistic => "",
@@ -173,9 +211,11 @@ impl Claimer {
             0 => String::new(),
             n => format!(" AND topic NOT IN ({})", vec!["?"; n].join(", ")),
         };
+        let runs = " AND id NOT BETWEEN ? AND ?".repeat(runs);
         format!(
             "SELECT {ROW_COLUMNS} FROM {}{hint} \
-             WHERE {} AND id > ? AND next_retry_at <= NOW(3){age}{topics} ORDER BY id LIMIT ?{lock}",
+             WHERE {} AND id > ? AND next_retry_at <= NOW(3){age}{topics}{runs} \
+             ORDER BY id LIMIT ?{lock}",
             self.table.sql(),
             Status::Pending.sql()
         )
@@ -198,7 +238,7 @@ impl Claimer {
 
     /// The values for [`Claimer::select_sql`]: the id to read past, the minimum age (if any),
     /// the stalled topics, the batch size.
-    fn select_params(&self, after: u64, stalled: &[String]) -> Vec<Value> {
+    fn select_params(&self, after: u64, stalled: &[String], runs: &[(u64, u64)]) -> Vec<Value> {
         let mut params = vec![Value::from(after)];
         if !self.min_age.is_zero() {
             params.push(Value::from(
@@ -206,6 +246,9 @@ impl Claimer {
             ));
         }
         params.extend(stalled.iter().map(|topic| Value::from(topic.as_str())));
+        for (first, last) in runs {
+            params.extend([Value::from(*first), Value::from(*last)]);
+        }
         params.push(Value::from(self.batch_size));
         params
     }
@@ -474,14 +517,14 @@ mod tests {
         let c = claimer(ClaimStrategy::SkipLocked);
         let (pending, sending) = (Status::Pending.sql(), Status::Sending.sql());
         assert_eq!(
-            c.select_sql(true, 0),
+            c.select_sql(true, 0, 0),
             format!(
                 "SELECT id, event_id, biz_key, topic, tags, headers, payload, \
                  UNIX_TIMESTAMP(deliver_at) FROM `app`.`outbox_event` FORCE INDEX (idx_pending) WHERE {pending} AND id > ? AND \
                  next_retry_at <= NOW(3) ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED"
             )
         );
-        assert!(!c.select_sql(false, 0).contains("FORCE INDEX"));
+        assert!(!c.select_sql(false, 0, 0).contains("FORCE INDEX"));
         assert_eq!(
             c.update_sql(3),
             format!(
@@ -494,11 +537,11 @@ mod tests {
             min_age: Duration::from_secs(30),
             ..c.clone()
         };
-        assert!(aged.select_sql(true, 0).contains(
+        assert!(aged.select_sql(true, 0, 0).contains(
             "next_retry_at <= NOW(3) AND created_at < NOW(3) - INTERVAL ? MICROSECOND ORDER BY"
         ));
         assert_eq!(
-            aged.select_params(7, &[]),
+            aged.select_params(7, &[], &[]),
             vec![
                 Value::from(7u64),
                 Value::from(30_000_000u64),
@@ -507,10 +550,10 @@ mod tests {
         );
         // A stalled topic's rows wait where they are: the shards would only hold them.
         assert!(aged
-            .select_sql(true, 2)
+            .select_sql(true, 2, 0)
             .contains("INTERVAL ? MICROSECOND AND topic NOT IN (?, ?) ORDER BY id LIMIT ?"));
         assert_eq!(
-            aged.select_params(7, &["t".into(), "u".into()]),
+            aged.select_params(7, &["t".into(), "u".into()], &[]),
             vec![
                 Value::from(7u64),
                 Value::from(30_000_000u64),
@@ -519,8 +562,25 @@ mod tests {
                 Value::from(100u32)
             ]
         );
+        // And the runs of their parked rows are stepped over, one range each.
+        assert!(aged.select_sql(true, 1, 2).contains(
+            "AND topic NOT IN (?) AND id NOT BETWEEN ? AND ? AND id NOT BETWEEN ? AND ? ORDER BY"
+        ));
+        assert_eq!(
+            aged.select_params(7, &["t".into()], &[(10, 20), (30, 40)]),
+            vec![
+                Value::from(7u64),
+                Value::from(30_000_000u64),
+                Value::from("t"),
+                Value::from(10u64),
+                Value::from(20u64),
+                Value::from(30u64),
+                Value::from(40u64),
+                Value::from(100u32)
+            ]
+        );
         let o = claimer(ClaimStrategy::Optimistic);
-        assert!(!o.select_sql(true, 0).contains("FOR UPDATE"));
+        assert!(!o.select_sql(true, 0, 0).contains("FOR UPDATE"));
         assert!(o
             .update_sql(1)
             .ends_with(&format!("WHERE id = ? AND {pending}")));

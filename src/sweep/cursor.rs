@@ -11,8 +11,11 @@
 //! Guarantee: no PENDING row waits for long behind the cursor. Rows below it (returned by lease
 //! recovery, due for a retry, passed over by SKIP LOCKED, held back for key order) are read by
 //! the next claim from the start, at most [`RESCAN_AFTER`] later; meanwhile the claim's key-order
-//! check still sees them waiting, so their keys' later rows are not claimed before them.
+//! check still sees them waiting, so their keys' later rows are not claimed before them. While
+//! topics are stalled, the claims also step over the runs of their parked rows
+//! (`sweep::parked_runs`, which says how long a row that becomes PENDING inside one may wait).
 
+use super::parked_runs::ParkedRuns;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -38,6 +41,8 @@ struct State {
     after: u64,
     /// When a claim last started from the first row.
     last_from_start: Option<Instant>,
+    /// Where the stalled topics' rows lie, as the last full pass learnt.
+    parked: Option<ParkedRuns>,
 }
 
 impl ClaimCursor {
@@ -58,6 +63,37 @@ impl ClaimCursor {
     /// when it asked for `batch`.
     pub fn record(&self, from: u64, read: usize, highest: u64, batch: usize) {
         self.record_at(Instant::now(), from, read, highest, batch);
+    }
+
+    /// The runs of parked rows a claim steps over while the `stalled` topics (sorted) are
+    /// stalled (see `sweep::parked_runs`); `None` when a full pass is due: the claim reads them
+    /// all, then [`ClaimCursor::learn_parked`].
+    pub(crate) fn parked_runs(&self, stalled: &[String]) -> Option<Vec<(u64, u64)>> {
+        if stalled.is_empty() {
+            return Some(Vec::new());
+        }
+        let state = self.state.lock().expect("not poisoned");
+        let runs = state.parked.as_ref()?.runs_for(stalled, Instant::now())?;
+        Some(runs.to_vec())
+    }
+
+    /// What a full pass learnt.
+    pub(crate) fn learn_parked(&self, learnt: ParkedRuns) {
+        self.state.lock().expect("not poisoned").parked = Some(learnt);
+    }
+
+    /// The highest PENDING id the runs were learnt to, if any are.
+    pub(crate) fn parked_read_to(&self) -> Option<u64> {
+        let state = self.state.lock().expect("not poisoned");
+        state.parked.as_ref().map(ParkedRuns::read_to)
+    }
+
+    /// What a later claim learnt of the PENDING rows above [`ClaimCursor::parked_read_to`].
+    pub(crate) fn learn_parked_on(&self, rows: &[(u64, bool)]) {
+        let mut state = self.state.lock().expect("not poisoned");
+        if let Some(parked) = &mut state.parked {
+            parked.learn_on(rows);
+        }
     }
 
     fn start_at(&self, now: Instant) -> u64 {

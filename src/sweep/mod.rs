@@ -39,6 +39,7 @@ pub mod claim;
 pub mod cursor;
 pub mod gate;
 pub mod lease;
+mod parked_runs;
 mod sweeper;
 pub mod waiting;
 
