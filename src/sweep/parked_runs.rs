@@ -32,8 +32,10 @@ pub const READ_RATE: u64 = 1_000;
 /// Shorter runs are read rather than stepped over (each is a range for the server to build).
 const MIN_RUN: usize = 64;
 
-/// Most runs stepped over (the longest).
-const MAX_RUNS: usize = 16;
+/// Most runs stepped over (the longest). Each claim's learning adds one or two (another topic's
+/// rows in flight end a run), so this holds about five minutes of claims every 5 s: the full
+/// passes of a backlog up to 160,000 rows.
+const MAX_RUNS: usize = 64;
 
 /// What a full pass learnt, and the claims since.
 #[derive(Debug)]
