@@ -314,7 +314,11 @@ impl Dispatcher {
         let Some(order) = &self.key_order else {
             return;
         };
-        let parking = self.inputs.stalls().parking();
+        let stalls = self.inputs.stalls();
+        let parking = match stalls.any() {
+            true => stalls.parking(),
+            false => StalledSet::default(),
+        };
         let none = HashSet::new();
         let deadline = Instant::now() + key_order::GAP_WAIT;
         while batch.len() < MAX_BATCH && order.skips(batch_rows(batch, &none, &parking)) {

@@ -187,6 +187,10 @@ impl KeyOrder {
     /// Whether a batch of `rows` would ask about ids the stream has not read yet, in a table
     /// known clean ([`Known::skips`]): the dispatcher then reads on for up to [`GAP_WAIT`].
     pub fn skips<'a>(&self, rows: impl Iterator<Item = &'a DecodedRow>) -> bool {
+        // Most batches of a table not known clean: nothing to group.
+        if !self.known.values().any(Known::is_clean) {
+            return false;
+        }
         let mut by_table: HashMap<&Arc<TableName>, HashSet<u64>> = HashMap::new();
         for row in rows {
             let (table, id) = match row {

@@ -102,7 +102,7 @@ impl Question {
 
 impl Known {
     /// Whether the table is clean now.
-    fn is_clean(&self) -> bool {
+    pub fn is_clean(&self) -> bool {
         self.clean_since.is_some_and(|at| at.elapsed() < FRESH)
     }
 
