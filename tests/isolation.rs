@@ -318,6 +318,79 @@ async fn an_account_losing_pub_on_one_topic_holds_back_only_that_topic() {
     stuck_topic_run(&db, config, [&stuck, &healthy], fault).await;
 }
 
+/// While a topic is stalled and its later events are parked (PENDING rows the stream does not
+/// carry), the healthy topic's keys are not asked about by key: its batches go on asking nothing
+/// or only about skipped ids (`outbox_key_order_checks_total`), each topic being known clean on
+/// its own. (Before, each parked event made every key of the table asked by key, on every batch,
+/// until the stall ended.) Then every event of both topics is stored, each key in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_topic_leaves_the_healthy_topics_keys_unasked() {
+    use crate::common::http::free_addr;
+    use crate::common::process::{write_config_file, RelayProcess};
+    crate::common::init_logging();
+    let db = TestDb::migrated("isolation_unasked").await;
+    let (stuck, healthy) = (new_topic("unasked_stuck"), new_topic("unasked_healthy"));
+    let (config, dir) = relay_fixture(&db)
+        .broker_retries(
+            Duration::from_secs(3),
+            Duration::from_secs(2),
+            Duration::from_secs(8),
+            3,
+        )
+        .at_current_end()
+        .await;
+    let file = write_config_file(&config, dir.path());
+    let metrics = free_addr();
+    let relay = RelayProcess::spawn_serving(&file, &metrics, &dir.path().join("relay.log"), &[]);
+    let mut load = SteadyLoad::start(&db, [stuck.clone(), healthy.clone()], 100).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    set_permission(&stuck, "4");
+    // Parked once the relay looks the route up again (every 10 s) and `park_after` passed; then
+    // a look (every 100 ms) confirms the healthy topic.
+    wait_for("the stuck topic's events are parked", Duration::from_secs(90), || {
+        let parked = scraped(&metrics, "outbox_events_parked_total", &stuck);
+        async move { parked > 0 }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = |how: &str| scraped(&metrics, "outbox_key_order_checks_total", how);
+    let before = ["none", "gap", "keys"].map(asked);
+    let parked_before = scraped(&metrics, "outbox_events_parked_total", &stuck);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let after = ["none", "gap", "keys"].map(asked);
+    let parked = scraped(&metrics, "outbox_events_parked_total", &stuck) - parked_before;
+    set_permission(&stuck, "6");
+    let total = load.stop().await;
+    wait_for("every row SENT", Duration::from_secs(120), || async {
+        count_status(&db, Status::Sent).await == total
+    })
+    .await;
+    relay.stop();
+    let [none, gap, keys] = [0, 1, 2].map(|i| after[i] - before[i]);
+    println!(
+        "over 10 s of the stall: {parked} events parked; the batches asked nothing {none}, \
+         about a gap {gap}, by key {keys}"
+    );
+    assert!(parked > 0, "the stuck topic's events were parked throughout");
+    assert!(none + gap > 0, "the healthy topic's events went on");
+    assert_eq!(
+        keys, 0,
+        "batches asked by key while another topic's events were parked"
+    );
+    assert_delivered_in_key_order(&db, &rocketmq().namesrv_addr(), None, [&healthy, &stuck]).await;
+}
+
+/// The value of `metric` on the relay's `/metrics` at `addr`, on the line whose labels hold
+/// `label` (0 when there is none).
+fn scraped(addr: &str, metric: &str, label: &str) -> u64 {
+    let body = crate::common::http::get(addr, "/metrics").map_or(String::new(), |(_, b)| b);
+    (body.lines())
+        .filter(|line| line.starts_with(metric) && line.contains(&format!("\"{label}\"")))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|value| value as u64)
+        .sum()
+}
+
 /// A way to make a topic refuse the relay's events, on a cluster.
 struct Fault<'a> {
     name: &'static str,

@@ -212,7 +212,9 @@ async fn handler_reads(conn: &mut mysql_async::Conn) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_order_question_reads_only_the_asked_keys_waiting_rows() {
     use rocketmq_outbox::outbox::TableName;
-    use rocketmq_outbox::sweep::waiting::{waiting_ids, waiting_rows_of_keys, OrderKey};
+    use rocketmq_outbox::sweep::waiting::{
+        waiting_ids_of_topics, waiting_rows_between, waiting_rows_of_keys, OrderKey,
+    };
     let db = TestDb::migrated("waiting_reads").await;
     let mut conn = db.conn().await;
     // Key a of `orders`: 2,000 SENT rows of history, then one PENDING row, then its newest.
@@ -268,20 +270,32 @@ async fn the_key_order_question_reads_only_the_asked_keys_waiting_rows() {
         "the question read {read} rows: a key's history or the parked backlog"
     );
 
-    // The look (every waiting id up to the highest read, at most as many as the stream carries
-    // plus one) and the gap question (the waiting ids of a range) read index entries of waiting
-    // rows only, never the SENT history the range spans.
+    // The look (a topic's waiting ids up to the highest read, at most as many as the stream
+    // carries plus one) reads index entries of that topic's waiting rows only, never the SENT
+    // history the range spans nor another topic's parked backlog; the gap question (the waiting
+    // rows of a range of ids) reads that range by primary key.
+    let orders = ["orders".to_string()];
     let before = handler_reads(&mut conn).await;
-    let look = waiting_ids(&mut conn, &table, (0, ids[3]), 3)
+    let look = waiting_ids_of_topics(&mut conn, &table, &orders, ids[3], 3)
         .await
         .unwrap();
     let look_read = handler_reads(&mut conn).await - before;
     assert_eq!(look.len(), 3, "the limit holds");
+    let all = waiting_ids_of_topics(&mut conn, &table, &orders, ids[3], 100)
+        .await
+        .unwrap();
+    let mut all: Vec<u64> = all.into_iter().map(|(_, id)| id).collect();
+    all.sort_unstable();
+    assert_eq!(
+        all, ids,
+        "the topic's four waiting rows, none of the parked topic's"
+    );
     let before = handler_reads(&mut conn).await;
-    let gap = waiting_ids(&mut conn, &table, (ids[0], ids[1]), 10)
+    let gap = waiting_rows_between(&mut conn, &table, (ids[0], ids[1]), 10)
         .await
         .unwrap();
     let gap_read = handler_reads(&mut conn).await - before;
+    let gap: Vec<u64> = gap.iter().map(|row| row.id).collect();
     assert_eq!(gap, vec![ids[0], ids[1]], "a PENDING and a SENDING row");
     println!("a look read {look_read} rows, a gap question {gap_read} (handler reads)");
     assert!(

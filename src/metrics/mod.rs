@@ -398,7 +398,7 @@ impl RelayMetrics {
         register_at_zero(
             registry,
             "key_order_checks",
-            "Dispatcher batches of one table by what the key-order guard asked the database first: none (every waiting row up to the highest id read is the stream's own), gap (only the ids the stream skipped), keys (each key's older waiting rows)",
+            "Dispatcher batches of one table by what the key-order guard asked the database first: none (every waiting row of the batch's topics up to the highest id read is the stream's own), gap (only the ids the stream skipped), keys (the older waiting rows of each key of a topic not known clean)",
             &self.key_order_checks,
             KeyOrderAsked::ALL.map(|asked| KeyOrderAsked { asked }),
         );

@@ -346,10 +346,12 @@ impl Dispatcher {
         // event the batch hands on as the stream's own, so all of one topic's are parked or
         // none (a later batch's check then sees the parked rows waiting).
         let parking = self.inputs.stalls().parking();
-        if parking.grew_since(&self.parking) {
-            // The shards release the streamed events they hold of what parks now: rows the
-            // stream no longer carries.
-            self.let_go(None);
+        // The shards release the streamed events they hold of what parks now: rows of those
+        // topics the stream no longer carries.
+        for topic in parking.grown_since(&self.parking) {
+            if let Some(order) = &mut self.key_order {
+                order.let_go_topic(&topic);
+            }
         }
         self.catching_up = catching_up;
         self.check_key_order(batch_rows(batch, recorded, &parking))
@@ -489,10 +491,10 @@ impl Dispatcher {
         }
     }
 
-    /// The stream leaves a row of `table` (`None`: any) waiting without carrying it.
-    fn let_go(&mut self, table: Option<&Arc<TableName>>) {
-        match (&mut self.key_order, table) {
-            (Some(order), Some(table)) => order.let_go(table),
+    /// The stream leaves a row of `table` and topic (`None`: any) waiting without carrying it.
+    fn let_go(&mut self, row: Option<(&Arc<TableName>, &str)>) {
+        match (&mut self.key_order, row) {
+            (Some(order), Some((table, topic))) => order.let_go(table, topic),
             (Some(order), None) => order.let_go_all(),
             (None, _) => {}
         }
@@ -545,7 +547,7 @@ impl Dispatcher {
             {
                 self.stats.parked += 1;
                 crate::send::stall::count_parked(&row.message.topic);
-                self.let_go(Some(&row.table));
+                self.let_go(Some((&row.table, &row.message.topic)));
             }
             DecodedRow::Problem(problem)
                 if read_again && self.handed_on.already(&problem.table, problem.id) =>

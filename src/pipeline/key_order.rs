@@ -22,19 +22,21 @@
 //! waits; other keys flow. A held event's acknowledgement is out, so the checkpoint never passes
 //! it.
 //!
-//! Mostly nothing needs asking: while a table is *clean* (every waiting row up to the highest id
-//! read is the stream's own, see [`known`]) a batch whose ids follow on from what was read is
-//! handed on at once. One whose ids skip some first reads on for them (at most [`GAP_WAIT`]:
-//! mostly other writers' older ids, committed a moment later), then asks which of the ids still
-//! skipped wait (one range of `idx_pending`, and those rows); a waiting one holds only its key's
-//! later events, until the stream reads it. A
-//! look off the stream's path (every [`known::LOOK_EVERY`] while batches flow) keeps the table
-//! known clean. A table not known clean (at start, while catching up, after the stream parked
-//! a row or a look found a row not its own) is asked by key, once per dispatcher batch (at most
-//! 1,000 binlog items): one SELECT, a range of `idx_waiting_key` per key of the batch, reading
-//! the key's rows still PENDING or SENDING below the batch's newest id: normally the batch's own
-//! rows (dropped, they are this stream's) and those of its events in flight
-//! ([`crate::sweep::waiting::waiting_rows_of_keys`]).
+//! Mostly nothing needs asking: while a topic is *clean* (every waiting row of it up to the
+//! highest id read is the stream's own, see [`known`]) a batch's events of it whose ids follow on
+//! from what was read are handed on at once. A batch whose ids skip some first reads on for them
+//! (at most [`GAP_WAIT`]: mostly other writers' older ids, committed a moment later), then asks
+//! which of the ids still skipped wait (those rows, by primary key); a waiting one holds only
+//! its key's later events, until the stream reads it. A look off the stream's path (every
+//! [`known::LOOK_EVERY`] while batches flow, one range of `idx_pending (status, topic)` per
+//! topic) keeps each topic known clean. The keys of a topic not known clean (at start, while
+//! catching up, after the stream parked one of its rows or a look found a row of it not its own)
+//! are asked by key, once per dispatcher batch (at most 1,000 binlog items): one SELECT, a range
+//! of `idx_waiting_key` per key, reading the key's rows still PENDING or SENDING below the
+//! batch's newest id: normally the batch's own rows (dropped, they are this stream's) and those
+//! of its events in flight ([`crate::sweep::waiting::waiting_rows_of_keys`]). So a stalled
+//! topic's parked events make only its own keys asked about; the healthy topics go on without a
+//! question.
 
 use crate::binlog::DecodedRow;
 use crate::checkpoint::{Acknowledgements, TxSeq};
@@ -50,8 +52,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
+mod checks;
 mod known;
-use known::{Known, Question};
+pub use checks::KeyOrderChecks;
+use checks::Question;
+use known::Known;
 
 /// How often held keys are looked at again.
 pub const RECHECK: Duration = Duration::from_millis(100);
@@ -83,39 +88,6 @@ struct HeldKey {
     events: VecDeque<ShardEvent>,
     since: Instant,
     warned: bool,
-}
-
-/// How many dispatcher batches of one table the guard let go after asking nothing, only about a
-/// gap, or by key (`Question`); also on `/metrics` (`outbox_key_order_checks_total`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct KeyOrderChecks {
-    pub none: u64,
-    pub gap: u64,
-    pub keys: u64,
-}
-
-impl KeyOrderChecks {
-    fn count(&mut self, question: &Question) {
-        let asked = crate::metrics::KeyOrderAsked {
-            asked: question.label(),
-        };
-        crate::metrics::relay()
-            .key_order_checks
-            .get_or_create(&asked)
-            .inc();
-        *match question {
-            Question::None => &mut self.none,
-            Question::Gap(..) => &mut self.gap,
-            Question::Keys => &mut self.keys,
-        } += 1;
-    }
-
-    /// Adds `other`'s counts.
-    pub fn add(&mut self, other: KeyOrderChecks) {
-        self.none += other.none;
-        self.gap += other.gap;
-        self.keys += other.keys;
-    }
 }
 
 /// See the module docs.
@@ -187,8 +159,8 @@ impl KeyOrder {
     /// Whether a batch of `rows` would ask about ids the stream has not read yet, in a table
     /// known clean ([`Known::skips`]): the dispatcher then reads on for up to [`GAP_WAIT`].
     pub fn skips<'a>(&self, rows: impl Iterator<Item = &'a DecodedRow>) -> bool {
-        // Most batches of a table not known clean: nothing to group.
-        if !self.known.values().any(Known::is_clean) {
+        // Most batches of a table with no topic known clean: nothing to group.
+        if !self.known.values().any(Known::any_clean) {
             return false;
         }
         let mut by_table: HashMap<&Arc<TableName>, HashSet<u64>> = HashMap::new();
@@ -205,10 +177,11 @@ impl KeyOrder {
 
     /// Before the events of `rows` are handed on: learns, for each of their keys, the oldest
     /// row that waits (not carried by this stream), and asks the sweeper for the PENDING ones.
-    /// A table known clean ([`known`]) is asked nothing, or only about the ids the stream
-    /// skipped; `catching_up` (the stream re-reads what a previous run may have handled, and
-    /// skips rows someone else claimed) keeps every table asked by key. On a database error
-    /// every key of `rows` waits until a recheck succeeds (order before latency).
+    /// The keys of a topic known clean ([`known`]) are asked nothing, or only about the ids the
+    /// stream skipped; the others are asked by key. `catching_up` (the stream re-reads what a
+    /// previous run may have handled, and skips rows someone else claimed) keeps every key asked
+    /// by key. On a database error every key of the table's rows waits until a recheck succeeds
+    /// (order before latency).
     ///
     /// `rows` are every row the stream is about to hand on: its bad rows (going to FAILED) name
     /// no key to check but are the stream's own, never rows it waits for.
@@ -236,10 +209,11 @@ impl KeyOrder {
             }
         }
         for (table, (batch, events)) in by_table {
-            let question = self.question(&table, &batch, catching_up);
+            let topics = events.iter().map(|(_, topic, _)| *topic);
+            let gap = self.question(&table, &batch, topics, catching_up);
             if events.is_empty() {
-                if question != Question::None {
-                    self.known_of(&table).spoil(); // a gap nobody asked about
+                if gap.is_some() {
+                    self.known_of(&table).spoil_all(); // a gap nobody asked about
                 }
                 continue;
             }
@@ -248,16 +222,7 @@ impl KeyOrder {
             let keys: Vec<(OrderKey, u64)> = (newest.into_iter())
                 .map(|((topic, biz_key), id)| (OrderKey::new(topic, biz_key), id))
                 .collect();
-            let exclude = |id: u64| batch.contains(&id);
-            self.checks.count(&question);
-            let answer = match question {
-                Question::None => Ok(self.known_of(&table).blocking(&keys)),
-                Question::Gap(from, to) => {
-                    (self.oldest_in_gap(&table, (from, to), &keys, batch.len(), exclude)).await
-                }
-                Question::Keys => (self.oldest_waiting(&table, &keys, batch.len(), exclude)).await,
-            };
-            match answer {
+            match self.answer(&table, gap, &keys, &batch).await {
                 Ok(oldest) => {
                     for (key, id) in oldest {
                         let bound = self.blockers.entry((Arc::clone(&table), key)).or_insert(id);
@@ -267,7 +232,7 @@ impl KeyOrder {
                 Err(e) => {
                     tracing::warn!(%table, error = %e,
                         "cannot check for older rows of the streamed keys; holding them until the check succeeds");
-                    self.known_of(&table).spoil();
+                    self.known_of(&table).spoil_all();
                     for (key, _) in keys {
                         self.blockers.insert((Arc::clone(&table), key), 0);
                     }
@@ -276,21 +241,55 @@ impl KeyOrder {
         }
     }
 
-    /// What to ask about a batch of `table` with row ids `batch`; takes a finished look's answer
-    /// first and issues the next look when one is due.
-    fn question(
+    /// For each of `keys` (a batch of `table` with row ids `batch`) that an older row waits
+    /// for, the oldest such row's id: the ids the stream skipped (`gap`) are asked about first;
+    /// then the keys of clean topics are answered from the rows found there, the others asked by
+    /// key. Counts what was asked.
+    async fn answer(
+        &mut self,
+        table: &Arc<TableName>,
+        gap: Option<(u64, u64)>,
+        keys: &[(OrderKey, u64)],
+        batch: &HashSet<u64>,
+    ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
+        let exclude = |id: u64| batch.contains(&id);
+        if let Some(range) = gap {
+            self.ask_gap(table, range, exclude).await?;
+        }
+        let known = self.known_of(table);
+        let (clean, unclean): (Vec<_>, Vec<_>) = (keys.iter().cloned())
+            .partition(|(key, _)| known.is_clean(&key.topic));
+        let mut oldest = known.blocking(&clean);
+        self.checks.count(&match (unclean.is_empty(), gap) {
+            (false, _) => Question::Keys,
+            (true, Some((from, to))) => Question::Gap(from, to),
+            (true, None) => Question::None,
+        });
+        if !unclean.is_empty() {
+            oldest.extend(
+                (self.oldest_waiting(table, &unclean, batch.len(), exclude)).await?,
+            );
+        }
+        Ok(oldest)
+    }
+
+    /// The ids the stream skipped in a batch of `table` (`batch` rows of it, not carried yet),
+    /// to ask about now, while some topic is clean; takes a finished look's answer first and
+    /// issues the next look when one is due.
+    fn question<'a>(
         &mut self,
         table: &Arc<TableName>,
         batch: &HashSet<u64>,
+        topics: impl Iterator<Item = &'a str>,
         catching_up: bool,
-    ) -> Question {
+    ) -> Option<(u64, u64)> {
         let carried = &self.carried_ids;
         let known = self.known.entry(Arc::clone(table)).or_default();
         known.take_look(|id| carried.contains(&(Arc::clone(table), id)));
         if catching_up {
-            known.spoil();
+            known.spoil_all();
         }
-        let (question, arrived) = known.question(batch.iter().copied());
+        let (gap, arrived) = known.question(batch.iter().copied(), topics);
         // A key held for a suspect may go on once the stream reads it: looked at again now, not
         // at the next RECHECK.
         self.recheck_soon |= arrived && !self.held.is_empty();
@@ -302,23 +301,32 @@ impl KeyOrder {
                 .chain(batch.iter().copied());
             known.look_if_due(&self.pool, table, own);
         }
-        question
+        gap
     }
 
     fn known_of(&mut self, table: &Arc<TableName>) -> &mut Known {
         self.known.entry(Arc::clone(table)).or_default()
     }
 
-    /// The stream leaves a row of `table` waiting without carrying it (a parked event): its
-    /// table is asked by key again until a look finds it clean.
-    pub fn let_go(&mut self, table: &Arc<TableName>) {
-        self.known_of(table).spoil();
+    /// The stream leaves a row of `topic` in `table` waiting without carrying it (a parked
+    /// event): that topic's keys are asked by key again until a look finds it clean. The
+    /// table's other topics stay as they were: a stalled topic's parked events never make a
+    /// healthy topic's keys asked about.
+    pub fn let_go(&mut self, table: &Arc<TableName>, topic: &str) {
+        self.known_of(table).spoil(topic);
     }
 
-    /// Rows of unknown tables may wait that the stream does not carry (a parked or unknown XA
-    /// transaction committed): every table is asked by key again until a look finds it clean.
+    /// The stream leaves rows of `topic` in any table waiting without carrying them (the
+    /// shards released the events they held of a topic that parks now).
+    pub fn let_go_topic(&mut self, topic: &str) {
+        self.known.values_mut().for_each(|known| known.spoil(topic));
+    }
+
+    /// Rows of unknown tables and topics may wait that the stream does not carry (a parked or
+    /// unknown XA transaction committed): every key is asked by key again until a look finds its
+    /// topic clean.
     pub fn let_go_all(&mut self) {
-        self.known.values_mut().for_each(Known::spoil);
+        self.known.values_mut().for_each(Known::spoil_all);
     }
 
     /// Row `id` of `table`, of stream transaction `seq`, is handed on by the stream (an event, or
@@ -380,7 +388,7 @@ impl KeyOrder {
                 event.origin.release();
                 crate::send::stall::count_parked(&key.1.topic);
             }
-            self.known_of(&key.0).spoil();
+            self.known_of(&key.0).spoil(&key.1.topic);
         }
         self.publish();
     }
@@ -488,34 +496,31 @@ impl KeyOrder {
         Ok(oldest)
     }
 
-    /// [`Self::oldest_waiting`] for a clean table: asks for the waiting rows among the ids the
-    /// stream skipped (`from`..=`to`). Those not its own are *suspects* (mostly another writer's
-    /// older id committed just now, which the stream reads next; see [`known::SETTLE`]): until
-    /// the stream reads one, it holds the later events of its key ([`Known::blocking`]). Many:
-    /// no longer clean, asked by key.
-    async fn oldest_in_gap(
+    /// Asks, for a table with a clean topic, for the waiting rows among the ids the stream
+    /// skipped (`from`..=`to`). Those not its own are *suspects* (mostly another writer's older
+    /// id committed just now, which the stream reads next; see [`known::SETTLE`]): until the
+    /// stream reads one, it holds the later events of its key in a clean topic
+    /// ([`Known::blocking`]). Many: no topic is clean any more, every key is asked by key.
+    async fn ask_gap(
         &mut self,
         table: &Arc<TableName>,
         (from, to): (u64, u64),
-        keys: &[(OrderKey, u64)],
-        batch: usize,
         exclude: impl Fn(u64) -> bool,
-    ) -> Result<HashMap<OrderKey, u64>, mysql_async::Error> {
+    ) -> Result<(), mysql_async::Error> {
         let waiting = crate::db::bounded(async {
             let mut conn = self.pool.get_conn().await?;
             waiting_rows_between(&mut conn, table, (from, to), GAP_LIMIT).await
         })
         .await?;
         if waiting.len() >= GAP_LIMIT {
-            self.known_of(table).spoil();
-            return self.oldest_waiting(table, keys, batch, exclude).await;
+            self.known_of(table).spoil_all();
+            return Ok(());
         }
         let carried = &self.carried_ids;
         let own = |id: u64| exclude(id) || carried.contains(&(Arc::clone(table), id));
         let suspects = waiting.into_iter().filter(|row| !own(row.id));
-        let known = self.known.entry(Arc::clone(table)).or_default();
-        known.suspect(suspects);
-        Ok(known.blocking(keys))
+        self.known.entry(Arc::clone(table)).or_default().suspect(suspects);
+        Ok(())
     }
 
     /// Of `waiting` (rows of `table`), those neither this stream's nor named by `exclude`: the

@@ -143,11 +143,15 @@ impl StalledSet {
             .is_some_and(|scope| scope.contains(biz_key))
     }
 
-    /// Whether this set holds back something `earlier` did not (a topic, or more of one).
-    pub(crate) fn grew_since(&self, earlier: &StalledSet) -> bool {
-        self.topics
-            .iter()
-            .any(|(topic, scope)| earlier.topics.get(topic) != Some(scope))
+    /// The topics of which this set holds back something `earlier` did not (the topic, or
+    /// more of its queues), sorted.
+    pub(crate) fn grown_since(&self, earlier: &StalledSet) -> Vec<String> {
+        let mut grown: Vec<String> = (self.topics.iter())
+            .filter(|(topic, scope)| earlier.topics.get(*topic) != Some(scope))
+            .map(|(topic, _)| topic.clone())
+            .collect();
+        grown.sort();
+        grown
     }
 
     /// Every topic held back, whole or some of its queues, sorted.

@@ -39,7 +39,6 @@ pub mod claim;
 pub mod cursor;
 pub mod gate;
 pub mod lease;
-mod parked_runs;
 mod sweeper;
 pub mod waiting;
 

@@ -94,7 +94,7 @@ fn index_hint(index: &str, hinted: bool) -> String {
     }
 }
 
-/// The index claims walk (migration 0008).
+/// The index claims walk (migrations 0008 and 0016).
 const PENDING_INDEX: (&str, &str) = (
     "idx_pending",
     "claims may read every SENT row before the PENDING ones",
@@ -195,51 +195,102 @@ async fn waiting_rows_of_keys_read<Q: Queryable>(
     Ok((below_own_bounds(rows, keys), complete))
 }
 
-/// The ids of `table`'s waiting rows from `from` to `to` (inclusive), at most `limit` of them,
-/// read through `idx_pending (status)` (covering: the index holds the id), one range of ids per
-/// status (PENDING, SENDING). The stream's key-order guard asks this to learn that every
-/// waiting row it has read past, or skipped, is its own (see `pipeline::key_order`).
-/// Non-locking. Fails where the table has no `idx_pending`.
-pub async fn waiting_ids<Q: Queryable>(
+/// `(topic, id)` of the waiting rows of each of `topics` in `table` with ids up to `up_to`, at
+/// most `limit` of each topic: one range of `idx_pending (status, topic)` per topic and status
+/// (covering: the index holds the id), never another topic's rows, so a stalled topic's parked
+/// backlog costs the look at a healthy topic nothing. The stream's key-order guard asks this to
+/// learn that every waiting row of a topic it has read past is its own (see
+/// `pipeline::key_order`). Non-locking. Fails where the table has no `idx_pending`.
+pub async fn waiting_ids_of_topics<Q: Queryable>(
     q: &mut Q,
     table: &TableName,
-    (from, to): (u64, u64),
+    topics: &[String],
+    up_to: u64,
     limit: usize,
-) -> Result<Vec<u64>, mysql_async::Error> {
+) -> Result<Vec<(String, u64)>, mysql_async::Error> {
+    if topics.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut params: Vec<Value> = Vec::with_capacity(topics.len() * 3);
+    for topic in topics {
+        params.extend([
+            Value::from(topic.as_str()),
+            Value::from(up_to),
+            Value::from(limit as u64),
+        ]);
+    }
     // Through the index or not at all: unhinted, a look could walk the primary key over every
     // row up to the highest id read, every 100 ms. Without the index (its migration not applied)
     // this fails, and the guard asks by key as before.
-    // The limit is bound, not written in: one statement text, prepared once per connection
-    // (a look's limit changes with every look).
-    q.exec(waiting_between_sql(table, "id"), (from, to, limit as u64))
+    q.exec(waiting_ids_of_topics_sql(table, topics.len()), params)
         .await
 }
 
-/// `columns` of the waiting rows of `table` in a range of ids, through `idx_pending` (binds: the
-/// first id, the last, the limit).
-fn waiting_between_sql(table: &TableName, columns: &str) -> String {
-    format!(
-        "SELECT {columns} FROM {}{} WHERE {} AND id BETWEEN ? AND ? LIMIT ?",
+/// The SELECT of [`waiting_ids_of_topics`] for `topics` topics (binds per topic: the topic, the
+/// highest id, the limit; bound, not written in, so the text is prepared once per connection).
+fn waiting_ids_of_topics_sql(table: &TableName, topics: usize) -> String {
+    let one = format!(
+        "(SELECT topic, id FROM {}{} WHERE {} AND topic = ? AND id <= ? LIMIT ?)",
         table.sql(),
         pending_index_hint(true),
         waiting_ranges()
-    )
+    );
+    vec![one; topics].join(" UNION ALL ")
 }
 
 /// The waiting rows of `table` with ids from `from` to `to` (inclusive), at most `limit` of them,
-/// in no particular order: [`waiting_ids`] with each row's key, read from the row (the range of
-/// `idx_pending`, then the waiting rows only). The stream's key-order guard asks this about the
-/// ids it skipped: a few, mostly another writer's older rows committed a moment later; knowing
-/// their keys, it holds only those keys' later events until it reads them. Non-locking.
+/// in no particular order, read by primary key: the rows in the range, waiting or not (a few:
+/// the stream's key-order guard asks this about the ids it skipped, mostly another writer's
+/// older rows committed a moment later; knowing their keys, it holds only those keys' later
+/// events until it reads them). Not through `idx_pending (status, topic)`: its waiting entries
+/// are in topic order, so a range of ids would read every one of them (a stalled topic's
+/// parked rows too) on the stream's path. Non-locking.
 pub async fn waiting_rows_between<Q: Queryable>(
     q: &mut Q,
     table: &TableName,
     (from, to): (u64, u64),
     limit: usize,
 ) -> Result<Vec<WaitingRow>, mysql_async::Error> {
-    let sql = waiting_between_sql(table, "id, topic, biz_key, status");
+    let sql = format!(
+        "SELECT id, topic, biz_key, status FROM {} WHERE id BETWEEN ? AND ? AND {} LIMIT ?",
+        table.sql(),
+        waiting_ranges()
+    );
     let rows: Vec<(u64, String, String, i8)> = q.exec(sql, (from, to, limit as u64)).await?;
     Ok(rows.into_iter().map(WaitingRow::from_columns).collect())
+}
+
+/// The topics of `table` that have PENDING rows, the one with the oldest PENDING row first:
+/// one dive of `idx_pending (status, topic)` per topic (a loose index scan, `GROUP BY status,
+/// topic` with each topic's `MIN(id)`), however many rows wait. Claims read the topics in this
+/// order.
+pub async fn pending_topics<Q: Queryable>(
+    q: &mut Q,
+    table: &TableName,
+) -> Result<Vec<String>, mysql_async::Error> {
+    let sql = |hinted| {
+        format!(
+            "SELECT topic, MIN(id) FROM {}{} WHERE {} GROUP BY status, topic",
+            table.sql(),
+            pending_index_hint(hinted),
+            Status::Pending.sql()
+        )
+    };
+    let mut topics: Vec<(String, u64)> = on_pending_index(q, table, sql, Vec::new()).await?;
+    topics.sort_unstable_by_key(|(_, first)| *first);
+    Ok(topics.into_iter().map(|(topic, _)| topic).collect())
+}
+
+/// The SELECT of the lowest PENDING id of `table`: the lowest of each topic's, each one dive of
+/// `idx_pending (status, topic)` (see [`pending_topics`]), `hinted` or not.
+pub fn first_pending_id_sql(table: &TableName, hinted: bool) -> String {
+    format!(
+        "SELECT MIN(first) FROM (SELECT MIN(id) AS first FROM {}{} WHERE {} \
+         GROUP BY status, topic) AS per_topic",
+        table.sql(),
+        pending_index_hint(hinted),
+        Status::Pending.sql()
+    )
 }
 
 /// The rows `(id, topic, biz_key, status)` read below the highest bound that are also below
@@ -324,6 +375,18 @@ mod tests {
              AND status BETWEEN 0 AND 1 AND id < ?"
         );
         assert!(!waiting_rows_sql(&table, false, 1).contains("FORCE INDEX"));
+    }
+
+    #[test]
+    fn a_look_reads_each_topic_as_its_own_range() {
+        let table = TableName::parse("app.outbox_event").unwrap();
+        let one = "(SELECT topic, id FROM `app`.`outbox_event` FORCE INDEX (idx_pending) \
+                   WHERE status IN (0, 1) AND topic = ? AND id <= ? LIMIT ?)";
+        assert_eq!(waiting_ids_of_topics_sql(&table, 1), one);
+        assert_eq!(
+            waiting_ids_of_topics_sql(&table, 2),
+            format!("{one} UNION ALL {one}")
+        );
     }
 
     #[test]

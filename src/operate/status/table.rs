@@ -89,9 +89,9 @@ pub(super) fn truncate_reason(reason: &str) -> String {
 }
 
 /// The PENDING row that has waited longest: the lowest PENDING id (ids grow with time, and the
-/// sweeper claims in id order), read through `idx_pending (status)` (id implied): one index
-/// entry and one row, however many rows wait or were SENT before it. Its age runs from its
-/// `created_at` (database clock).
+/// sweeper claims each topic in id order), the lowest of each topic's first entry in
+/// `idx_pending (status, topic)` (one dive per topic) and one row, however many rows wait or were
+/// SENT before it. Its age runs from its `created_at` (database clock).
 pub(crate) async fn oldest_pending(
     conn: &mut Conn,
     table: &TableName,
@@ -102,11 +102,9 @@ pub(crate) async fn oldest_pending(
         |hinted| {
             format!(
                 "SELECT id, event_id, topic, CAST(created_at AS CHAR), \
-                 TIMESTAMPDIFF(MICROSECOND, created_at, NOW(3)) FROM {}{} \
-                 WHERE {} ORDER BY id LIMIT 1",
+                 TIMESTAMPDIFF(MICROSECOND, created_at, NOW(3)) FROM {} WHERE id = ({})",
                 table.sql(),
-                crate::sweep::waiting::pending_index_hint(hinted),
-                Status::Pending.sql()
+                crate::sweep::waiting::first_pending_id_sql(table, hinted)
             )
         },
         Vec::new(),

@@ -231,7 +231,7 @@ impl TablePlan {
             {
                 self.notes.push(format!(
                     "{} is ({}) here, the relay's is ({wanted}): the relay uses it as it is \
-                     (its claims then sort the PENDING rows by id). To match it: ALTER TABLE \
+                     (its claims then read more rows: the PENDING rows of other topics, or all of them to sort by id). To match it: ALTER TABLE \
                      {table} DROP INDEX {}, ADD INDEX {} ({wanted}), {ONLINE}",
                     required.name,
                     column_list_of(existing),

@@ -62,6 +62,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(13, "0013_outbox_waiting_key"),
     migration!(14, "0014_outbox_deliver_at"),
     migration!(15, "0015_outbox_created_index"),
+    migration!(16, "0016_outbox_pending_topic"),
 ];
 
 const HISTORY_TABLE: &str = "outbox_schema_history";

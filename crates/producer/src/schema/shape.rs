@@ -252,11 +252,11 @@ pub const INDEXES: &[RequiredIndex] = &[
     },
     RequiredIndex {
         name: "idx_pending",
-        columns: &["status"],
+        columns: &["status", "topic"],
         unique: false,
         lookup: Lookup::ByName,
-        serves: "claims of PENDING rows in id order, lease recovery, counts by status, the oldest \
-                 PENDING row",
+        serves: "claims of each topic's PENDING rows in id order, lease recovery, counts by \
+                 status, the oldest PENDING row",
     },
     RequiredIndex {
         name: "idx_created",
