@@ -347,10 +347,14 @@ async fn a_stalled_topic_leaves_the_healthy_topics_keys_unasked() {
     set_permission(&stuck, "4");
     // Parked once the relay looks the route up again (every 10 s) and `park_after` passed; then
     // a look (every 100 ms) confirms the healthy topic.
-    wait_for("the stuck topic's events are parked", Duration::from_secs(90), || {
-        let parked = scraped(&metrics, "outbox_events_parked_total", &stuck);
-        async move { parked > 0 }
-    })
+    wait_for(
+        "the stuck topic's events are parked",
+        Duration::from_secs(90),
+        || {
+            let parked = scraped(&metrics, "outbox_events_parked_total", &stuck);
+            async move { parked > 0 }
+        },
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let asked = |how: &str| scraped(&metrics, "outbox_key_order_checks_total", how);
@@ -371,7 +375,10 @@ async fn a_stalled_topic_leaves_the_healthy_topics_keys_unasked() {
         "over 10 s of the stall: {parked} events parked; the batches asked nothing {none}, \
          about a gap {gap}, by key {keys}"
     );
-    assert!(parked > 0, "the stuck topic's events were parked throughout");
+    assert!(
+        parked > 0,
+        "the stuck topic's events were parked throughout"
+    );
     assert!(none + gap > 0, "the healthy topic's events went on");
     assert_eq!(
         keys, 0,

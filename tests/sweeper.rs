@@ -213,7 +213,7 @@ async fn handler_reads(conn: &mut mysql_async::Conn) -> u64 {
 async fn the_key_order_question_reads_only_the_asked_keys_waiting_rows() {
     use rocketmq_outbox::outbox::TableName;
     use rocketmq_outbox::sweep::waiting::{
-        waiting_ids_of_topics, waiting_rows_between, waiting_rows_of_keys, OrderKey,
+        pending_topics, waiting_ids_of_topics, waiting_rows_between, waiting_rows_of_keys, OrderKey,
     };
     let db = TestDb::migrated("waiting_reads").await;
     let mut conn = db.conn().await;
@@ -297,7 +297,20 @@ async fn the_key_order_question_reads_only_the_asked_keys_waiting_rows() {
     let gap_read = handler_reads(&mut conn).await - before;
     let gap: Vec<u64> = gap.iter().map(|row| row.id).collect();
     assert_eq!(gap, vec![ids[0], ids[1]], "a PENDING and a SENDING row");
-    println!("a look read {look_read} rows, a gap question {gap_read} (handler reads)");
+    // The topics with PENDING rows, for the claims: one dive per topic, not the 2,000 parked
+    // rows; the oldest PENDING row's topic first.
+    let before = handler_reads(&mut conn).await;
+    let topics = pending_topics(&mut conn, &table).await.unwrap();
+    let topics_read = handler_reads(&mut conn).await - before;
+    assert_eq!(topics, vec!["stuck".to_string(), "orders".to_string()]);
+    println!(
+        "a look read {look_read} rows, a gap question {gap_read}, the pending topics \
+         {topics_read} (handler reads)"
+    );
+    assert!(
+        topics_read < 20,
+        "the pending topics read {topics_read} rows: the parked backlog"
+    );
     assert!(
         look_read < 20 && gap_read < 20,
         "a look read {look_read}, a gap question {gap_read}: the SENT history or the backlog"

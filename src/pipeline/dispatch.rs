@@ -314,14 +314,9 @@ impl Dispatcher {
         let Some(order) = &self.key_order else {
             return;
         };
-        let stalls = self.inputs.stalls();
-        let parking = match stalls.any() {
-            true => stalls.parking(),
-            false => StalledSet::default(),
-        };
         let none = HashSet::new();
         let deadline = Instant::now() + key_order::GAP_WAIT;
-        while batch.len() < MAX_BATCH && order.skips(batch_rows(batch, &none, &parking)) {
+        while batch.len() < MAX_BATCH && order.skips(batch_rows(batch, &none)) {
             match tokio::time::timeout_at(deadline, items.recv()).await {
                 Ok(Some(item)) => batch.push(item),
                 // Closed (the next receive says so), or the wait is over: ask.
@@ -354,9 +349,8 @@ impl Dispatcher {
             }
         }
         self.catching_up = catching_up;
-        self.check_key_order(batch_rows(batch, recorded, &parking))
-            .await;
         self.parking = parking;
+        self.check_key_order(batch_rows(batch, recorded)).await;
     }
 
     /// Hands on one item of the stream, in the stream's order: opens, ends or abandons the
@@ -423,23 +417,15 @@ fn take_ready(batch: &mut Vec<BinlogItem>, items: &mut mpsc::Receiver<BinlogItem
     }
 }
 
-/// The streamed rows of `batch` that will be handed on now (not already recorded).
+/// The streamed rows of `batch` not already recorded: handed on now, or parked (the key-order
+/// guard counts those as read, asking nothing about their keys).
 fn batch_rows<'a>(
     batch: &'a [BinlogItem],
     recorded: &'a HashSet<(Arc<TableName>, u64)>,
-    parking: &'a StalledSet,
 ) -> impl Iterator<Item = &'a DecodedRow> + 'a {
     batch.iter().filter_map(move |item| match item {
         BinlogItem::Row(DecodedRow::Event(row))
             if recorded.contains(&(Arc::clone(&row.table), row.id)) =>
-        {
-            None
-        }
-        // Parked: not handed on, so nothing to check (the check would read every parked row of
-        // its key, a stuck topic's whole backlog, on every batch).
-        BinlogItem::Row(DecodedRow::Event(row))
-            if !parking.is_empty()
-                && parking.contains(&row.message.topic, &row.message.biz_key) =>
         {
             None
         }
@@ -484,10 +470,11 @@ impl Dispatcher {
         self.key_order.as_ref().is_some_and(KeyOrder::holding)
     }
 
-    /// Asks the key-order guard about `rows` before they are handed on.
+    /// Asks the key-order guard about `rows` before they are handed on (or parked, as
+    /// `self.parking` says).
     async fn check_key_order<'a>(&mut self, rows: impl Iterator<Item = &'a DecodedRow>) {
         if let Some(order) = &mut self.key_order {
-            order.check(rows, &self.acks, self.catching_up).await;
+            (order.check(rows, &self.parking, &self.acks, self.catching_up)).await;
         }
     }
 

@@ -183,11 +183,15 @@ impl KeyOrder {
     /// by key. On a database error every key of the table's rows waits until a recheck succeeds
     /// (order before latency).
     ///
-    /// `rows` are every row the stream is about to hand on: its bad rows (going to FAILED) name
-    /// no key to check but are the stream's own, never rows it waits for.
+    /// `rows` are every row the stream is about to hand on or park: its bad rows (going to
+    /// FAILED) name no key to check but are the stream's own, never rows it waits for; the
+    /// events `parking` holds back are read, not handed on, so their keys are not checked
+    /// (their topic is not clean, [`KeyOrder::let_go`]) but their ids count as read: the
+    /// healthy topics' batches do not skip them.
     pub async fn check<'a>(
         &mut self,
         rows: impl Iterator<Item = &'a DecodedRow>,
+        parking: &StalledSet,
         acks: &Acknowledgements,
         catching_up: bool,
     ) {
@@ -199,6 +203,12 @@ impl KeyOrder {
                     let entry = by_table.entry(Arc::clone(&row.table)).or_default();
                     entry.0.insert(row.id);
                     let message = &row.message;
+                    // Parked: not handed on, nothing to check (the check would read every
+                    // parked row of its key, a stuck topic's whole backlog, on every batch).
+                    if !parking.is_empty() && parking.contains(&message.topic, &message.biz_key)
+                    {
+                        continue;
+                    }
                     (entry.1).push((row.id, message.topic.as_str(), message.biz_key.as_str()));
                 }
                 DecodedRow::Problem(problem) => {

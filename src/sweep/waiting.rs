@@ -99,7 +99,7 @@ const PENDING_INDEX: (&str, &str) = (
     "idx_pending",
     "claims may read every SENT row before the PENDING ones",
 );
-/// The index the waiting-rows question reads (migration 0013).
+/// The index the waiting-rows question reads (migrations 0013 and 0017).
 const WAITING_INDEX: (&str, &str) = (
     "idx_waiting_key",
     "each check of a key's older rows reads every waiting row of the table",
@@ -129,16 +129,17 @@ async fn on_index<Q: Queryable, T: FromRow + Send + 'static>(
 }
 
 /// The waiting rows of `table` of each of `keys` with an id below that key's bound, in id
-/// order, read through `idx_waiting_key (topic, biz_key, status)`: only those keys' waiting
-/// rows, never a key's SENT history (through `(biz_key, id)` a claim read a hot key's whole
-/// history) nor the other keys' waiting rows (through `idx_pending` a check read a stuck topic's
-/// whole parked backlog). A key's bound is the newest id of its own rows being asked about: a
-/// row at or above it holds none of them back. Non-locking (READ COMMITTED sees committed rows
-/// only).
+/// order, read through `idx_waiting_key (topic, biz_key)`: only those keys' rows from the first
+/// waiting row of their topics on (one dive of `idx_pending (status, topic)` per topic and
+/// status), never a key's older SENT history (through `(biz_key, id)` a claim read a hot key's
+/// whole history) nor the other keys' waiting rows (through `idx_pending` a check read a stuck
+/// topic's whole parked backlog). A key's bound is the newest id of its own rows being asked
+/// about: a row at or above it holds none of them back. Non-locking (READ COMMITTED sees
+/// committed rows only).
 ///
-/// One SELECT whatever the number of keys: a range of the index per key, below the highest
-/// bound; the rows at or above their own key's bound (the asker's own rows, mostly) are dropped
-/// here. One SELECT per key (a `UNION ALL`) cost the server ~40 µs of CPU per key on MariaDB
+/// One SELECT whatever the number of keys: a range of the index per key, from the topics' first
+/// waiting row to the highest bound; the rows at or above their own key's bound (the asker's own
+/// rows, mostly) are dropped here. One SELECT per key (a `UNION ALL`) cost the server ~40 µs of CPU per key on MariaDB
 /// 10.11 (each a statement to open, plan and estimate); this form ~12–19 µs, its own rows read
 /// back included (docs/development/performance-journal.md, "The key-order check as one
 /// SELECT").
@@ -173,17 +174,20 @@ async fn waiting_rows_of_keys_read<Q: Queryable>(
     let Some(highest) = keys.iter().map(|(_, below)| *below).max() else {
         return Ok((Vec::new(), true));
     };
-    let mut params = Vec::with_capacity(keys.len() * 2 + 2);
+    let topics: std::collections::BTreeSet<&str> =
+        keys.iter().map(|(key, _)| key.topic.as_str()).collect();
+    let mut params = Vec::with_capacity(keys.len() * 2 + topics.len() + 2);
     for (key, _) in keys {
         params.push(Value::from(key.topic.as_str()));
         params.push(Value::from(key.biz_key.as_str()));
     }
+    params.extend(topics.iter().map(|topic| Value::from(*topic)));
     params.push(Value::from(highest));
     if let Some(limit) = limit {
         params.push(Value::from(limit as u64));
     }
     let sql = |hinted| {
-        let mut sql = waiting_rows_sql(table, hinted, keys.len());
+        let mut sql = waiting_rows_sql(table, hinted, keys.len(), topics.len());
         if limit.is_some() {
             sql.push_str(" LIMIT ?");
         }
@@ -346,18 +350,35 @@ fn waiting_ranges() -> String {
 
 /// The SELECT of [`waiting_rows_of_keys`] for `keys` keys (binds: each key's topic and
 /// `biz_key`, then the highest bound).
-pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize) -> String {
+pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize, topics: usize) -> String {
     let hint = index_hint(WAITING_INDEX.0, hinted);
     // A row constructor IN: MariaDB 10.11 and MySQL 9.7 both read it as one range of the index
-    // per key, covering (no row read). (As an OR of `topic = ? AND biz_key = ? AND … AND id <
-    // ?` per key, MySQL 9.7 scanned the whole index instead, each key's SENT history
-    // included.) No ORDER BY: the caller sorts.
+    // per key. (As an OR of `topic = ? AND biz_key = ? AND … AND id < ?` per key, MySQL 9.7
+    // scanned the whole index instead, each key's SENT history included.) No ORDER BY: the
+    // caller sorts.
     format!(
         "SELECT id, topic, biz_key, status FROM {}{hint} \
-         WHERE (topic, biz_key) IN ({}) AND {} AND id < ?",
+         WHERE (topic, biz_key) IN ({}) AND id >= ({}) AND id < ? AND {}",
         table.sql(),
         vec!["(?, ?)"; keys].join(", "),
+        first_waiting_id_sql(table, hinted, topics),
         undelivered_range()
+    )
+}
+
+/// The SELECT of the lowest waiting id of `topics` topics of `table` (binds: the topics): the
+/// lowest of each topic's and status's first entry in `idx_pending (status, topic)`, one dive
+/// each (a loose index scan); NULL when none waits. The by-key question reads each key's rows
+/// from there: `idx_waiting_key (topic, biz_key)` does not hold `status` (so a SENT mark moves
+/// no entry in it), and a key's rows below the first waiting row of its topic are all done.
+fn first_waiting_id_sql(table: &TableName, hinted: bool, topics: usize) -> String {
+    format!(
+        "SELECT MIN(first) FROM (SELECT MIN(id) AS first FROM {}{} WHERE {} AND topic IN ({}) \
+         GROUP BY status, topic) AS waiting_from",
+        table.sql(),
+        pending_index_hint(hinted),
+        waiting_ranges(),
+        vec!["?"; topics].join(", ")
     )
 }
 
@@ -369,12 +390,14 @@ mod tests {
     fn waiting_rows_are_read_through_the_waiting_key_index() {
         let table = TableName::parse("app.outbox_event").unwrap();
         assert_eq!(
-            waiting_rows_sql(&table, true, 2),
+            waiting_rows_sql(&table, true, 2, 1),
             "SELECT id, topic, biz_key, status FROM `app`.`outbox_event` \
              FORCE INDEX (idx_waiting_key) WHERE (topic, biz_key) IN ((?, ?), (?, ?)) \
-             AND status BETWEEN 0 AND 1 AND id < ?"
+             AND id >= (SELECT MIN(first) FROM (SELECT MIN(id) AS first FROM \
+             `app`.`outbox_event` FORCE INDEX (idx_pending) WHERE status IN (0, 1) AND topic \
+             IN (?) GROUP BY status, topic) AS waiting_from) AND id < ? AND status BETWEEN 0 AND 1"
         );
-        assert!(!waiting_rows_sql(&table, false, 1).contains("FORCE INDEX"));
+        assert!(!waiting_rows_sql(&table, false, 1, 1).contains("FORCE INDEX"));
     }
 
     #[test]

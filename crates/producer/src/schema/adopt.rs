@@ -222,8 +222,6 @@ impl TablePlan {
             }),
         };
         match same_name {
-            // (The note speaks of `idx_pending`'s claims: `idx_waiting_key` is the relay's own
-            // name, never found with other columns on a table it did not index.)
             Some(existing)
                 if serves
                     && required.lookup == Lookup::ByName
@@ -231,10 +229,11 @@ impl TablePlan {
             {
                 self.notes.push(format!(
                     "{} is ({}) here, the relay's is ({wanted}): the relay uses it as it is \
-                     (its claims then read more rows: the PENDING rows of other topics, or all of them to sort by id). To match it: ALTER TABLE \
-                     {table} DROP INDEX {}, ADD INDEX {} ({wanted}), {ONLINE}",
+                     ({}). To match it: ALTER TABLE {table} DROP INDEX {}, ADD INDEX {} \
+                     ({wanted}), {ONLINE}",
                     required.name,
                     column_list_of(existing),
+                    required.otherwise,
                     required.name,
                     required.name
                 ));

@@ -63,6 +63,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(14, "0014_outbox_deliver_at"),
     migration!(15, "0015_outbox_created_index"),
     migration!(16, "0016_outbox_pending_topic"),
+    migration!(17, "0017_outbox_waiting_key_without_status"),
 ];
 
 const HISTORY_TABLE: &str = "outbox_schema_history";

@@ -239,6 +239,9 @@ pub struct RequiredIndex {
     pub lookup: Lookup,
     /// What it serves, for the plan's comments.
     pub serves: &'static str,
+    /// What an index of this name with other columns (used as it is) costs, for the plan's
+    /// note (indexes found [`Lookup::ByName`]).
+    pub otherwise: &'static str,
 }
 
 /// Every secondary index an outbox table needs (the primary key is `(id)`).
@@ -249,6 +252,7 @@ pub const INDEXES: &[RequiredIndex] = &[
         unique: true,
         lookup: Lookup::ByColumns,
         serves: "one row per event_id (operators' look-ups, replays)",
+        otherwise: "",
     },
     RequiredIndex {
         name: "idx_pending",
@@ -257,6 +261,7 @@ pub const INDEXES: &[RequiredIndex] = &[
         lookup: Lookup::ByName,
         serves: "claims of each topic's PENDING rows in id order, lease recovery, counts by \
                  status, the oldest PENDING row",
+        otherwise: "its claims then read more rows: the PENDING rows of other topics, or all of them to sort by id",
     },
     RequiredIndex {
         name: "idx_created",
@@ -264,13 +269,15 @@ pub const INDEXES: &[RequiredIndex] = &[
         unique: false,
         lookup: Lookup::ByColumns,
         serves: "cleanup and reconcile (SENT rows by creation time), partition conversion",
+        otherwise: "",
     },
     RequiredIndex {
         name: "idx_waiting_key",
-        columns: &["topic", "biz_key", "status"],
+        columns: &["topic", "biz_key"],
         unique: false,
         lookup: Lookup::ByName,
         serves: "the key-order guard and claims: the older rows of a key that still wait",
+        otherwise: "each SENT mark moves an entry in it if it holds `status`, and the key-order question may read more rows",
     },
 ];
 
