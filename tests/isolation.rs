@@ -325,23 +325,10 @@ async fn an_account_losing_pub_on_one_topic_holds_back_only_that_topic() {
 /// until the stall ended.) Then every event of both topics is stored, each key in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_topic_leaves_the_healthy_topics_keys_unasked() {
-    use crate::common::http::free_addr;
-    use crate::common::process::{write_config_file, RelayProcess};
     crate::common::init_logging();
     let db = TestDb::migrated("isolation_unasked").await;
     let (stuck, healthy) = (new_topic("unasked_stuck"), new_topic("unasked_healthy"));
-    let (config, dir) = relay_fixture(&db)
-        .broker_retries(
-            Duration::from_secs(3),
-            Duration::from_secs(2),
-            Duration::from_secs(8),
-            3,
-        )
-        .at_current_end()
-        .await;
-    let file = write_config_file(&config, dir.path());
-    let metrics = free_addr();
-    let relay = RelayProcess::spawn_serving(&file, &metrics, &dir.path().join("relay.log"), &[]);
+    let ParkingRelay { relay, metrics, .. } = ParkingRelay::start(&db).await;
     let mut load = SteadyLoad::start(&db, [stuck.clone(), healthy.clone()], 100).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     set_permission(&stuck, "4");
@@ -387,9 +374,49 @@ async fn a_stalled_topic_leaves_the_healthy_topics_keys_unasked() {
     assert_delivered_in_key_order(&db, &rocketmq().namesrv_addr(), None, [&healthy, &stuck]).await;
 }
 
+/// A relay process serving `/metrics` whose retry policy is used up in 7 to 14 s (2 + 4 + 8,
+/// jittered down to half): longer than `park_after` (5 s), so a stuck topic parks first, and
+/// outlasted many times over by a stall (a parked topic's events must never be FAILED for it).
+pub struct ParkingRelay {
+    pub relay: crate::common::process::RelayProcess,
+    /// Where it serves `/metrics`.
+    pub metrics: String,
+    pub config: Config,
+    /// Its configuration file.
+    pub file: std::path::PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl ParkingRelay {
+    /// Started on `db` from the binlog's current end.
+    pub async fn start(db: &TestDb) -> Self {
+        use crate::common::process::{write_config_file, RelayProcess};
+        let (config, dir) = relay_fixture(db)
+            .broker_retries(
+                Duration::from_secs(3),
+                Duration::from_secs(2),
+                Duration::from_secs(8),
+                3,
+            )
+            .at_current_end()
+            .await;
+        let file = write_config_file(&config, dir.path());
+        let metrics = crate::common::http::free_addr();
+        let log = dir.path().join("relay.log");
+        let relay = RelayProcess::spawn_serving(&file, &metrics, &log, &[]);
+        ParkingRelay {
+            relay,
+            metrics,
+            config,
+            file,
+            dir,
+        }
+    }
+}
+
 /// The value of `metric` on the relay's `/metrics` at `addr`, on the line whose labels hold
 /// `label` (0 when there is none).
-fn scraped(addr: &str, metric: &str, label: &str) -> u64 {
+pub fn scraped(addr: &str, metric: &str, label: &str) -> u64 {
     let body = crate::common::http::get(addr, "/metrics").map_or(String::new(), |(_, b)| b);
     (body.lines())
         .filter(|line| line.starts_with(metric) && line.contains(&format!("\"{label}\"")))

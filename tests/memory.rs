@@ -324,21 +324,13 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
         .ok()
         .and_then(|v| humantime::parse_duration(&v).ok())
         .unwrap_or(Duration::from_secs(45));
-    // A retry policy used up in 7 to 14 s (2 + 4 + 8, jittered down to half): longer than
-    // `park_after` (5 s), so the topic parks first, and outlasted many times over by the stall;
-    // a parked topic's events must never be FAILED for it.
-    let (config, dir) = relay_fixture(&db)
-        .broker_retries(
-            Duration::from_secs(3),
-            Duration::from_secs(2),
-            Duration::from_secs(8),
-            3,
-        )
-        .at_current_end()
-        .await;
-    let file = write_config_file(&config, dir.path());
-    let metrics = free_addr();
-    let relay = RelayProcess::spawn_serving(&file, &metrics, &dir.path().join("relay.log"), &[]);
+    let crate::isolation::ParkingRelay {
+        relay,
+        metrics,
+        config,
+        file,
+        dir: _dir,
+    } = crate::isolation::ParkingRelay::start(&db).await;
     let mut load =
         crate::isolation::SteadyLoad::start(&db, [stuck.clone(), healthy.clone()], 400).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -353,6 +345,12 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
     let started = Instant::now();
     let (mut mirror_lag, mut last_report) = (0.0f64, Instant::now());
     let mut reads = ReadsWindow::open(&db).await;
+    // What the key-order guard asked per stretch: the healthy topic's batches ask nothing by key.
+    let asked = || {
+        ["none", "gap", "keys"]
+            .map(|how| crate::isolation::scraped(&metrics, "outbox_key_order_checks_total", how))
+    };
+    let mut asked_before = asked();
     while started.elapsed() < stuck_for {
         tokio::time::sleep(Duration::from_secs(1)).await;
         mirror_lag = mirror_lag.max(mirror_behind(&db).await);
@@ -360,9 +358,13 @@ async fn a_stuck_topic_holds_back_neither_memory_nor_the_checkpoint_nor_the_swee
             last_report = Instant::now();
             // Closed before the report's own count of the stuck topic's rows (a read of them all).
             let read = reads.close(&db).await;
+            let now_asked = asked();
+            let [none, gap, keys] = [0, 1, 2].map(|i| now_asked[i] - asked_before[i]);
+            asked_before = now_asked;
             println!(
                 "memory: {:.0?} stuck, {} rows of it waiting, relay RSS {:.1} MiB, checkpoint \
-                 mirror at most {mirror_lag:.1} s behind; {}; {read}",
+                 mirror at most {mirror_lag:.1} s behind; {}; {read}; key-order batches \
+                 asked nothing {none}, a gap {gap}, by key {keys}",
                 started.elapsed(),
                 load.not_sent(&stuck).await,
                 rss_mib(relay.pid()),
