@@ -328,7 +328,13 @@ async fn a_stalled_topic_leaves_the_healthy_topics_keys_unasked() {
     crate::common::init_logging();
     let db = TestDb::migrated("isolation_unasked").await;
     let (stuck, healthy) = (new_topic("unasked_stuck"), new_topic("unasked_healthy"));
-    let ParkingRelay { relay, metrics, .. } = ParkingRelay::start(&db).await;
+    // The directory holds the relay's checkpoint: kept until the end.
+    let ParkingRelay {
+        relay,
+        metrics,
+        dir: _dir,
+        ..
+    } = ParkingRelay::start(&db).await;
     let mut load = SteadyLoad::start(&db, [stuck.clone(), healthy.clone()], 100).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     set_permission(&stuck, "4");

@@ -137,9 +137,9 @@ async fn on_index<Q: Queryable, T: FromRow + Send + 'static>(
 /// about: a row at or above it holds none of them back. Non-locking (READ COMMITTED sees
 /// committed rows only).
 ///
-/// One SELECT whatever the number of keys: a range of the index per key, from the topics' first
-/// waiting row to the highest bound; the rows at or above their own key's bound (the asker's own
-/// rows, mostly) are dropped here. One SELECT per key (a `UNION ALL`) cost the server ~40 µs of CPU per key on MariaDB
+/// Two SELECTs whatever the number of keys: the first waiting id of the keys' topics, then a
+/// range of the index per key, from there to the highest bound; the rows at or above their own
+/// key's bound (the asker's own rows, mostly) are dropped here. One SELECT per key (a `UNION ALL`) cost the server ~40 µs of CPU per key on MariaDB
 /// 10.11 (each a statement to open, plan and estimate); this form ~12–19 µs, its own rows read
 /// back included (docs/development/performance-journal.md, "The key-order check as one
 /// SELECT").
@@ -174,20 +174,29 @@ async fn waiting_rows_of_keys_read<Q: Queryable>(
     let Some(highest) = keys.iter().map(|(_, below)| *below).max() else {
         return Ok((Vec::new(), true));
     };
+    // From the first waiting row of the keys' topics: asked first, as a value (MariaDB 10.11
+    // reads a subquery's bound as a filter, not as the start of each key's range: each key's
+    // whole history, where MySQL 9.7 read 14 rows).
     let topics: std::collections::BTreeSet<&str> =
         keys.iter().map(|(key, _)| key.topic.as_str()).collect();
-    let mut params = Vec::with_capacity(keys.len() * 2 + topics.len() + 2);
+    let topic_values: Vec<Value> = topics.iter().map(|topic| Value::from(*topic)).collect();
+    let sql = |hinted| first_waiting_id_sql(table, hinted, topics.len());
+    let first: Vec<Option<u64>> = on_pending_index(q, table, sql, topic_values).await?;
+    let Some(from) = first.into_iter().flatten().next() else {
+        return Ok((Vec::new(), true)); // nothing of these topics waits
+    };
+    let mut params = Vec::with_capacity(keys.len() * 2 + 3);
     for (key, _) in keys {
         params.push(Value::from(key.topic.as_str()));
         params.push(Value::from(key.biz_key.as_str()));
     }
-    params.extend(topics.iter().map(|topic| Value::from(*topic)));
+    params.push(Value::from(from));
     params.push(Value::from(highest));
     if let Some(limit) = limit {
         params.push(Value::from(limit as u64));
     }
     let sql = |hinted| {
-        let mut sql = waiting_rows_sql(table, hinted, keys.len(), topics.len());
+        let mut sql = waiting_rows_sql(table, hinted, keys.len());
         if limit.is_some() {
             sql.push_str(" LIMIT ?");
         }
@@ -349,8 +358,9 @@ fn waiting_ranges() -> String {
 }
 
 /// The SELECT of [`waiting_rows_of_keys`] for `keys` keys (binds: each key's topic and
-/// `biz_key`, then the highest bound).
-pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize, topics: usize) -> String {
+/// `biz_key`, the first waiting id of their topics ([`first_waiting_id_sql`]), the highest
+/// bound).
+pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize) -> String {
     let hint = index_hint(WAITING_INDEX.0, hinted);
     // A row constructor IN: MariaDB 10.11 and MySQL 9.7 both read it as one range of the index
     // per key. (As an OR of `topic = ? AND biz_key = ? AND … AND id < ?` per key, MySQL 9.7
@@ -358,10 +368,9 @@ pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize, topics: us
     // caller sorts.
     format!(
         "SELECT id, topic, biz_key, status FROM {}{hint} \
-         WHERE (topic, biz_key) IN ({}) AND id >= ({}) AND id < ? AND {}",
+         WHERE (topic, biz_key) IN ({}) AND id >= ? AND id < ? AND {}",
         table.sql(),
         vec!["(?, ?)"; keys].join(", "),
-        first_waiting_id_sql(table, hinted, topics),
         undelivered_range()
     )
 }
@@ -390,14 +399,18 @@ mod tests {
     fn waiting_rows_are_read_through_the_waiting_key_index() {
         let table = TableName::parse("app.outbox_event").unwrap();
         assert_eq!(
-            waiting_rows_sql(&table, true, 2, 1),
+            waiting_rows_sql(&table, true, 2),
             "SELECT id, topic, biz_key, status FROM `app`.`outbox_event` \
              FORCE INDEX (idx_waiting_key) WHERE (topic, biz_key) IN ((?, ?), (?, ?)) \
-             AND id >= (SELECT MIN(first) FROM (SELECT MIN(id) AS first FROM \
-             `app`.`outbox_event` FORCE INDEX (idx_pending) WHERE status IN (0, 1) AND topic \
-             IN (?) GROUP BY status, topic) AS waiting_from) AND id < ? AND status BETWEEN 0 AND 1"
+             AND id >= ? AND id < ? AND status BETWEEN 0 AND 1"
         );
-        assert!(!waiting_rows_sql(&table, false, 1, 1).contains("FORCE INDEX"));
+        assert!(!waiting_rows_sql(&table, false, 1).contains("FORCE INDEX"));
+        assert_eq!(
+            first_waiting_id_sql(&table, true, 2),
+            "SELECT MIN(first) FROM (SELECT MIN(id) AS first FROM `app`.`outbox_event` \
+             FORCE INDEX (idx_pending) WHERE status IN (0, 1) AND topic IN (?, ?) \
+             GROUP BY status, topic) AS waiting_from"
+        );
     }
 
     #[test]
