@@ -220,7 +220,7 @@ impl KeyOrder {
         }
         for (table, (batch, events)) in by_table {
             let topics = events.iter().map(|(_, topic, _)| *topic);
-            let gap = self.question(&table, &batch, topics, catching_up);
+            let gap = self.question(&table, &batch, topics, (parking, catching_up));
             if events.is_empty() {
                 if gap.is_some() {
                     self.known_of(&table).spoil_all(); // a gap nobody asked about
@@ -291,11 +291,20 @@ impl KeyOrder {
         table: &Arc<TableName>,
         batch: &HashSet<u64>,
         topics: impl Iterator<Item = &'a str>,
-        catching_up: bool,
+        (parking, catching_up): (&StalledSet, bool),
     ) -> Option<(u64, u64)> {
         let carried = &self.carried_ids;
         let known = self.known.entry(Arc::clone(table)).or_default();
-        known.take_look(|id| carried.contains(&(Arc::clone(table), id)));
+        let mut foreign = known.take_look(|id| carried.contains(&(Arc::clone(table), id)));
+        if !foreign.is_empty() {
+            // Full: the sweeper is busy; the next look finds them again.
+            foreign.truncate(LOOK_ROWS);
+            let nudge = Nudge {
+                table: (**table).clone(),
+                ids: foreign,
+            };
+            let _ = self.nudges.try_send(nudge);
+        }
         if catching_up {
             known.spoil_all();
         }
@@ -309,7 +318,10 @@ impl KeyOrder {
                 .filter(|(t, _)| t == table)
                 .map(|(_, id)| *id)
                 .chain(batch.iter().copied());
-            known.look_if_due(&self.pool, table, own);
+            // A topic the stream parks is left out: a whole topic, or some of its queues (a look
+            // cannot tell keys apart).
+            let parked = |topic: &str| parking.topics_contain(topic);
+            known.look_if_due(&self.pool, table, own, parked);
         }
         gap
     }

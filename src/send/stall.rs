@@ -136,6 +136,11 @@ impl StalledSet {
         self.topics.is_empty()
     }
 
+    /// Whether some of `topic`'s events are held back (the whole topic or some of its queues).
+    pub fn topics_contain(&self, topic: &str) -> bool {
+        self.topics.contains_key(topic)
+    }
+
     /// Whether an event of `topic` with key `biz_key` is held back.
     pub fn contains(&self, topic: &str, biz_key: &str) -> bool {
         self.topics

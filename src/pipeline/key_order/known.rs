@@ -233,19 +233,22 @@ impl Known {
     /// Takes the answer of a look finished and [`SETTLE`]d: a topic it asked about is clean when
     /// every waiting id it read of it is the stream's (carried then or now, `carried`, or read
     /// since), no spoil of it came since it was issued, and it read fewer than its limit.
-    pub fn take_look(&mut self, carried: impl Fn(u64) -> bool) {
+    /// Returns the ids it read that are not the stream's: rows outside the binlog it reads (or
+    /// put back), for the sweeper to claim at once rather than after `sweeper.min_age` (until
+    /// they are sent their topic is asked by key, reading each key's rows from the first of them).
+    pub fn take_look(&mut self, carried: impl Fn(u64) -> bool) -> Vec<u64> {
         let settled = |look: &Look| look.task.is_finished() && look.issued.elapsed() >= SETTLE;
         if !self.look.as_ref().is_some_and(settled) {
-            return;
+            return Vec::new();
         }
         let look = self.look.take().expect("finished");
         let answer = match futures_util::FutureExt::now_or_never(look.task) {
             Some(Ok(Ok(rows))) => rows,
             Some(Ok(Err(e))) => {
                 tracing::debug!(error = %e, "a look for waiting rows failed; asking by key");
-                return;
+                return Vec::new();
             }
-            _ => return,
+            _ => return Vec::new(),
         };
         // Gaps were asked about all along only while some topic was clean; otherwise only what
         // the look asked about is known, and later ids count as a gap.
@@ -254,10 +257,14 @@ impl Known {
         }
         let own = |id: &u64| look.carried.contains(id) || look.read.contains(id) || carried(*id);
         let mut waiting: HashMap<&str, (usize, bool)> = HashMap::new();
+        let mut foreign_ids = Vec::new();
         for (topic, id) in &answer {
             let (count, foreign) = waiting.entry(topic.as_str()).or_default();
             *count += 1;
-            *foreign |= !own(id);
+            if !own(id) {
+                *foreign = true;
+                foreign_ids.push(*id);
+            }
         }
         for (topic, generation) in &look.topics {
             let Some(state) = self.topics.get_mut(topic) else {
@@ -273,17 +280,20 @@ impl Known {
                 state.clean_since = Some(look.issued);
             }
         }
+        foreign_ids
     }
 
     /// Issues a look at the topics of `table` the stream reads when one is due ([`LOOK_EVERY`];
-    /// none in flight; something read). `carried` are the table's rows the stream carries: more
-    /// waiting ids of a topic than those, and some are not its own. Forgets the topics not read
-    /// for [`TOPIC_KEPT`].
+    /// none in flight; something read), but those `parked` says the stream parks (not clean
+    /// while it does; their parked rows are no one's to claim now). `carried` are the table's
+    /// rows the stream carries: more waiting ids of a topic than those, and some are not its
+    /// own. Forgets the topics not read for [`TOPIC_KEPT`].
     pub fn look_if_due(
         &mut self,
         pool: &Pool,
         table: &Arc<TableName>,
         carried: impl Iterator<Item = u64>,
+        parked: impl Fn(&str) -> bool,
     ) {
         let due = self.look.is_none()
             && self.read_max > 0
@@ -293,7 +303,8 @@ impl Known {
         }
         self.topics
             .retain(|_, t| t.read_at.is_some_and(|at| at.elapsed() < TOPIC_KEPT));
-        let mut recent: Vec<(&String, &Topic)> = self.topics.iter().collect();
+        let mut recent: Vec<(&String, &Topic)> =
+            (self.topics.iter()).filter(|(topic, _)| !parked(topic)).collect();
         recent.sort_unstable_by_key(|(_, t)| std::cmp::Reverse(t.read_at));
         let topics: HashMap<String, u64> = (recent.into_iter().take(LOOK_TOPICS))
             .map(|(topic, t)| (topic.clone(), t.generation))
@@ -500,7 +511,7 @@ mod tests {
         let found = |rows: &[(&str, u64)]| rows.iter().map(|(t, id)| (t.to_string(), *id)).collect();
         // 5 is carried; 6 (of "stuck") is not the stream's: a parked row.
         looked(&mut known, &["healthy", "stuck"], found(&[("healthy", 5), ("stuck", 6)])).await;
-        known.take_look(|_| false);
+        assert_eq!(known.take_look(|_| false), vec![6], "for the sweeper to claim at once");
         assert!(known.is_clean("healthy"));
         assert!(!known.is_clean("stuck"));
         assert_eq!(known.read_max, 10, "nothing was clean: gaps from what it asked about");
