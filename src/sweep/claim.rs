@@ -163,8 +163,9 @@ impl Claimer {
         Ok(rows)
     }
 
-    /// The SELECT of one topic's claimable rows (binds [`Claimer::select_params`]): one range of
-    /// `idx_pending (status, topic)`, in id order.
+    /// The SELECT of one topic's claimable rows (binds: the topic, the id to read past, the
+    /// minimum age if any, how many rows): one range of `idx_pending (status, topic)`, in id
+    /// order.
     pub fn select_sql(&self, hinted: bool) -> String {
         let lock = match self.strategy {
             ClaimStrategy::SkipLocked => " FOR UPDATE SKIP LOCKED",

@@ -358,7 +358,7 @@ fn waiting_ranges() -> String {
 }
 
 /// The SELECT of [`waiting_rows_of_keys`] for `keys` keys (binds: each key's topic and
-/// `biz_key`, the first waiting id of their topics ([`first_waiting_id_sql`]), the highest
+/// `biz_key`, the first waiting id of their topics (asked first), the highest
 /// bound).
 pub fn waiting_rows_sql(table: &TableName, hinted: bool, keys: usize) -> String {
     let hint = index_hint(WAITING_INDEX.0, hinted);
