@@ -222,8 +222,12 @@ impl KeyOrder {
             let topics = events.iter().map(|(_, topic, _)| *topic);
             let gap = self.question(&table, &batch, topics, (parking, catching_up));
             if events.is_empty() {
-                if gap.is_some() {
-                    self.known_of(&table).spoil_all(); // a gap nobody asked about
+                // Nothing to check (all parked, or bad rows), but the skipped ids are asked
+                // about all the same: the clean topics stay known.
+                if let Some(range) = gap {
+                    if self.ask_gap(&table, range, |id| batch.contains(&id)).await.is_err() {
+                        self.known_of(&table).spoil_all();
+                    }
                 }
                 continue;
             }
@@ -267,9 +271,19 @@ impl KeyOrder {
             self.ask_gap(table, range, exclude).await?;
         }
         let known = self.known_of(table);
-        let (clean, unclean): (Vec<_>, Vec<_>) = (keys.iter().cloned())
-            .partition(|(key, _)| known.is_clean(&key.topic));
-        let mut oldest = known.blocking(&clean);
+        // Each topic's state once (a batch has many keys, few topics); no key copied when every
+        // topic of the batch is clean, the common case.
+        let mut clean_topics: HashMap<&str, bool> = HashMap::new();
+        for (key, _) in keys {
+            (clean_topics.entry(key.topic.as_str())).or_insert_with(|| known.is_clean(&key.topic));
+        }
+        let (mut oldest, unclean) = if clean_topics.values().all(|clean| *clean) {
+            (known.blocking(keys), Vec::new())
+        } else {
+            let (clean, unclean): (Vec<_>, Vec<_>) =
+                (keys.iter().cloned()).partition(|(key, _)| clean_topics[key.topic.as_str()]);
+            (known.blocking(&clean), unclean)
+        };
         self.checks.count(&match (unclean.is_empty(), gap) {
             (false, _) => Question::Keys,
             (true, Some((from, to))) => Question::Gap(from, to),

@@ -137,7 +137,7 @@ impl StalledSet {
     }
 
     /// Whether some of `topic`'s events are held back (the whole topic or some of its queues).
-    pub fn topics_contain(&self, topic: &str) -> bool {
+    pub(crate) fn topics_contain(&self, topic: &str) -> bool {
         self.topics.contains_key(topic)
     }
 

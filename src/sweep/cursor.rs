@@ -68,7 +68,7 @@ impl ClaimCursor {
 
     /// Forgets the topics not in `pending` (they have no PENDING row left): the cursor holds
     /// only topics with rows to claim.
-    pub fn keep_only(&self, pending: &[String]) {
+    pub(crate) fn keep_only(&self, pending: &[String]) {
         let mut topics = self.topics.lock().expect("not poisoned");
         if topics.len() > pending.len() || topics.keys().any(|t| !pending.contains(t)) {
             topics.retain(|topic, _| pending.contains(topic));

@@ -296,7 +296,7 @@ pub async fn pending_topics<Q: Queryable>(
 
 /// The SELECT of the lowest PENDING id of `table`: the lowest of each topic's, each one dive of
 /// `idx_pending (status, topic)` (see [`pending_topics`]), `hinted` or not.
-pub fn first_pending_id_sql(table: &TableName, hinted: bool) -> String {
+pub(crate) fn first_pending_id_sql(table: &TableName, hinted: bool) -> String {
     format!(
         "SELECT MIN(first) FROM (SELECT MIN(id) AS first FROM {}{} WHERE {} \
          GROUP BY status, topic) AS per_topic",
