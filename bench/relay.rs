@@ -172,6 +172,7 @@ fn watch_servers(
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let args = parse_args();
+    eprintln!("relay binary: {}", workload::relay_binary().display());
     let load_before = procs::load_average();
     let db_kind = DatabaseKind::from_env().unwrap();
     // Fetched before the servers start: the first time Debezium downloads ~780 MB and Canal is

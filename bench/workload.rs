@@ -252,6 +252,66 @@ pub async fn write_paced(
     }
 }
 
+/// The relay binary every run starts, chosen once by [`relay_binary`].
+static RELAY_BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The relay binary the bench runs: `BENCH_RELAY_BIN` (another build, for before/after
+/// comparisons of a change), else this workspace's `outbox-relay`, built here first with the
+/// bench profile (release settings, and the same fingerprints as `cargo bench`'s: with
+/// `--release` each would rebuild the other's dependencies). The binary lives in its own
+/// package, which `cargo bench` does not build for this bench, so without the build a run would
+/// measure whatever release binary an earlier build left.
+pub fn relay_binary() -> &'static Path {
+    RELAY_BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("BENCH_RELAY_BIN") {
+            return PathBuf::from(bin);
+        }
+        let bin = outbox_devenv::workspace_binary_path("outbox-relay");
+        // `<target>/release/outbox-relay`: the target directory this bench was built in.
+        let target_dir = bin
+            .parent()
+            .and_then(Path::parent)
+            .expect("a target directory");
+        eprintln!(
+            "building the relay (bench profile) into {} ...",
+            target_dir.display()
+        );
+        let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        // Not passed on: what `cargo bench` set for this process (`CARGO_PKG_*`,
+        // `CARGO_MANIFEST_*`, the library path ...). A precaution: a dependency's build script
+        // that watches one of them would see it changed and rebuild, here and again at the next
+        // `cargo bench`.
+        for (name, _) in std::env::vars_os() {
+            let name_text = name.to_string_lossy();
+            let set_by_cargo = name_text.starts_with("CARGO_")
+                && !["CARGO_HOME", "CARGO_TARGET_DIR"].contains(&name_text.as_ref());
+            if set_by_cargo || ["LD_LIBRARY_PATH", "OUT_DIR"].contains(&name_text.as_ref()) {
+                cargo.env_remove(&name);
+            }
+        }
+        let status = cargo
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args([
+                "build",
+                "--profile",
+                "bench",
+                "-p",
+                "rocketmq-outbox-relay",
+                "--bin",
+            ])
+            .arg("outbox-relay")
+            .arg("--target-dir")
+            .arg(target_dir)
+            .status()
+            .expect("cannot run cargo to build the relay");
+        assert!(
+            status.success(),
+            "building the relay failed (see cargo's output above)"
+        );
+        bin
+    })
+}
+
 /// A relay run by `outbox-relay -c FILE run` in a child process; killed if dropped running.
 pub struct RelayChild {
     child: Child,
@@ -283,11 +343,7 @@ impl RelayChild {
         let file = run_dir.join("relay.toml");
         std::fs::write(&file, toml::to_string(&config).unwrap()).unwrap();
         let log = std::fs::File::create(run_dir.join("relay.log")).unwrap();
-        // BENCH_RELAY_BIN runs another build (before/after comparisons of a change).
-        let bin = std::env::var_os("BENCH_RELAY_BIN")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| outbox_devenv::workspace_binary("outbox-relay"));
-        let mut command = Command::new(bin);
+        let mut command = Command::new(relay_binary());
         // SAFETY: prctl is async-signal-safe; the relay dies with the bench even on SIGKILL.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut command, || {

@@ -116,14 +116,7 @@ pub fn cache_dir() -> PathBuf {
 /// builds them first (`cargo build --workspace --bins --features failpoints`); a run without
 /// them stops here with that command.
 pub fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the running executable's path");
-    let profile_dir = exe
-        .parent()
-        .filter(|dir| dir.ends_with("deps"))
-        .and_then(|deps| deps.parent())
-        .or_else(|| exe.parent())
-        .expect("the executable's directory");
-    let binary = profile_dir.join(name);
+    let binary = workspace_binary_path(name);
     assert!(
         binary.is_file(),
         "{} is missing: build it with `cargo build --workspace --bins --features failpoints` \
@@ -131,6 +124,18 @@ pub fn workspace_binary(name: &str) -> PathBuf {
         binary.display()
     );
     binary
+}
+
+/// Where [`workspace_binary`] looks for `name`, whether or not it is there yet.
+pub fn workspace_binary_path(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the running executable's path");
+    let profile_dir = exe
+        .parent()
+        .filter(|dir| dir.ends_with("deps"))
+        .and_then(|deps| deps.parent())
+        .or_else(|| exe.parent())
+        .expect("the executable's directory");
+    profile_dir.join(name)
 }
 
 /// The parent of every scratch directory: `$TMPDIR/outbox-relay-devenv`.
