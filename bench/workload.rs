@@ -278,9 +278,9 @@ pub fn relay_binary() -> &'static Path {
         );
         let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
         // Not passed on: what `cargo bench` set for this process (`CARGO_PKG_*`,
-        // `CARGO_MANIFEST_*`, the library path ...). A precaution: a dependency's build script
-        // that watches one of them would see it changed and rebuild, here and again at the next
-        // `cargo bench`.
+        // `CARGO_MANIFEST_*`, the library path ...). Some dependencies' build scripts watch such
+        // variables: with them passed on, this build and the next `cargo bench` rebuilt `ring`,
+        // `rustls`, `mysql_async` and the client for each other on every run (tried).
         for (name, _) in std::env::vars_os() {
             let name_text = name.to_string_lossy();
             let set_by_cargo = name_text.starts_with("CARGO_")
@@ -298,8 +298,8 @@ pub fn relay_binary() -> &'static Path {
                 "-p",
                 "rocketmq-outbox-relay",
                 "--bin",
+                "outbox-relay",
             ])
-            .arg("outbox-relay")
             .arg("--target-dir")
             .arg(target_dir)
             .status()
