@@ -336,6 +336,7 @@ impl Dispatcher {
     ) {
         if let Some(order) = &mut self.key_order {
             order.new_batch();
+            order.learn_released(&self.inputs.stalls().released);
         }
         // Taken once per batch: the key-order guard's check of the batch below counts every
         // event the batch hands on as the stream's own, so all of one topic's are parked or

@@ -41,6 +41,7 @@
 use crate::binlog::DecodedRow;
 use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::outbox::TableName;
+use crate::send::released::ReleaseLog;
 use crate::send::{SendInputs, ShardEvent, StalledSet};
 use crate::sweep::waiting::{
     newest_per_key, waiting_rows_between, waiting_rows_of_keys_at_most, OrderKey, WaitingRow,
@@ -54,6 +55,8 @@ use tokio::sync::mpsc;
 
 mod checks;
 mod known;
+#[cfg(test)]
+mod tests;
 pub use checks::KeyOrderChecks;
 use checks::Question;
 use known::Known;
@@ -113,6 +116,9 @@ pub struct KeyOrder {
     /// How many events `held` holds, for the sweeper's gate (kept as they come and go: the
     /// dispatcher must not count every held key at each event).
     held_events: HeldForOrder,
+    /// The send stage's releases learnt of ([`KeyOrder::learn_released`]); every event handed
+    /// on carries it.
+    released_seen: u64,
 }
 
 impl KeyOrder {
@@ -136,6 +142,7 @@ impl KeyOrder {
             warn_after,
             held_events,
             recheck_soon: false,
+            released_seen: 0,
         }
     }
 
@@ -149,6 +156,19 @@ impl KeyOrder {
     /// read a row some of them may have been held for.
     pub fn recheck_soon(&self) -> bool {
         self.recheck_soon
+    }
+
+    /// Learns of the events the send stage released since the last call (see
+    /// [`crate::send::released`]): their rows wait, no longer the stream's, so their topics are
+    /// asked by key again. The events handed on from now on carry what was learnt: a shard
+    /// releases one checked before a release of its key.
+    pub fn learn_released(&mut self, log: &ReleaseLog) {
+        let (generation, rows) = log.take();
+        self.released_seen = generation;
+        for row in rows {
+            self.carried_ids.remove(&(Arc::clone(&row.table), row.id));
+            self.known_of(&row.table).spoil(&row.topic);
+        }
     }
 
     /// Forgets what earlier checks learnt (a new dispatcher batch starts).
@@ -375,7 +395,8 @@ impl KeyOrder {
 
     /// Hands `event` (of stream transaction `seq`) to its shard, or queues it behind its held key; false once
     /// the shards are gone.
-    pub async fn route(&mut self, seq: TxSeq, event: ShardEvent, inputs: &SendInputs) -> bool {
+    pub async fn route(&mut self, seq: TxSeq, mut event: ShardEvent, inputs: &SendInputs) -> bool {
+        event.released_seen = self.released_seen;
         self.carry(seq, &event.row.table, event.row.id);
         // The common case, nothing waits and nothing is held: no key to build (two Strings).
         if self.blockers.is_empty() && self.held.is_empty() {
@@ -436,6 +457,7 @@ impl KeyOrder {
         if self.held.is_empty() {
             return true;
         }
+        self.learn_released(&inputs.stalls().released);
         self.forget_done(acks);
         let mut by_table: BTreeMap<Arc<TableName>, Vec<(OrderKey, u64)>> = BTreeMap::new();
         for ((table, key), held) in &self.held {
@@ -466,7 +488,8 @@ impl KeyOrder {
             held.events = stay.into();
             self.held_events.remove(go.len());
             go.sort_by_key(|e| e.row.id);
-            for event in go {
+            for mut event in go {
+                event.released_seen = self.released_seen;
                 if inputs.send(event).await.is_err() {
                     return false;
                 }

@@ -10,6 +10,7 @@
 //! is reported exactly once.
 
 pub mod rocketmq;
+pub mod released;
 pub mod shard;
 mod shards;
 pub mod stall;

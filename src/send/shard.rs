@@ -13,6 +13,7 @@
 //! other topics' (`Halt::Stall`; see `send::stall`), so only the refused topic waits; each
 //! refusal logs at ERROR what to fix, and `/readyz` fails until a send to that topic is accepted.
 
+use super::released::ReleasedKeys;
 use super::stall::QueueIndex;
 use super::{OutboundMessage, SendError, SendFailure, Sink, Stalls};
 use crate::event::{now_us, Ack, Origin, OutboxRow, RowProblem, Stamps};
@@ -27,11 +28,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 mod attempt;
+mod input;
 mod interrupt;
 mod lane;
 mod retry;
 use attempt::{attempt, report_stored};
 use interrupt::{Halt, Interrupt, Stalled, Stop};
+use input::ShardInput;
 use lane::Lanes;
 pub use retry::WakeUp;
 use retry::{Backoff, Next, Refusal};
@@ -44,6 +47,10 @@ pub struct ShardEvent {
     pub row: OutboxRow,
     /// `java_string_hash(row.biz_key)`, computed once by the router.
     pub key_hash: i32,
+    /// The send stage's releases the key-order guard knew of when it let this streamed event go
+    /// (a [`crate::send::released::ReleaseLog`] generation): a shard releases it too if its key
+    /// was released after that (see [`crate::send::released`]).
+    pub released_seen: u64,
 }
 
 impl ShardEvent {
@@ -64,6 +71,7 @@ impl ShardEvent {
             origin,
             row,
             key_hash,
+            released_seen: 0,
         }
     }
 }
@@ -128,6 +136,8 @@ pub struct ShardOptions {
     pub fence: Fence,
     /// The stalled topics of the send stage, shared by its shards.
     pub stalls: Arc<Stalls>,
+    /// This shard's keys whose events it released (its own: one per shard).
+    pub released: Arc<ReleasedKeys>,
 }
 
 impl Default for ShardOptions {
@@ -147,6 +157,7 @@ impl Default for ShardOptions {
             wake: Arc::default(),
             fence: Fence::open(),
             stalls: Arc::default(),
+            released: Arc::default(),
         }
     }
 }
@@ -162,7 +173,7 @@ impl Default for ShardOptions {
 /// order is kept.
 pub async fn run_shard<S: Sink>(
     sink: Arc<S>,
-    mut input: mpsc::Receiver<ShardEvent>,
+    input: mpsc::Receiver<ShardEvent>,
     completions: mpsc::Sender<Completion>,
     options: ShardOptions,
     cancel: CancellationToken,
@@ -174,6 +185,7 @@ pub async fn run_shard<S: Sink>(
         })
         .clone();
     let mut lanes = Lanes::new(&sink, &completions, &options, &cancel);
+    let mut input = ShardInput::new(input, &options);
     let mut held: Option<ShardEvent> = None;
     let stop = Stop {
         cancel: &cancel,
@@ -219,11 +231,6 @@ trait EventSource {
     fn try_next(&mut self) -> Option<ShardEvent>;
 }
 
-impl EventSource for mpsc::Receiver<ShardEvent> {
-    fn try_next(&mut self) -> Option<ShardEvent> {
-        self.try_recv().ok()
-    }
-}
 
 /// The batch that starts with `first`: its queue, and the events waiting in `input` that go to
 /// the same topic and queue (the first that does not is put in `held`, so the order is kept).

@@ -102,6 +102,7 @@ impl Shards {
             inputs.push(tx);
             let options = ShardOptions {
                 index: index as u32,
+                released: Arc::default(),
                 ..options.clone()
             };
             tasks.push(tokio::spawn(run_shard(

@@ -21,6 +21,7 @@
 //! stream only lets its checkpoint pass them; the sweeper, which leaves a stalled topic's rows
 //! alone, sends them in key order once the topic accepts events again.
 
+use super::released::ReleaseLog;
 use crate::metrics::TopicLabel;
 use crate::route::{index_for, java_string_hash};
 use std::collections::{HashMap, HashSet};
@@ -41,6 +42,8 @@ pub struct Stalls {
     /// Broker groups that do not answer (a send to one of their queues timed out or could not
     /// connect), with how many lanes found so.
     groups: Mutex<HashMap<String, usize>>,
+    /// The streamed events the shards and lanes released, for the key-order guard.
+    pub released: ReleaseLog,
 }
 
 #[derive(Debug)]
@@ -199,6 +202,7 @@ impl Stalls {
             topics: Mutex::default(),
             stalled: AtomicUsize::new(0),
             groups: Mutex::default(),
+            released: ReleaseLog::default(),
         }
     }
 
@@ -209,6 +213,7 @@ impl Stalls {
             topics: Mutex::default(),
             stalled: AtomicUsize::new(0),
             groups: Mutex::default(),
+            released: ReleaseLog::default(),
         }
     }
 

@@ -21,6 +21,7 @@
 use super::{next_batch, queue_index, resume_now, send_batch, Backoff, ShardOptions};
 use super::{Completion, EventSource, Interrupt, ShardEvent, Sink, Stalled, Stop};
 use crate::event::Origin;
+use crate::send::released::{self, ReleasedKeys};
 use crate::route::index_for;
 use crate::send::stall::{LaneId, QueueIndex, LANE_LIMIT};
 use crate::send::Stalls;
@@ -116,6 +117,9 @@ impl<'a, S: Sink> Lanes<'a, S> {
     /// events again) is waited for first. Waits while the lane is full. `Err` once the shard
     /// stops.
     pub(super) async fn queue(&mut self, event: ShardEvent) -> Result<Option<ShardEvent>, ()> {
+        let Some(event) = super::input::admit(event, self.options) else {
+            return Ok(None);
+        };
         let stalls = &self.options.stalls;
         // The common case, nothing stalled anywhere, costs no look-up.
         if self.lanes.is_empty() && !stalls.any() {
@@ -125,8 +129,7 @@ impl<'a, S: Sink> Lanes<'a, S> {
         let mut event = event;
         let message = &event.row.message;
         if event.origin.holds_checkpoint() && stalls.releases(&message.topic, &message.biz_key) {
-            event.origin.release();
-            crate::send::stall::count_parked(&message.topic);
+            released::release(&mut event, &stalls.released, &self.options.released);
             return Ok(None);
         }
         let queue = match self.destination(&event).await {
@@ -454,7 +457,7 @@ impl<S: Sink> LaneRun<'_, S> {
                 let due = self.options.stalls.release_due(&topic);
                 let now = Instant::now();
                 if due.is_some_and(|due| due <= now) {
-                    self.input.release(&mut stalled, self.held);
+                    self.input.release(&mut stalled, self.held, &self.options.released);
                     stalled.backoff.park();
                 }
                 let cancel = self.stop.cancel;
@@ -502,10 +505,13 @@ impl LaneInput {
     /// events again. Kept in memory: `retrying` (the batch the lane retries, its probe of the
     /// topic), claimed events (their leases are renewed while they are held), and any streamed
     /// event followed by a kept one of its key (it must go first). Safe to repeat.
-    fn release(&mut self, retrying: &mut Stalled, held: &Held) {
-        let mut released = 0;
+    /// The events it lets go of are recorded in `keys` (and the stage's release log), so later
+    /// events of their keys follow them (see [`crate::send::released`]).
+    fn release(&mut self, retrying: &mut Stalled, held: &Held, keys: &ReleasedKeys) {
+        // Given back but kept: counted here, as parked; those let go are counted as released.
+        let mut given_back = 0;
         for event in &mut retrying.batch {
-            released += usize::from(event.origin.release());
+            given_back += usize::from(event.origin.release());
         }
         let mut queued: Vec<ShardEvent> = self.kept.drain(..).collect();
         while let Ok(event) = self.rx.try_recv() {
@@ -513,19 +519,22 @@ impl LaneInput {
         }
         let mut keys_kept: HashSet<String> = HashSet::new();
         let mut dropped = 0;
+        let mut let_go = 0;
         for mut event in queued.into_iter().rev() {
-            released += usize::from(event.origin.release());
             let key = &event.row.message.biz_key;
             if event.origin == Origin::Claimed || keys_kept.contains(key) {
+                given_back += usize::from(event.origin.release());
                 keys_kept.insert(key.clone());
                 self.kept.push_front(event);
             } else {
+                let_go += usize::from(released::release(&mut event, &held.stalls.released, keys));
                 dropped += 1;
             }
         }
         held.done(dropped);
+        let released = given_back + let_go;
         if released > 0 {
-            for _ in 0..released {
+            for _ in 0..given_back {
                 crate::send::stall::count_parked(&held.topic);
             }
             tracing::info!(topic = %held.topic, released, dropped, kept = self.kept.len() + retrying.batch.len(),

@@ -236,3 +236,59 @@ async fn a_refusal_after_a_stored_request_fails_only_the_refused_event() {
     assert_eq!(done[2].outcome, sent("e3"));
     assert_eq!(sends, [vec!["e1", "e2", "e3"], vec!["e2"], vec!["e3"]]);
 }
+
+/// A key's event that the dispatcher checked before the send stage let go of an older event of
+/// that key (left PENDING for the sweeper) is let go of too, even once the topic takes events
+/// again: sent now, it would go before the older one. Checked after the release (the key-order
+/// guard then waits for the older row itself), or of another key, it is sent.
+#[tokio::test(start_paused = true)]
+async fn an_event_checked_before_its_key_was_released_follows_the_released_one() {
+    let stalls = Arc::new(Stalls::new(Duration::from_secs(2)));
+    let options = ShardOptions {
+        stalls: Arc::clone(&stalls),
+        ..ShardOptions::default()
+    };
+    let acked = Arc::new(Acked::default());
+    let (sink, input, mut done, task) = start_with_t_down(options);
+    // e1 opens t's lane (its probe); e2 (key d) waits behind it and is let go of at 2 s.
+    for e in [streamed(&acked, 1, "a", "t"), streamed(&acked, 2, "d", "t")] {
+        input.send(e).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(acked.tokens(), [1, 2]);
+    let (generation, rows) = stalls.released.take();
+    let ids: Vec<u64> = rows.iter().map(|row| row.id).collect();
+    assert_eq!(ids, [2], "the guard learns of the event let go of, not of the probe");
+
+    sink.down_topics.lock().unwrap().clear();
+    let probe = done.recv().await.unwrap();
+    assert_eq!(probe.event_id, "e1");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!stalls.is_stalled("t"), "t takes events again");
+    // e3 of key d was checked before the guard learnt of e2's release; e4 is another key's.
+    let checked_at = |mut event: ShardEvent, seen: u64| {
+        event.released_seen = seen;
+        event
+    };
+    for e in [
+        checked_at(streamed(&acked, 3, "d", "t"), generation - 1),
+        checked_at(streamed(&acked, 4, "x", "t"), generation - 1),
+    ] {
+        input.send(e).await.unwrap();
+    }
+    let c = done.recv().await.unwrap();
+    assert!(matches!(c.outcome, SendOutcome::Sent { .. }), "{c:?}");
+    assert_eq!(c.event_id, "e4", "e3 follows e2, through the sweeper");
+    assert_eq!(acked.tokens(), [1, 2, 3], "e3 given back; e4 waits for its mark");
+    let (generation, rows) = stalls.released.take();
+    let ids: Vec<u64> = rows.iter().map(|row| row.id).collect();
+    assert_eq!(ids, [3]);
+    // Checked knowing of both releases (the guard then waits for e2 and e3 itself): sent.
+    input
+        .send(checked_at(streamed(&acked, 5, "d", "t"), generation))
+        .await
+        .unwrap();
+    assert_eq!(done.recv().await.unwrap().event_id, "e5");
+    drop(input);
+    task.await.unwrap();
+}
