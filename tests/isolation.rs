@@ -228,8 +228,8 @@ async fn write_steadily(db: TestDb, topics: [String; 2], per_second: u64, stop: 
     }
 }
 
-/// The healthy topic's commit → SENT latencies `before` and `during` a fault (one run, this
-/// machine's noise: within 2× or 250 ms of before), and the stuck topic's rows still `waiting`
+/// The healthy topic's commit → SENT latencies `before` and `during` a fault (within the bound of
+/// [`assert_healthy_latency_kept`]), and the stuck topic's rows still `waiting`
 /// at the fault's end: most of those written meanwhile (as many as the healthy topic's, the
 /// writer alternating).
 pub fn assert_only_the_stuck_topic_waited(
@@ -248,7 +248,7 @@ pub fn assert_only_the_stuck_topic_waited(
 }
 
 /// Commit → SENT latencies of the keys a fault does not touch, `before` and `during` it: the
-/// p99 during stays within 2× (or 250 ms, this machine's noise) of the p99 before.
+/// p99 during stays within 2× or [`NOISE_MS`] of the p99 before.
 pub fn assert_healthy_latency_kept(before: &[f64], during: &[f64], fault: &str) {
     let p99 = |sorted: &[f64]| {
         assert!(!sorted.is_empty(), "no latencies measured");
@@ -261,12 +261,20 @@ pub fn assert_healthy_latency_kept(before: &[f64], during: &[f64], fault: &str) 
         before.len(),
         during.len()
     );
+    let slowest = &during[during.len().saturating_sub(5)..];
     assert!(
-        p99_during <= (2.0 * p99_before).max(p99_before + 250.0),
+        p99_during <= (2.0 * p99_before).max(p99_before + NOISE_MS),
         "{fault}: the healthy keys waited for the stuck ones: p99 {p99_during:.1} ms during \
-         against {p99_before:.1} ms before"
+         against {p99_before:.1} ms before (the slowest during: {slowest:?} ms)"
     );
 }
+
+/// How far one healthy window's p99 moves from another's with no fault at all, when three tests
+/// share two cores (a JVM broker starting beside them): up to 941 ms was seen in a `before`
+/// window. A healthy key that waits for a stuck one waits at least a retry's backoff (2 s and
+/// more) or, with a frozen broker, a send timeout at every attempt: several seconds over a
+/// fault, well above this.
+const NOISE_MS: f64 = 1_000.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_topic_holds_back_only_its_own_keys_and_its_events_follow_in_key_order() {
