@@ -163,7 +163,7 @@ impl KeyOrder {
     /// [`crate::send::released`]): their rows wait, no longer the stream's, so their topics are
     /// asked by key again. The events handed on from now on carry what was learnt: a shard
     /// releases one checked before a release of its key.
-    pub fn learn_released(&mut self, log: &ReleaseLog) {
+    pub(crate) fn learn_released(&mut self, log: &ReleaseLog) {
         let (generation, rows) = log.take();
         self.released_seen = generation;
         for row in rows {

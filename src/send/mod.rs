@@ -10,7 +10,7 @@
 //! is reported exactly once.
 
 pub mod rocketmq;
-pub mod released;
+pub(crate) mod released;
 pub mod shard;
 mod shards;
 pub mod stall;

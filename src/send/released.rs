@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 /// A released event's row: PENDING, no longer carried by the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReleasedRow {
+pub(crate) struct ReleasedRow {
     pub table: Arc<TableName>,
     pub id: u64,
     pub topic: String,
@@ -32,7 +32,7 @@ pub struct ReleasedRow {
 /// Every release of the send stage, numbered, for the key-order guard (shared by the shards and
 /// the dispatcher, in [`crate::send::Stalls`]).
 #[derive(Debug, Default)]
-pub struct ReleaseLog {
+pub(crate) struct ReleaseLog {
     inner: Mutex<LogInner>,
 }
 
@@ -55,7 +55,7 @@ impl ReleaseLog {
 
     /// The rows released since the last call, and the generation they bring the caller to: the
     /// events it checks from now on are checked knowing of every release up to it.
-    pub fn take(&self) -> (u64, Vec<ReleasedRow>) {
+    pub(crate) fn take(&self) -> (u64, Vec<ReleasedRow>) {
         let mut inner = self.inner.lock().expect("not poisoned");
         (inner.generation, std::mem::take(&mut inner.rows))
     }
@@ -66,37 +66,56 @@ impl ReleaseLog {
 /// it; an entry is forgotten once the shard has taken an event checked at or after it (the
 /// dispatcher stamps its events in the order it hands them on, so none older can follow).
 #[derive(Debug, Default)]
-pub struct ReleasedKeys {
-    keys: Mutex<HashMap<(String, String), u64>>,
-    /// `keys.len()`, read without the lock on every event.
+pub(crate) struct ReleasedKeys {
+    keys: Mutex<Keys>,
+    /// How many keys are remembered, read without the lock on every event.
     count: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct Keys {
+    /// Per topic, per `biz_key`, the generation of its latest release.
+    of_topic: HashMap<String, HashMap<String, u64>>,
+    /// Releases up to this generation are forgotten already.
+    forgotten_up_to: u64,
+}
+
+impl Keys {
+    fn len(&self) -> usize {
+        self.of_topic.values().map(HashMap::len).sum()
+    }
 }
 
 impl ReleasedKeys {
     /// Whether a streamed event of `topic` and `biz_key`, checked knowing of releases up to
     /// `seen`, follows a release of its key it was not checked against: it must be released
     /// too. Forgets the releases `seen` covers.
-    pub fn follows_release(&self, topic: &str, biz_key: &str, seen: u64) -> bool {
+    pub(crate) fn follows_release(&self, topic: &str, biz_key: &str, seen: u64) -> bool {
         if self.count.load(Ordering::Acquire) == 0 {
             return false;
         }
         let mut keys = self.keys.lock().expect("not poisoned");
-        keys.retain(|_, generation| *generation > seen);
-        self.count.store(keys.len(), Ordering::Release);
-        // A key is looked up by its parts without building a pair of Strings for each event.
-        keys.iter()
-            .any(|((t, k), _)| t.as_str() == topic && k.as_str() == biz_key)
+        if seen > keys.forgotten_up_to {
+            keys.forgotten_up_to = seen;
+            for of_key in keys.of_topic.values_mut() {
+                of_key.retain(|_, generation| *generation > seen);
+            }
+            keys.of_topic.retain(|_, of_key| !of_key.is_empty());
+            self.count.store(keys.len(), Ordering::Release);
+        }
+        (keys.of_topic.get(topic)).is_some_and(|of_key| of_key.contains_key(biz_key))
     }
 
     fn note(&self, topic: &str, biz_key: &str, generation: u64) {
         let mut keys = self.keys.lock().expect("not poisoned");
-        keys.insert((topic.to_string(), biz_key.to_string()), generation);
+        let of_key = keys.of_topic.entry(topic.to_string()).or_default();
+        of_key.insert(biz_key.to_string(), generation);
         self.count.store(keys.len(), Ordering::Release);
     }
 
     /// Whether no key is remembered now.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.count.load(Ordering::Acquire) == 0
     }
 }
@@ -106,7 +125,7 @@ impl ReleasedKeys {
 /// recorded for the key-order guard (`log`) and for the later events of its key (`keys`). Does
 /// nothing (false) for an event without an acknowledgement to give back (claimed, or released
 /// already).
-pub fn release(event: &mut super::ShardEvent, log: &ReleaseLog, keys: &ReleasedKeys) -> bool {
+pub(crate) fn release(event: &mut super::ShardEvent, log: &ReleaseLog, keys: &ReleasedKeys) -> bool {
     if !event.origin.release() {
         return false;
     }

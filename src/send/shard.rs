@@ -50,7 +50,7 @@ pub struct ShardEvent {
     /// The send stage's releases the key-order guard knew of when it let this streamed event go
     /// (a [`crate::send::released::ReleaseLog`] generation): a shard releases it too if its key
     /// was released after that (see [`crate::send::released`]).
-    pub released_seen: u64,
+    pub(crate) released_seen: u64,
 }
 
 impl ShardEvent {
@@ -137,7 +137,7 @@ pub struct ShardOptions {
     /// The stalled topics of the send stage, shared by its shards.
     pub stalls: Arc<Stalls>,
     /// This shard's keys whose events it released (its own: one per shard).
-    pub released: Arc<ReleasedKeys>,
+    pub(crate) released: Arc<ReleasedKeys>,
 }
 
 impl Default for ShardOptions {

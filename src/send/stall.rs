@@ -43,7 +43,7 @@ pub struct Stalls {
     /// connect), with how many lanes found so.
     groups: Mutex<HashMap<String, usize>>,
     /// The streamed events the shards and lanes released, for the key-order guard.
-    pub released: ReleaseLog,
+    pub(crate) released: ReleaseLog,
 }
 
 #[derive(Debug)]

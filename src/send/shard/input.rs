@@ -1,6 +1,7 @@
-//! A shard's input, as the shard takes it: the events the dispatcher and the sweeper hand it,
-//! but a streamed event that follows a release of its key the key-order guard had not learnt
-//! of when it let the event go (see [`crate::send::released`]): that one is released too.
+//! A shard's input: the events the dispatcher and the sweeper hand it. Those that join a batch
+//! behind its first are admitted here; the first, as the shard queues it. A streamed event that
+//! follows a release of its key the key-order guard had not learnt of when it let the event go
+//! (see [`crate::send::released`]) is released too.
 
 use super::{EventSource, ShardEvent, ShardOptions};
 use crate::send::released;
@@ -22,22 +23,17 @@ impl<'a> ShardInput<'a> {
         self.rx.len()
     }
 
-    /// The next event to send; `None` once the input is closed and drained.
+    /// The next event, as it came (the shard admits it as it queues it, [`super::Lanes::queue`]);
+    /// `None` once the input is closed and drained.
     pub(super) async fn recv(&mut self) -> Option<ShardEvent> {
-        loop {
-            let event = self.rx.recv().await?;
-            if let Some(event) = admit(event, self.options) {
-                return Some(event);
-            }
-        }
+        self.rx.recv().await
     }
 }
 
 /// `event`, unless it follows a release of its key the key-order guard had not learnt of when it
 /// let the event go: then it is released too (its row stays PENDING for the sweeper, which sends
-/// it after the released one). Asked as the shard takes an event from its input, and again as
-/// it sends it or puts it in a lane (a lane may have let go of an older event of its key
-/// meanwhile).
+/// it after the released one). Asked as the shard queues an event (sent, or put in a lane) and as
+/// it takes one into a batch.
 pub(super) fn admit(mut event: ShardEvent, options: &ShardOptions) -> Option<ShardEvent> {
     let message = &event.row.message;
     let follows = event.origin.holds_checkpoint()
