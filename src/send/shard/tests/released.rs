@@ -55,6 +55,18 @@ fn start_with_t_down(
     (sink, input, done, task)
 }
 
+/// Stalls whose topics park after 2 s, and a shard's options with them.
+fn parking_after_two_seconds() -> Arc<Stalls> {
+    Arc::new(Stalls::new(Duration::from_secs(2)))
+}
+
+fn shard_options(stalls: &Arc<Stalls>) -> ShardOptions {
+    ShardOptions {
+        stalls: Arc::clone(stalls),
+        ..ShardOptions::default()
+    }
+}
+
 /// Until `t` parks at 2 s its lane holds its events; then it gives back every streamed one's
 /// acknowledgement and keeps e1 (the batch it retries), e3 (a claimed row of its key follows) and
 /// e4 (that row). An event handed on just before the stream began parking is released at the
@@ -120,13 +132,8 @@ async fn assert_t_recovers_what_its_lane_kept(
 
 #[tokio::test(start_paused = true)]
 async fn a_parked_topic_s_lane_releases_its_streamed_events_but_the_batch_it_retries() {
-    let stalls = Arc::new(Stalls::new(Duration::from_secs(2)));
-    let options = ShardOptions {
-        stalls: Arc::clone(&stalls),
-        ..ShardOptions::default()
-    };
-    let acked = Arc::new(Acked::default());
-    let (sink, input, mut done, task) = start_with_t_down(options);
+    let (stalls, acked) = (parking_after_two_seconds(), Arc::new(Acked::default()));
+    let (sink, input, mut done, task) = start_with_t_down(shard_options(&stalls));
     // e1 fails and opens t's lane (its probe); e3 (key c) is followed by a claimed row of its
     // key, so it must stay; e5 need not.
     for e in [
@@ -243,13 +250,8 @@ async fn a_refusal_after_a_stored_request_fails_only_the_refused_event() {
 /// guard then waits for the older row itself), or of another key, it is sent.
 #[tokio::test(start_paused = true)]
 async fn an_event_checked_before_its_key_was_released_follows_the_released_one() {
-    let stalls = Arc::new(Stalls::new(Duration::from_secs(2)));
-    let options = ShardOptions {
-        stalls: Arc::clone(&stalls),
-        ..ShardOptions::default()
-    };
-    let acked = Arc::new(Acked::default());
-    let (sink, input, mut done, task) = start_with_t_down(options);
+    let (stalls, acked) = (parking_after_two_seconds(), Arc::new(Acked::default()));
+    let (sink, input, mut done, task) = start_with_t_down(shard_options(&stalls));
     // e1 opens t's lane (its probe); e2 (key d) waits behind it and is let go of at 2 s.
     for e in [streamed(&acked, 1, "a", "t"), streamed(&acked, 2, "d", "t")] {
         input.send(e).await.unwrap();
