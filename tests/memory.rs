@@ -171,6 +171,32 @@ async fn restart_resumes(db: &TestDb, relay: RelayProcess, file: &std::path::Pat
     relay.stop();
 }
 
+/// Waits up to `timeout` until `total` rows are SENT; fails at once if the relay exits, and in
+/// either case says why ([`why_not_sent`]).
+async fn wait_all_sent(
+    db: &TestDb,
+    relay: &mut RelayProcess,
+    log: &std::path::Path,
+    total: u64,
+    timeout: Duration,
+) {
+    let started = Instant::now();
+    loop {
+        let sent = count_status(db, Status::Sent).await;
+        if sent == total {
+            return;
+        }
+        if relay.exit_status().is_some() || started.elapsed() >= timeout {
+            panic!(
+                "{sent} of {total} rows SENT after {:.1?} (waiting up to {timeout:?})\n{}",
+                started.elapsed(),
+                why_not_sent(db, relay, log).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// What a test that waited in vain for rows to be SENT shows: whether the relay still runs,
 /// the rows left by topic, status and owner, and the relay's last warnings and errors.
 async fn why_not_sent(db: &TestDb, relay: &mut RelayProcess, log: &std::path::Path) -> String {
@@ -270,7 +296,7 @@ async fn a_prepared_xa_transaction_does_not_grow_the_relay() {
     // Held, not parked, however long the run: what is measured is the stream holding it.
     config.relay.park_prepared_after = Duration::from_secs(24 * 3600);
     let file = write_config_file(&config, dir.path());
-    let relay =
+    let mut relay =
         RelayProcess::spawn_serving(&file, &free_addr(), &dir.path().join("relay.log"), &[]);
     // One branch prepared and never ended meanwhile; its connection is kept (MariaDB ends a
     // prepared branch with its session).
@@ -288,12 +314,8 @@ async fn a_prepared_xa_transaction_does_not_grow_the_relay() {
     let warm = Arc::new(AtomicBool::new(false));
     let sampler = RssSampler::start(relay.pid(), Arc::clone(&warm));
     write_transactions(&db, &topic, total, &warm).await;
-    wait_for(
-        "every committed row SENT",
-        Duration::from_secs(900),
-        || async { count_status(&db, Status::Sent).await == total },
-    )
-    .await;
+    let log = dir.path().join("relay.log");
+    wait_all_sent(&db, &mut relay, &log, total, Duration::from_secs(900)).await;
     let (baseline, peak) = sampler.finish().await;
     println!(
         "memory: relay RSS {baseline:.1} MiB after 5 % of {total} transactions, peak {peak:.1} MiB \

@@ -19,13 +19,12 @@ pub fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// `127.0.0.1:PORT` with a port free right now, for a relay's `--metrics-listen`.
+/// `127.0.0.1:PORT` with a port free right now, for a relay's `--metrics-listen`: below the
+/// kernel's range for outgoing connections (as the harness picks its servers' ports), so no
+/// client socket of the many the tests open takes it before the relay binds it (the relay then
+/// exits: "cannot listen on metrics.listen").
 pub fn free_addr() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = outbox_devenv::process::free_port().expect("a free loopback port");
     format!("127.0.0.1:{port}")
 }
 

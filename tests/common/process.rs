@@ -27,12 +27,22 @@ pub fn spawn_relay_process(config_file: &std::path::Path) -> Child {
         .expect("start outbox-relay run")
 }
 
-/// A relay process that is killed if the test fails before stopping it.
-pub struct RelayProcess(Child);
+/// A relay process that is killed if the test fails before stopping it; a failing test
+/// prints the tail of its log (the log's directory is usually a temporary one, gone after).
+pub struct RelayProcess {
+    child: Child,
+    log: Option<std::path::PathBuf>,
+}
+
+/// How much of a failed test's relay log is printed.
+const LOG_TAIL_LINES: usize = 60;
 
 impl RelayProcess {
     pub fn spawn(config_file: &std::path::Path) -> Self {
-        RelayProcess(spawn_relay_process(config_file))
+        RelayProcess {
+            child: spawn_relay_process(config_file),
+            log: None,
+        }
     }
 
     /// `outbox-relay -c FILE --metrics-listen ADDR run` with `env` set, logging at the default
@@ -60,51 +70,70 @@ impl RelayProcess {
     /// Starts `command` (a relay however launched: e.g. from an image's root filesystem) with
     /// its stderr to `log`.
     pub fn spawn_command(mut command: Command, log: &std::path::Path) -> Self {
-        let log = std::fs::File::create(log).expect("relay log file");
+        let file = std::fs::File::create(log).expect("relay log file");
         let child = command
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(file)
             .spawn()
             .expect("start outbox-relay run");
-        RelayProcess(child)
+        RelayProcess {
+            child,
+            log: Some(log.to_path_buf()),
+        }
     }
 
     /// How the process ended, if it has.
     pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
-        self.0.try_wait().ok().flatten()
+        self.child.try_wait().ok().flatten()
     }
 
     /// The process id.
     pub fn pid(&self) -> u32 {
-        self.0.id()
+        self.child.id()
     }
 
     /// Sends `signal` (e.g. `SIGSTOP` to freeze the process, `SIGCONT` to thaw it).
     pub fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, signal) };
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
     }
 
     /// SIGKILL: no drain, no release of claimed rows.
     pub fn kill(mut self) {
-        self.0.kill().unwrap();
-        self.0.wait().unwrap();
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
     }
 
     /// SIGTERM (graceful stop); the exit must be clean.
     pub fn stop(mut self) {
         // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
-        let status = self.0.wait().unwrap();
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
         assert!(status.success(), "SIGTERM is a clean stop: {status:?}");
     }
 }
 
 impl Drop for RelayProcess {
     fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            if let Some(text) = self
+                .log
+                .as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+            {
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+                println!(
+                    "the relay's log ({}), its last {} lines:\n{}",
+                    self.log.as_ref().unwrap().display(),
+                    tail.len(),
+                    tail.join("\n")
+                );
+            }
         }
     }
 }
