@@ -12,8 +12,8 @@
 //!
 //! Guarantee: only the stalled topic's (or queue's) events wait, and nothing else waits for
 //! them. Memory stays bounded however long the stall lasts, and the checkpoint is held back by a
-//! stalled topic for `park_after` (plus the attempt in progress then) at most: from then on the
-//! stream *parks* the topic's new events instead of handing them to the shards, and the lanes
+//! stalled topic (or queue) for `park_after` (plus the attempt in progress then) at most: from
+//! then on the stream *parks* the topic's (or queue's) new events instead of handing them to the shards, and the lanes
 //! *release* the streamed events they hold (their acknowledgements given back, see
 //! [`crate::event::Origin::release`]), keeping in memory only the batch they are retrying, as a
 //! probe of whether the topic accepts events again (and claimed rows, which their leases
@@ -51,6 +51,11 @@ struct Stall {
     since: Instant,
     /// The lanes of the topic, and how many events each holds.
     lanes: HashMap<LaneId, usize>,
+    /// Since when each queue (`None`: the whole topic) has been held by a lane without a
+    /// break: a queue parks `park_after` into its own stall, so one whose lanes closed (it
+    /// accepted events again) and that fails anew is not parked at once because another queue
+    /// of its topic is still stalled.
+    held_since: HashMap<Option<QueueIndex>, Instant>,
     /// Whether the stream has started parking its events (logged once).
     parking: bool,
 }
@@ -87,13 +92,37 @@ pub struct QueueIndex {
 }
 
 impl Stall {
-    /// When its new events are parked and its lanes release what they hold: `park_after` into
-    /// the stall, or at once once a lane holds [`LANE_LIMIT`] events.
-    fn parks_from(&self, park_after: Duration) -> Instant {
+    /// When the events bound for `queue` are parked and the lanes holding them release what
+    /// they hold: `park_after` into that queue's stall, or at once once a lane holds
+    /// [`LANE_LIMIT`] events. While a lane of the whole topic is open (`queue` `None`: its
+    /// route could not be looked up), the topic stalls as one: every queue parks `park_after`
+    /// into the topic's oldest stall.
+    fn parks_from(&self, queue: Option<QueueIndex>, park_after: Duration) -> Instant {
         if self.lanes.values().any(|&held| held >= LANE_LIMIT) {
             return self.since;
         }
-        self.since + park_after
+        // While a lane of the whole topic is open, the topic stalls as one.
+        let since = match queue {
+            Some(_) if !self.held_since.contains_key(&None) => self.held_since.get(&queue),
+            _ => self.held_since.values().min(),
+        };
+        since.copied().unwrap_or(self.since) + park_after
+    }
+
+    /// Which of the topic's events park at `now` (see [`Stall::parks_from`]); `None`: none.
+    fn parking_scope(&self, park_after: Duration, now: Instant) -> Option<Scope> {
+        if self.lanes.values().any(|&held| held >= LANE_LIMIT) {
+            return Some(self.scope());
+        }
+        let due = |since: &Instant| *since + park_after <= now;
+        if self.held_since.contains_key(&None) && self.held_since.values().any(due) {
+            return Some(Scope::Topic);
+        }
+        let queues: HashSet<QueueIndex> = (self.held_since.iter())
+            .filter(|(_, since)| due(since))
+            .filter_map(|(queue, _)| *queue)
+            .collect();
+        (!queues.is_empty()).then_some(Scope::Queues(queues))
     }
 
     /// Which of the topic's events it holds back.
@@ -241,10 +270,12 @@ impl Stalls {
             Stall {
                 since: Instant::now(),
                 lanes: HashMap::new(),
+                held_since: HashMap::new(),
                 parking: false,
             }
         });
         stall.lanes.insert(lane, held);
+        stall.held_since.entry(lane.queue).or_insert_with(Instant::now);
         held_gauge(topic).set(stall.lanes.values().sum::<usize>() as i64);
     }
 
@@ -255,6 +286,9 @@ impl Stalls {
             return;
         };
         stall.lanes.remove(&lane);
+        if !stall.lanes.keys().any(|other| other.queue == lane.queue) {
+            stall.held_since.remove(&lane.queue);
+        }
         held_gauge(topic).set(stall.lanes.values().sum::<usize>() as i64);
         if stall.lanes.is_empty() {
             let stall = topics.remove(topic).expect("present");
@@ -334,10 +368,11 @@ impl Stalls {
         };
         let mut topics = self.topics();
         let mut parking = StalledSet::default();
+        let now = Instant::now();
         for (topic, stall) in topics.iter_mut() {
-            if stall.parks_from(park_after) > Instant::now() {
+            let Some(scope) = stall.parking_scope(park_after, now) else {
                 continue;
-            }
+            };
             if !stall.parking {
                 stall.parking = true;
                 tracing::warn!(%topic, stalled_for = ?stall.since.elapsed(),
@@ -346,18 +381,19 @@ impl Stalls {
                      checkpoint goes on past them, and the sweeper sends them, in key order, once \
                      it accepts events again", park_after);
             }
-            parking.topics.insert(topic.clone(), stall.scope());
+            parking.topics.insert(topic.clone(), scope);
         }
         parking
     }
 
-    /// When the events a lane of `topic` holds in memory are to be released (see
-    /// [`crate::event::Origin::release`]): when the topic has been stalled for `park_after`, or
-    /// now if one of its lanes holds [`LANE_LIMIT`] events; the moment its new streamed events
-    /// are parked. `None` where nothing parks, or `topic` is not stalled.
-    pub(crate) fn release_due(&self, topic: &str) -> Option<Instant> {
+    /// When the events a lane of `topic` for `queue` (`None`: the whole topic) holds in memory
+    /// are to be released (see [`crate::event::Origin::release`]): when that queue (or the
+    /// topic) has been stalled for `park_after`, or now if one of the topic's lanes holds
+    /// [`LANE_LIMIT`] events; the moment its new streamed events are parked. `None` where
+    /// nothing parks, or `topic` is not stalled.
+    pub(crate) fn release_due(&self, topic: &str, queue: Option<QueueIndex>) -> Option<Instant> {
         let park_after = self.park_after?;
-        Some(self.topics().get(topic)?.parks_from(park_after))
+        Some(self.topics().get(topic)?.parks_from(queue, park_after))
     }
 
     /// Whether a streamed event of `topic` with key `biz_key` that reaches a shard now is to be
@@ -369,7 +405,8 @@ impl Stalls {
         };
         let topics = self.topics();
         topics.get(topic).is_some_and(|stall| {
-            stall.parks_from(park_after) <= Instant::now() && stall.scope().contains(biz_key)
+            (stall.parking_scope(park_after, Instant::now()))
+                .is_some_and(|scope| scope.contains(biz_key))
         })
     }
 
@@ -498,6 +535,46 @@ mod tests {
         stalls.closed("t", whole(0));
         stalls.closed("t", lane);
         assert!(stalls.stalled().is_empty());
+    }
+
+    #[test]
+    fn a_queue_parks_park_after_into_its_own_stall_not_its_topics() {
+        let park_after = Duration::from_millis(300);
+        let stalls = Stalls::new(park_after);
+        // "order-1" hashes to queue 6 of 8; "order-2" to another queue.
+        let (six, other) = (
+            QueueIndex { index: 6, count: 8 },
+            QueueIndex {
+                index: index_for(java_string_hash("order-2"), 8),
+                count: 8,
+            },
+        );
+        let first = LaneId::new(0, Some(six));
+        stalls.holding("t", first, 1);
+        std::thread::sleep(park_after);
+        assert!(stalls.parking().contains("t", "order-1"));
+        assert!(stalls.releases("t", "order-1"));
+        // Another queue fails now: its events are held (not parked) for its own park_after.
+        let late = LaneId::new(1, Some(other));
+        stalls.holding("t", late, 1);
+        assert!(!stalls.parking().contains("t", "order-2"));
+        assert!(!stalls.releases("t", "order-2"));
+        let due = stalls.release_due("t", Some(other)).unwrap();
+        assert!(due > Instant::now(), "the late queue's lane keeps what it holds for now");
+        assert!(stalls.release_due("t", Some(six)).unwrap() <= Instant::now());
+        // Queue 6 accepts events again (its lane closes), then fails anew while the other
+        // queue is still stalled: a stall of its own, not parked at once.
+        stalls.closed("t", first);
+        stalls.holding("t", LaneId::new(0, Some(six)), 1);
+        assert!(!stalls.parking().contains("t", "order-1"));
+        std::thread::sleep(park_after);
+        let parking = stalls.parking();
+        assert!(parking.contains("t", "order-1") && parking.contains("t", "order-2"));
+        // A lane of the whole topic (its route could not be looked up) parks with the topic's
+        // oldest stall: every key of the topic at once.
+        stalls.holding("t", whole(2), 1);
+        assert!(stalls.release_due("t", None).unwrap() <= Instant::now());
+        assert_eq!(stalls.parking().whole_topics(), ["t"]);
     }
 
     fn whole(shard: u32) -> LaneId {

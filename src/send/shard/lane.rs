@@ -454,7 +454,7 @@ impl<S: Sink> LaneRun<'_, S> {
             size = stalled.batch.len();
             let queue = stalled.queue.filter(|_| self.sink.stable_queues());
             loop {
-                let due = self.options.stalls.release_due(&topic);
+                let due = self.options.stalls.release_due(&topic, self.held.lane.queue);
                 let now = Instant::now();
                 if due.is_some_and(|due| due <= now) {
                     self.input.release(&mut stalled, self.held, &self.options.released);
