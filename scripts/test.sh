@@ -179,12 +179,15 @@ if [ "$WITH_MYSQL" = 1 ]; then
   say "MySQL phase: the suite's relay modules: $((SECONDS - started)) s"
   # The stuck-topic tests by themselves, as in the first phase.
   RUST_TEST_THREADS=3 run_tests "${FEATURES[@]}" --test suite -- isolation:: memory::a_stuck_topic
-  # The queue table kept in the database (outbox_topic_queues) on MySQL too: alone, so its
-  # two-group cluster starts on a machine the other tests have left.
+  # The queue table kept in the database (outbox_topic_queues), and a broker group killed and
+  # brought back under load (each key on its queue, in order, through the release of its
+  # parked events), on MySQL too: one at a time, so each two-group cluster starts on a machine
+  # the other tests have left.
   cluster_started=$SECONDS
   RUST_TEST_THREADS=1 run_tests "${FEATURES[@]}" --test suite -- \
-    cluster::an_instance_started_while_a_group_is_down
-  say "MySQL phase: the queue table in the database: $((SECONDS - cluster_started)) s"
+    cluster::an_instance_started_while_a_group_is_down \
+    cluster::a_killed_broker_group_keeps_every_key_on_its_queue
+  say "MySQL phase: two-group clusters: $((SECONDS - cluster_started)) s"
   soak_started=$SECONDS
   run_tests "${FEATURES[@]}" --test soak
   say "MySQL phase: soak: $((SECONDS - soak_started)) s"
