@@ -13,8 +13,8 @@
 //! Guarantee: only the stalled topic's (or queue's) events wait, and nothing else waits for
 //! them. Memory stays bounded however long the stall lasts, and the checkpoint is held back by a
 //! stalled topic (or queue) for `park_after` (plus the attempt in progress then) at most: from
-//! then on the stream *parks* the topic's (or queue's) new events instead of handing them to the shards, and the lanes
-//! *release* the streamed events they hold (their acknowledgements given back, see
+//! then on the stream *parks* the topic's (or queue's) new events instead of handing them to
+//! the shards, and the lanes *release* the streamed events they hold (their acknowledgements given back, see
 //! [`crate::event::Origin::release`]), keeping in memory only the batch they are retrying, as a
 //! probe of whether the topic accepts events again (and claimed rows, which their leases
 //! cover). Parked and released events are PENDING rows in the outbox table already, so the
@@ -91,6 +91,13 @@ pub struct QueueIndex {
     pub count: usize,
 }
 
+impl QueueIndex {
+    /// Whether the keys with hash `hash` go to this queue.
+    fn holds(&self, hash: i32) -> bool {
+        index_for(hash, self.count) == self.index
+    }
+}
+
 impl Stall {
     /// When the events bound for `queue` are parked and the lanes holding them release what
     /// they hold: `park_after` into that queue's stall, or at once once a lane holds
@@ -101,7 +108,6 @@ impl Stall {
         if self.lanes.values().any(|&held| held >= LANE_LIMIT) {
             return self.since;
         }
-        // While a lane of the whole topic is open, the topic stalls as one.
         let since = match queue {
             Some(_) if !self.held_since.contains_key(&None) => self.held_since.get(&queue),
             _ => self.held_since.values().min(),
@@ -109,20 +115,35 @@ impl Stall {
         since.copied().unwrap_or(self.since) + park_after
     }
 
-    /// Which of the topic's events park at `now` (see [`Stall::parks_from`]); `None`: none.
+    /// Whether the events bound for `queue` park at `now` ([`Stall::parks_from`]).
+    fn parks(&self, queue: Option<QueueIndex>, park_after: Duration, now: Instant) -> bool {
+        self.parks_from(queue, park_after) <= now
+    }
+
+    /// The queues with a lane (none while a lane of the whole topic is open: it stalls as one).
+    fn stalled_queues(&self) -> Option<impl Iterator<Item = QueueIndex> + '_> {
+        (!self.held_since.contains_key(&None)).then(|| self.held_since.keys().flatten().copied())
+    }
+
+    /// Which of the topic's events park at `now`; `None`: none.
     fn parking_scope(&self, park_after: Duration, now: Instant) -> Option<Scope> {
-        if self.lanes.values().any(|&held| held >= LANE_LIMIT) {
-            return Some(self.scope());
-        }
-        let due = |since: &Instant| *since + park_after <= now;
-        if self.held_since.contains_key(&None) && self.held_since.values().any(due) {
-            return Some(Scope::Topic);
-        }
-        let queues: HashSet<QueueIndex> = (self.held_since.iter())
-            .filter(|(_, since)| due(since))
-            .filter_map(|(queue, _)| *queue)
+        let Some(queues) = self.stalled_queues() else {
+            return self.parks(None, park_after, now).then_some(Scope::Topic);
+        };
+        let queues: HashSet<QueueIndex> = queues
+            .filter(|&q| self.parks(Some(q), park_after, now))
             .collect();
         (!queues.is_empty()).then_some(Scope::Queues(queues))
+    }
+
+    /// Whether the topic's events with key `biz_key` park at `now` (as [`Stall::parking_scope`]
+    /// says, without building it: asked per event).
+    fn parks_key(&self, biz_key: &str, park_after: Duration, now: Instant) -> bool {
+        let Some(mut queues) = self.stalled_queues() else {
+            return self.parks(None, park_after, now);
+        };
+        let hash = java_string_hash(biz_key);
+        queues.any(|q| q.holds(hash) && self.parks(Some(q), park_after, now))
     }
 
     /// Which of the topic's events it holds back.
@@ -157,7 +178,7 @@ impl Scope {
             Scope::Topic => true,
             Scope::Queues(queues) => {
                 let hash = java_string_hash(biz_key);
-                queues.iter().any(|q| index_for(hash, q.count) == q.index)
+                queues.iter().any(|q| q.holds(hash))
             }
         }
     }
@@ -404,10 +425,8 @@ impl Stalls {
             return false;
         };
         let topics = self.topics();
-        topics.get(topic).is_some_and(|stall| {
-            (stall.parking_scope(park_after, Instant::now()))
-                .is_some_and(|scope| scope.contains(biz_key))
-        })
+        (topics.get(topic))
+            .is_some_and(|stall| stall.parks_key(biz_key, park_after, Instant::now()))
     }
 
     /// Events held in memory for `topic`, in every shard's lane.
@@ -468,120 +487,5 @@ fn held_gauge(topic: &str) -> prometheus_client::metrics::gauge::Gauge {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_topic_is_stalled_while_any_shard_holds_a_lane_for_it() {
-        let stalls = Stalls::new(Duration::ZERO);
-        stalls.holding("t", whole(0), 3);
-        stalls.holding("t", whole(1), 2);
-        assert!(stalls.is_stalled("t"));
-        assert!(!stalls.is_stalled("u"));
-        assert_eq!(stalls.held("t"), 5);
-        stalls.closed("t", whole(0));
-        assert!(stalls.is_stalled("t"), "shard 1 still holds it");
-        stalls.closed("t", whole(1));
-        assert!(!stalls.is_stalled("t"));
-        assert!(stalls.stalled().is_empty());
-    }
-
-    #[test]
-    fn new_events_are_parked_only_after_the_hold() {
-        let stalls = Stalls::new(Duration::from_secs(3600));
-        stalls.holding("t", whole(0), 1);
-        assert!(stalls.parking().is_empty(), "not stalled for an hour yet");
-        stalls.holding("t", whole(1), LANE_LIMIT);
-        assert!(
-            stalls.parking().contains("t", "any"),
-            "a full lane parks at once"
-        );
-        let stalls = Stalls::without_parking();
-        stalls.holding("t", whole(0), LANE_LIMIT);
-        assert!(
-            stalls.parking().is_empty(),
-            "nothing parks without a sweeper"
-        );
-        let stalls = Stalls::new(Duration::ZERO);
-        stalls.holding("t", whole(0), 1);
-        assert_eq!(stalls.parking().whole_topics(), ["t"]);
-    }
-
-    #[test]
-    fn a_stalled_queue_holds_back_only_the_keys_hashed_to_it() {
-        let stalls = Stalls::new(Duration::ZERO);
-        // "order-1" hashes to queue 6 of 8 (see `route`); "order-2" elsewhere.
-        let queue = QueueIndex { index: 6, count: 8 };
-        assert_ne!(index_for(java_string_hash("order-2"), 8), 6);
-        let lane = LaneId::new(3, Some(queue));
-        stalls.holding("t", lane, 2);
-        let stalled = stalls.stalled();
-        assert!(stalled.contains("t", "order-1"));
-        assert!(
-            !stalled.contains("t", "order-2"),
-            "another queue's key goes on"
-        );
-        assert!(!stalled.contains("u", "order-1"));
-        assert!(
-            stalled.whole_topics().is_empty(),
-            "the sweeper still claims t's rows"
-        );
-        assert!(stalls.parking().contains("t", "order-1"));
-        assert!(!stalls.parking().contains("t", "order-2"));
-        // A lane of the whole topic in another shard holds back every key.
-        stalls.holding("t", whole(0), 1);
-        assert!(stalls.stalled().contains("t", "order-2"));
-        assert_eq!(stalls.stalled().whole_topics(), ["t"]);
-        stalls.closed("t", whole(0));
-        stalls.closed("t", lane);
-        assert!(stalls.stalled().is_empty());
-    }
-
-    #[test]
-    fn a_queue_parks_park_after_into_its_own_stall_not_its_topics() {
-        let park_after = Duration::from_millis(300);
-        let stalls = Stalls::new(park_after);
-        // "order-1" hashes to queue 6 of 8; "order-2" to another queue.
-        let (six, other) = (
-            QueueIndex { index: 6, count: 8 },
-            QueueIndex {
-                index: index_for(java_string_hash("order-2"), 8),
-                count: 8,
-            },
-        );
-        let first = LaneId::new(0, Some(six));
-        stalls.holding("t", first, 1);
-        std::thread::sleep(park_after);
-        assert!(stalls.parking().contains("t", "order-1"));
-        assert!(stalls.releases("t", "order-1"));
-        // Another queue fails now: its events are held (not parked) for its own park_after.
-        let late = LaneId::new(1, Some(other));
-        stalls.holding("t", late, 1);
-        assert!(!stalls.parking().contains("t", "order-2"));
-        assert!(!stalls.releases("t", "order-2"));
-        let due = stalls.release_due("t", Some(other)).unwrap();
-        assert!(due > Instant::now(), "the late queue's lane keeps what it holds for now");
-        assert!(stalls.release_due("t", Some(six)).unwrap() <= Instant::now());
-        // Queue 6 accepts events again (its lane closes), then fails anew while the other
-        // queue is still stalled: a stall of its own, not parked at once.
-        stalls.closed("t", first);
-        stalls.holding("t", LaneId::new(0, Some(six)), 1);
-        assert!(!stalls.parking().contains("t", "order-1"));
-        std::thread::sleep(park_after);
-        let parking = stalls.parking();
-        assert!(parking.contains("t", "order-1") && parking.contains("t", "order-2"));
-        // A lane of the whole topic (its route could not be looked up) parks with the topic's
-        // oldest stall: every key of the topic at once.
-        stalls.holding("t", whole(2), 1);
-        assert!(stalls.release_due("t", None).unwrap() <= Instant::now());
-        assert_eq!(stalls.parking().whole_topics(), ["t"]);
-    }
-
-    fn whole(shard: u32) -> LaneId {
-        LaneId {
-            shard,
-            queue: None,
-            serial: 0,
-        }
-    }
-}
+#[path = "stall_tests.rs"]
+mod tests;
