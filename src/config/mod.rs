@@ -224,6 +224,12 @@ pub struct RelayConfig {
     /// relay reads back) at low rates; a kill -9 resends up to this much more. At most 1 s.
     #[serde(with = "humantime_serde")]
     pub mark_linger: Duration,
+    /// When a relay starts streaming (a restart, a takeover), it reads back the messages each
+    /// queue of a topic stored since the first event it is about to send was committed, and
+    /// skips the events found there, recording them SENT with the stored message id: a
+    /// previous leader's sends it had not recorded are not sent again. This bounds that read:
+    /// at most this many of each queue's newest messages. `0`: nothing is read back.
+    pub takeover_read_limit: u64,
 }
 
 /// How long a marking batch waits for more outcomes after its first before it is written (unless
@@ -255,6 +261,7 @@ impl Default for RelayConfig {
             park_after: Duration::from_secs(5),
             park_prepared_after: Duration::from_secs(60),
             mark_linger: DEFAULT_MARK_LINGER,
+            takeover_read_limit: 10_000,
         }
     }
 }

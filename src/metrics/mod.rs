@@ -156,6 +156,10 @@ pub struct RelayMetrics {
     pub xa_prepared_transactions: Gauge,
     /// Prepared XA transactions held for `relay.park_prepared_after` and parked.
     pub xa_parked: Counter,
+    /// Events a starting relay found stored on the broker but not recorded, and recorded SENT
+    /// without sending them again; and the time spent reading the topics' tails for them.
+    pub catch_up_found_stored: Counter,
+    pub catch_up_tail_read_seconds: Counter<f64, AtomicU64>,
     /// When (Unix seconds) the stream read each XA transaction's prepare that still has no
     /// outcome, held or parked; the series goes at its XA COMMIT or XA ROLLBACK.
     pub xa_prepared_since: Family<XidLabel, Gauge<f64, AtomicU64>>,
@@ -239,6 +243,8 @@ impl RelayMetrics {
             checkpoint_age_seconds: Gauge::default(),
             xa_prepared_transactions: Gauge::default(),
             xa_parked: Counter::default(),
+            catch_up_found_stored: Counter::default(),
+            catch_up_tail_read_seconds: Counter::default(),
             xa_prepared_since: Family::default(),
             unclassified_errors: Counter::default(),
             keys_held_for_order: Gauge::default(),
@@ -380,6 +386,16 @@ impl RelayMetrics {
             "xa_parked",
             "Prepared XA transactions held for relay.park_prepared_after, then parked: the checkpoint passes them and the sweeper sends their events at XA COMMIT",
             self.xa_parked.clone(),
+        );
+        registry.register(
+            "catch_up_found_stored",
+            "Events a starting relay (restart or takeover) found stored on the broker but not recorded SENT, and recorded SENT with the stored message id instead of sending them again",
+            self.catch_up_found_stored.clone(),
+        );
+        registry.register(
+            "catch_up_tail_read_seconds",
+            "Time a starting relay spent reading back the topics' tails (see relay.takeover_read_limit)",
+            self.catch_up_tail_read_seconds.clone(),
         );
         registry.register(
             "unclassified_errors",

@@ -84,6 +84,19 @@ impl<'a, S: Sink> PipelineBuilder<'a, S> {
         }
     }
 
+    /// Reads back what the sink stored, for a run catching up (see `dispatch::CatchUp`), at
+    /// most `relay.takeover_read_limit` messages per queue.
+    pub(super) fn broker_tails(&self) -> super::dispatch::BrokerTails {
+        let sink = Arc::clone(&self.sink);
+        super::dispatch::BrokerTails {
+            read: Arc::new(move |topic: String, bound| {
+                let sink = Arc::clone(&sink);
+                Box::pin(async move { sink.stored_tail(&topic, bound).await })
+            }),
+            per_queue: self.config.relay.takeover_read_limit,
+        }
+    }
+
     /// The checkpoint mirror of this deployment, fenced by the builder's fence.
     pub fn mirror(&self) -> crate::checkpoint::MysqlMirror {
         crate::checkpoint::MysqlMirror::new(self.config.relay.name.clone())

@@ -2,10 +2,11 @@
 //! acknowledgement, and routes it to its shard.
 //!
 //! While catching up after a restart or a takeover (reading binlog that a previous run may have
-//! already handled, up to the server's end of binlog at start-up), it first asks the outbox which
-//! of the events are already recorded SENT or FAILED and skips those: a takeover then resends only
-//! what the old leader published but had not yet recorded, instead of everything after the last
-//! mirrored checkpoint.
+//! already handled, up to the server's end of binlog at start-up), it first asks which of the
+//! events are done already ([`CatchUp`]): those recorded SENT or FAILED are skipped, and those the
+//! broker stored but the previous run had not recorded are recorded SENT with the stored message
+//! id, not sent again. A takeover then resends nothing the old leader stored, within the bound of
+//! what is read back.
 //!
 //! When the reader loses its connection inside a transaction it reads that transaction again
 //! from its start; the rows already handed on are not handed on twice ([`HandedOn`]).
@@ -22,14 +23,12 @@
 //! while every later transaction flows and completes as usual.
 
 use super::key_order::{self, KeyOrder};
-use crate::binlog::{BinlogItem, BinlogPosition, DecodedRow, StreamClock, TxEnd, Xid};
+use crate::binlog::{BinlogItem, DecodedRow, TxEnd, Xid};
 use crate::checkpoint::{Acknowledgements, TxSeq};
 use crate::event::Origin;
-use crate::outbox::{Status, TableName};
+use crate::outbox::TableName;
 use crate::send::{Completion, SendInputs, ShardEvent, StalledSet};
-use mysql_async::prelude::*;
-use mysql_async::Pool;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -44,6 +43,8 @@ pub struct Dispatched {
     pub unidentifiable: u64,
     /// Events skipped while catching up because their rows were already SENT or FAILED.
     pub already_recorded: u64,
+    /// Events found stored on the broker while catching up, recorded SENT without a send.
+    pub found_stored: u64,
     /// Rows of a transaction read again after a lost connection that had been handed on the
     /// first time (not sent twice).
     pub read_again: u64,
@@ -68,20 +69,6 @@ struct Held {
 
 /// A prepared XA transaction held longer than this is logged (then every such period).
 const LONG_PREPARED: Duration = Duration::from_secs(60);
-
-/// Skipping of already-handled events while the stream is behind `until`.
-pub struct CatchUp {
-    pub pool: Pool,
-    /// The server's end of binlog when the run started.
-    pub until: BinlogPosition,
-    /// Where the stream starts; moved along by each transaction end.
-    pub read: BinlogPosition,
-    /// Also skip rows SENDING under someone's lease (their owner sends them, or lease recovery
-    /// returns them to PENDING for a sweeper): only with a sweeper, which does that recovery.
-    pub skip_claimed: bool,
-    /// Armed once caught up.
-    pub clock: StreamClock,
-}
 
 /// The rows of the transaction being read that were handed on, and those of a transaction the
 /// reader lost mid-way and is reading again. Skipping those is safe: they are still in flight
@@ -114,82 +101,6 @@ impl HandedOn {
     fn end(&mut self) {
         self.current.clear();
         self.abandoned.clear();
-    }
-}
-
-impl CatchUp {
-    /// Starts catching up from `start` to the server's end `until`; `None` when there is nothing
-    /// to catch up.
-    pub fn new(
-        pool: Pool,
-        start: &BinlogPosition,
-        until: &BinlogPosition,
-        skip_claimed: bool,
-        clock: StreamClock,
-    ) -> Option<Self> {
-        (!start.covers(until)).then(|| CatchUp {
-            pool,
-            until: until.clone(),
-            read: start.clone(),
-            skip_claimed,
-            clock,
-        })
-    }
-
-    /// Caught up: the stream read past the end it started behind, however long that takes
-    /// (every batch read again meanwhile is checked). Then heartbeats mean "nothing more to
-    /// read" ([`StreamClock::arm`]).
-    fn done(&self) -> bool {
-        let done = self.read.covers(&self.until);
-        if done {
-            self.clock.arm();
-        }
-        done
-    }
-
-    /// `(table, id)` of the events in `batch` whose rows are already SENT or FAILED (or SENDING,
-    /// with `skip_claimed`). On a database error nothing is skipped (the events are sent again:
-    /// at least once).
-    async fn recorded(&self, batch: &[BinlogItem]) -> HashSet<(Arc<TableName>, u64)> {
-        let mut by_table: BTreeMap<Arc<TableName>, Vec<u64>> = BTreeMap::new();
-        let rows = batch.iter().flat_map(|item| match item {
-            BinlogItem::Row(row) => std::slice::from_ref(row),
-            BinlogItem::Prepared(prepared) => &prepared.rows[..],
-            _ => &[],
-        });
-        for row in rows {
-            if let DecodedRow::Event(row) = row {
-                by_table
-                    .entry(Arc::clone(&row.table))
-                    .or_default()
-                    .push(row.id);
-            }
-        }
-        // Already recorded: SENT or FAILED, and SENDING too when a sweeper's claim counts.
-        let statuses = if self.skip_claimed {
-            Status::sql_in(&[Status::Sending, Status::Sent, Status::Failed])
-        } else {
-            Status::sql_in(&[Status::Sent, Status::Failed])
-        };
-        let mut recorded = HashSet::new();
-        for (table, ids) in by_table {
-            let sql = format!(
-                "SELECT id FROM {} WHERE id IN ({}) AND {statuses}",
-                table.sql(),
-                crate::db::id_list(ids)
-            );
-            let found: Result<Vec<u64>, _> = crate::db::bounded(async {
-                let mut conn = self.pool.get_conn().await?;
-                conn.query(sql).await
-            })
-            .await;
-            match found {
-                Ok(ids) => recorded.extend(ids.into_iter().map(|id| (Arc::clone(&table), id))),
-                Err(e) => tracing::warn!(%table, error = %e,
-                    "cannot check which caught-up events are already recorded; sending them again"),
-            }
-        }
-        recorded
     }
 }
 
@@ -240,9 +151,9 @@ pub async fn run(
         if catch_up.is_none() {
             d.read_on_for_skipped(&mut batch, &mut items).await;
         }
-        let recorded = match &catch_up {
+        let recorded = match &mut catch_up {
             Some(catch_up) => catch_up.recorded(&batch).await,
-            None => HashSet::new(),
+            None => Recorded::default(),
         };
         d.start_batch(&batch, &recorded, catch_up.is_some()).await;
         for item in batch {
@@ -257,11 +168,18 @@ pub async fn run(
             return d.finish();
         }
         if catch_up.as_ref().is_some_and(CatchUp::done) {
-            tracing::info!(
-                skipped = d.stats.already_recorded,
-                "caught up with the binlog: events already recorded SENT or FAILED (or claimed by a sweeper) were not sent again"
-            );
-            catch_up = None;
+            if let Some(caught_up) = catch_up.take() {
+                let tails = caught_up.found;
+                tracing::info!(
+                    skipped = d.stats.already_recorded,
+                    found_stored = d.stats.found_stored,
+                    topics_read_back = tails.topics,
+                    queues_read_back = tails.queues,
+                    messages_read_back = tails.messages,
+                    read_back_took = ?tails.took,
+                    "caught up with the binlog: events already recorded SENT or FAILED (or claimed by a sweeper) were not sent again, nor those found stored on the broker"
+                );
+            }
         }
     }
     d.finish()
@@ -314,7 +232,7 @@ impl Dispatcher {
         let Some(order) = &self.key_order else {
             return;
         };
-        let none = HashSet::new();
+        let none = Recorded::default();
         let deadline = Instant::now() + key_order::GAP_WAIT;
         while batch.len() < MAX_BATCH && order.skips(batch_rows(batch, &none)) {
             match tokio::time::timeout_at(deadline, items.recv()).await {
@@ -331,7 +249,7 @@ impl Dispatcher {
     async fn start_batch(
         &mut self,
         batch: &[BinlogItem],
-        recorded: &HashSet<(Arc<TableName>, u64)>,
+        recorded: &Recorded,
         catching_up: bool,
     ) {
         if let Some(order) = &mut self.key_order {
@@ -361,7 +279,7 @@ impl Dispatcher {
         &mut self,
         item: BinlogItem,
         current: &mut Option<TxSeq>,
-        recorded: &HashSet<(Arc<TableName>, u64)>,
+        recorded: &Recorded,
         catch_up: &mut Option<CatchUp>,
     ) -> bool {
         match item {
@@ -376,7 +294,7 @@ impl Dispatcher {
             BinlogItem::TxEnd(end) => {
                 self.handed_on.end();
                 if let Some(catch_up) = catch_up {
-                    catch_up.read.advance(&end);
+                    catch_up.passed(&end);
                 }
                 let seq = current.take().unwrap_or_else(|| self.begin());
                 self.acks.end(seq, end);
@@ -384,7 +302,7 @@ impl Dispatcher {
             }
             BinlogItem::Prepared(prepared) => {
                 if let Some(catch_up) = catch_up {
-                    catch_up.read.advance(&prepared.end);
+                    catch_up.passed(&prepared.end);
                 }
                 self.hold(prepared, recorded);
                 true
@@ -422,14 +340,10 @@ fn take_ready(batch: &mut Vec<BinlogItem>, items: &mut mpsc::Receiver<BinlogItem
 /// guard counts those as read, asking nothing about their keys).
 fn batch_rows<'a>(
     batch: &'a [BinlogItem],
-    recorded: &'a HashSet<(Arc<TableName>, u64)>,
+    recorded: &'a Recorded,
 ) -> impl Iterator<Item = &'a DecodedRow> + 'a {
     batch.iter().filter_map(move |item| match item {
-        BinlogItem::Row(DecodedRow::Event(row))
-            if recorded.contains(&(Arc::clone(&row.table), row.id)) =>
-        {
-            None
-        }
+        BinlogItem::Row(DecodedRow::Event(row)) if recorded.contains(&row.table, row.id) => None,
         BinlogItem::Row(row) => Some(row),
         _ => None,
     })
@@ -469,6 +383,21 @@ impl Dispatcher {
 
     fn holding_keys(&self) -> bool {
         self.key_order.as_ref().is_some_and(KeyOrder::holding)
+    }
+
+    /// Hands on row `row` of transaction `seq`, found stored on the broker as `msg_id` while
+    /// catching up, as SENT: the marker records it and then acknowledges it. The stream carries
+    /// it (as a bad row's FAILED): the key-order guard does not take it for a row waiting
+    /// elsewhere meanwhile. False once the marker is gone.
+    async fn record_stored(&mut self, seq: TxSeq, row: crate::event::OutboxRow, msg_id: String) -> bool {
+        self.stats.found_stored += 1;
+        crate::metrics::relay().catch_up_found_stored.inc();
+        if let Some(order) = &mut self.key_order {
+            order.carry(seq, &row.table, row.id);
+        }
+        let origin = Origin::Stream(self.acks.event(seq));
+        let completion = Completion::stored(origin, row, msg_id);
+        self.inputs.complete(completion).await.is_ok()
     }
 
     /// Asks the key-order guard about `rows` before they are handed on (or parked, as
@@ -514,11 +443,14 @@ impl Dispatcher {
         &mut self,
         seq: TxSeq,
         row: DecodedRow,
-        recorded: &HashSet<(Arc<TableName>, u64)>,
+        recorded: &Recorded,
         read_again: bool,
     ) -> bool {
         match row {
-            DecodedRow::Event(row) if recorded.contains(&(Arc::clone(&row.table), row.id)) => {
+            DecodedRow::Event(row) if recorded.contains(&row.table, row.id) => {
+                if let Some(msg_id) = recorded.stored(&row.table, row.id) {
+                    return self.record_stored(seq, row, msg_id.to_string()).await;
+                }
                 self.stats.already_recorded += 1;
             }
             DecodedRow::Event(row) if read_again && self.handed_on.already(&row.table, row.id) => {
@@ -570,7 +502,11 @@ impl Dispatcher {
     }
 }
 
+mod catch_up;
 mod prepared;
+
+pub use catch_up::{BrokerTails, CatchUp};
+use catch_up::Recorded;
 
 #[cfg(test)]
 mod tests;

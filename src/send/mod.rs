@@ -9,21 +9,26 @@
 //! makes an event `Failed`. An event
 //! is reported exactly once.
 
+mod completion;
 pub mod rocketmq;
 pub(crate) mod released;
 pub mod shard;
 mod shards;
 pub mod stall;
+pub mod tail;
 
 pub use rocketmq::{QueueStore, QueueTable, RocketMqSink};
-pub use shard::{run_shard, Completion, SendOutcome, ShardEvent, ShardOptions};
+pub use completion::{Completion, SendOutcome};
+pub use shard::{run_shard, ShardEvent, ShardOptions};
 pub use shards::{SendInputs, Shards, Stopped};
 pub use stall::{StalledSet, Stalls};
+pub use tail::{StoredTail, TailBound};
 
 pub use crate::outbox::OutboundMessage;
 
 use crate::leader::Fence;
 
+use futures_util::future::BoxFuture;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -117,6 +122,20 @@ pub trait Sink: Send + Sync + 'static {
         messages: &[&OutboundMessage],
         fence: &Fence,
     ) -> impl Future<Output = Result<Vec<String>, SendFailure>> + Send;
+
+    /// The relay's messages stored in `topic` within `bound` ([`tail`]): read when a relay starts
+    /// streaming, so it skips the events a previous run stored but had not recorded SENT.
+    /// `Ok(None)`: this sink cannot read what it stored (the default); such events are sent
+    /// again. Boxed: it runs once per topic at start-up, and a client's deeply nested futures
+    /// proven `Send` behind the box need no higher recursion limit in the crates that build a
+    /// pipeline over the sink.
+    fn stored_tail<'a>(
+        &'a self,
+        _topic: &'a str,
+        _bound: TailBound,
+    ) -> BoxFuture<'a, Result<Option<StoredTail>, SendError>> {
+        Box::pin(async { Ok(None) })
+    }
 
     /// Releases the sink's connections; the relay calls it once, after its last send, with the
     /// last reference it holds. The default does nothing.

@@ -15,11 +15,11 @@
 
 use super::released::ReleasedKeys;
 use super::stall::QueueIndex;
+pub use super::completion::{Completion, SendOutcome};
 use super::{OutboundMessage, SendError, SendFailure, Sink, Stalls};
-use crate::event::{now_us, Ack, Origin, OutboxRow, RowProblem, Stamps};
+use crate::event::{now_us, Ack, Origin, OutboxRow};
 use crate::leader::Fence;
 use crate::logging::Throttle;
-use crate::outbox::TableName;
 use crate::retry::{Jitter, RetryPolicy};
 use crate::route::{index_for, java_string_hash};
 use std::sync::Arc;
@@ -72,49 +72,6 @@ impl ShardEvent {
             row,
             key_hash,
             released_seen: 0,
-        }
-    }
-}
-
-/// How an event ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SendOutcome {
-    /// The broker answered `SEND_OK`; its message id.
-    Sent { msg_id: String },
-    /// Given up: the reason and how many attempts were counted (the first and each retry; an
-    /// early attempt after a wake-up that failed too is not counted).
-    Failed { reason: String, attempts: u32 },
-}
-
-/// The final outcome of one event, for the SENT/FAILED marker.
-#[derive(Debug, PartialEq)]
-pub struct Completion {
-    /// Where the event came from (its acknowledgement, if streamed: the marker acknowledges it
-    /// once the outcome is recorded).
-    pub origin: Origin,
-    pub table: Arc<TableName>,
-    pub id: u64,
-    pub event_id: String,
-    pub outcome: SendOutcome,
-    /// When the event passed each stage before its outcome (default for a row never sent).
-    pub stamps: Stamps,
-}
-
-impl Completion {
-    /// A row that cannot become a message: FAILED with its reason, without a send (logged).
-    pub fn bad_row(origin: Origin, problem: RowProblem) -> Self {
-        tracing::error!(table = %problem.table, id = problem.id, reason = %problem.reason,
-            "outbox row cannot be published; marking it FAILED");
-        Completion {
-            origin,
-            table: problem.table,
-            id: problem.id,
-            event_id: problem.event_id.unwrap_or_default(),
-            outcome: SendOutcome::Failed {
-                reason: problem.reason,
-                attempts: 0,
-            },
-            stamps: Stamps::default(),
         }
     }
 }

@@ -6,11 +6,8 @@
 use super::{Dispatcher, Held, LONG_PREPARED};
 use crate::binlog::{DecodedRow, Xid};
 use crate::metrics::XidLabel;
-use crate::outbox::TableName;
 use prometheus_client::metrics::gauge::Gauge;
-use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -20,14 +17,14 @@ impl Dispatcher {
     pub(super) fn hold(
         &mut self,
         prepared: crate::binlog::PreparedTx,
-        recorded: &HashSet<(Arc<TableName>, u64)>,
+        recorded: &super::Recorded,
     ) {
         let seq = self.begin();
         let rows: Vec<DecodedRow> = prepared
             .rows
             .into_iter()
             .filter(|row| match row {
-                DecodedRow::Event(row) => !recorded.contains(&(Arc::clone(&row.table), row.id)),
+                DecodedRow::Event(row) => !recorded.contains(&row.table, row.id),
                 _ => true,
             })
             .collect();
@@ -81,7 +78,7 @@ impl Dispatcher {
             self.stats.xa_committed += 1;
             self.check_key_order(held.rows.iter()).await;
             for row in held.rows {
-                if !self.hand_on(held.seq, row, &HashSet::new(), false).await {
+                if !self.hand_on(held.seq, row, &super::Recorded::default(), false).await {
                     return false;
                 }
             }

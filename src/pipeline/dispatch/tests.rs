@@ -1,6 +1,7 @@
 //! The dispatcher's unit tests: re-read transactions and held XA transactions.
 
 use super::*;
+use crate::binlog::BinlogPosition;
 use crate::event::OutboxRow;
 
 fn row(id: u64) -> BinlogItem {

@@ -10,6 +10,7 @@ mod message_type;
 mod queue_table;
 mod queues;
 mod route;
+mod tail;
 mod topics;
 
 pub use queue_table::QueueTable;
@@ -367,6 +368,15 @@ impl Sink for RocketMqSink {
         let routes = self.routes.lock().expect("not poisoned");
         let (queues, _) = routes.get(topic.as_ref())?;
         Some(queues.list.get(queue)?.broker_name().to_string())
+    }
+
+    fn stored_tail<'a>(
+        &'a self,
+        topic: &'a str,
+        bound: crate::send::TailBound,
+    ) -> futures_util::future::BoxFuture<'a, Result<Option<crate::send::StoredTail>, SendError>>
+    {
+        Box::pin(self.read_tail(topic, bound))
     }
 
     async fn queue_count(&self, topic: &str) -> Result<usize, SendError> {

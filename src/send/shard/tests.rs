@@ -1,6 +1,7 @@
 //! The shard sender against a scripted sink: what counts as sent, retries, order, batching.
 
 use super::*;
+use crate::outbox::TableName;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
