@@ -1,6 +1,7 @@
 //! Three relay processes on one database: one leads (tails the binlog), two stand by. The leader
-//! is killed with SIGKILL three times during a 20,000-event run; a standby takes over each time,
-//! every event arrives in key order, duplicates are reported, and nothing is left SENDING.
+//! is killed with SIGKILL every 10 s while events are written at 1,000/s; a standby takes over
+//! each time, every event arrives in key order, duplicates stay within 0.01 % of the events, and
+//! nothing is left SENDING. A frozen leader, and a backlog written while every instance was down.
 
 use crate::common;
 
@@ -8,7 +9,7 @@ use common::process::{write_config_file, RelayProcess};
 use common::relay::{
     assert_every_event_arrived_in_key_order, assert_read_every_event_in_key_order, commit_events,
     copies_per_event, count_status, current_position, deliveries, duplicates, relay_fixture,
-    seed_checkpoint, stored_messages, wait_for, wait_until_sent, write_events,
+    seed_checkpoint, stored_messages, wait_for, wait_until_sent, write_at_rate, write_events,
 };
 use common::rocketmq::{new_topic, rocketmq};
 use common::TestDb;
@@ -72,8 +73,22 @@ async fn start_all(
     processes
 }
 
+/// How long the steady-rate failover test writes (`OUTBOX_FAILOVER_SECONDS`; the leader is
+/// killed every 10 s meanwhile). 35 s in CI: three kills. The 2-minute demonstration:
+/// `OUTBOX_FAILOVER_SECONDS=120 scripts/test.sh --test suite -- failover::a_leader_killed`.
+fn failover_seconds() -> u32 {
+    std::env::var("OUTBOX_FAILOVER_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(35)
+}
+
+/// Three instances; eight writers commit single events at 1,000/s in all while the
+/// leader is killed with SIGKILL every 10 s (a supervisor restarts it at once, as a standby). A
+/// standby takes over each time and reads back what the old leader stored but had not recorded
+/// SENT: every event arrives once, in key order, and nothing is left SENDING.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_the_leader_three_times_loses_nothing() {
+async fn a_leader_killed_every_ten_seconds_loses_nothing_and_resends_almost_nothing() {
     let db = TestDb::migrated("failover").await;
     let topic = new_topic("failover");
     let (config, _base_dir) = relay_fixture(&db)
@@ -87,26 +102,19 @@ async fn killing_the_leader_three_times_loses_nothing() {
     let (_dirs, files) = three_instances(&db, &config).await;
     let mut processes = start_all(&db, &name, &files).await;
 
-    const TOTAL: usize = 20_000;
+    const RATE: u32 = 1_000;
+    let seconds = failover_seconds();
+    let started = Instant::now();
     let writer = {
         let db = db.clone_handle();
         let topic = topic.clone();
-        tokio::spawn(async move {
-            let started = Instant::now();
-            write_events(&db, &topic, 4, TOTAL / 4, 400).await;
-            started.elapsed()
-        })
+        tokio::spawn(async move { write_at_rate(&db, &topic, RATE, seconds, 400).await })
     };
     let mut takeovers = Vec::new();
-    for threshold in [3_000u64, 8_000, 13_000] {
-        wait_for(
-            "events SENT before the next kill",
-            Duration::from_secs(120),
-            || async {
-                count_status(&db, rocketmq_outbox::outbox::Status::Sent).await >= threshold
-            },
-        )
-        .await;
+    let mut kill_at = Duration::from_secs(10);
+    while kill_at < Duration::from_secs(u64::from(seconds)) {
+        tokio::time::sleep(kill_at.saturating_sub(started.elapsed())).await;
+        kill_at += Duration::from_secs(10);
         let (current, epoch) = leader(&db, &name).await.unwrap();
         let current = current.expect("a leader is recorded");
         processes.remove(&current).unwrap().kill();
@@ -122,8 +130,9 @@ async fn killing_the_leader_three_times_loses_nothing() {
         let (next, _) = leader(&db, &name).await.unwrap();
         takeovers.push((current, next.unwrap(), killed_at.elapsed()));
     }
-    let writing = writer.await.unwrap();
-    wait_until_sent(&db, TOTAL as u64, Duration::from_secs(180)).await;
+    let total = writer.await.unwrap();
+    let writing = started.elapsed();
+    wait_until_sent(&db, total as u64, Duration::from_secs(180)).await;
     // Whatever the killed leaders had claimed was recovered within a lease.
     assert_eq!(
         count_status(&db, rocketmq_outbox::outbox::Status::Sending).await,
@@ -139,29 +148,26 @@ async fn killing_the_leader_three_times_loses_nothing() {
         process.stop();
     }
 
-    assert_every_event_arrived_in_key_order(&db, &topic, TOTAL).await;
-    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, TOTAL).await;
-    assert_eq!(per_event.len(), TOTAL, "every event arrived");
+    assert_every_event_arrived_in_key_order(&db, &topic, total).await;
+    let per_event = deliveries(&rocketmq().namesrv_addr(), &topic, total).await;
+    assert_eq!(per_event.len(), total, "every event arrived");
     for (killed, next, took) in &takeovers {
         println!("leader {killed} killed: {next} took over in {took:?}");
         assert!(*took < Duration::from_secs(15), "takeover is bounded");
     }
     let duplicates = duplicates(&per_event);
-    // A new leader skips what the old one recorded SENT: it resends only what was in flight
-    // (sent, not yet recorded: a few marker batches), not the seconds since the mirrored
-    // checkpoint (up to its 2 s period). How many events that is grows with the rate the relay
-    // keeps up with, so the bound is in time: at most a quarter second of the writers' traffic
-    // per takeover.
-    let per_second = TOTAL as f64 / writing.as_secs_f64();
-    let bound = (takeovers.len() as f64 * per_second * 0.25) as usize;
+    let per_second = total as f64 / writing.as_secs_f64();
+    // The bound of issue 52: at most 0.01 % of the events, and never more than 5 per takeover.
+    let bound = (total / 10_000).max(1).min(5 * takeovers.len());
     println!(
-        "3 leader kills during {TOTAL} events written at {per_second:.0}/s: 0 lost, \
-         {duplicates} duplicates (bound {bound})"
+        "{} leader kills during {total} events written at {per_second:.0}/s: 0 lost, \
+         {duplicates} duplicates (bound {bound})",
+        takeovers.len()
     );
     assert!(
         duplicates <= bound,
-        "{duplicates} duplicates for 3 takeovers: over a quarter second of traffic each \
-         ({per_second:.0} events/s)"
+        "{duplicates} duplicates for {} takeovers of {total} events: more than {bound}",
+        takeovers.len()
     );
 }
 
@@ -337,6 +343,13 @@ async fn a_frozen_leader_sends_nothing_new_once_it_thaws() {
     assert_eq!(
         read_after_freeze, 0,
         "the thawed leader published events committed after it froze"
+    );
+    // The new leader read back what the frozen one stored but had not recorded: what is sent
+    // twice is at most the frozen leader's sends in flight.
+    let duplicates = messages.len() - total;
+    assert!(
+        duplicates <= 5,
+        "{duplicates} duplicates at one takeover of a frozen leader: more than 5"
     );
     assert_every_event_arrived_in_key_order(&db, &topic, total).await;
 }

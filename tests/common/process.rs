@@ -11,7 +11,9 @@ pub fn write_config_file(config: &Config, dir: &std::path::Path) -> std::path::P
     path
 }
 
-/// Starts `outbox-relay -c FILE run` as a child process (no metrics endpoint).
+/// Starts `outbox-relay -c FILE run` as a child process (no metrics endpoint), logging warnings
+/// to the test's stderr (`OUTBOX_TEST_RELAY_LOG` sets another `RUST_LOG`, e.g.
+/// `warn,rocketmq_outbox=info` for the relay's figures in a demonstration).
 pub fn spawn_relay_process(config_file: &std::path::Path) -> Child {
     Command::new(outbox_devenv::workspace_binary("outbox-relay"))
         .args([
@@ -21,7 +23,10 @@ pub fn spawn_relay_process(config_file: &std::path::Path) -> Child {
             "",
             "run",
         ])
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("OUTBOX_TEST_RELAY_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::null())
         .spawn()
         .expect("start outbox-relay run")

@@ -387,6 +387,42 @@ pub async fn write_events(
     }
 }
 
+/// Writes single-event transactions on `topic` at `per_second` for `seconds`, as applications
+/// do: commits spread evenly over eight writers, keys `key-0 .. key-{keys}` in turn. Returns
+/// how many were written (a writer that falls behind catches up, so it is `per_second * seconds`).
+pub async fn write_at_rate(
+    db: &TestDb,
+    topic: &str,
+    per_second: u32,
+    seconds: u32,
+    keys: usize,
+) -> usize {
+    const WRITERS: u32 = 8;
+    let per_writer = (per_second * seconds / WRITERS) as usize;
+    let period = Duration::from_secs(1) * WRITERS / per_second;
+    let tasks = (0..WRITERS as usize).map(|w| {
+        let pool = db.pool.clone();
+        let topic = topic.to_string();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            for n in 0..per_writer {
+                ticks.tick().await;
+                let key = format!("key-{}", (n * WRITERS as usize + w) % keys);
+                let event = NewEvent::new(topic.clone(), key, json!({"w": w, "n": n}));
+                // A connection per commit, as a request handler takes one from its pool.
+                commit_events(&mut pool.get_conn().await.unwrap(), vec![event]).await;
+            }
+        })
+    });
+    // Spawned all at once (collected), then awaited.
+    let tasks: Vec<_> = tasks.collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    per_writer * WRITERS as usize
+}
+
 /// Commits `events` in one transaction on `conn`; their event_ids.
 pub async fn commit_events(conn: &mut mysql_async::Conn, events: Vec<NewEvent>) -> Vec<String> {
     let mut tx = conn.start_transaction(TxOpts::default()).await.unwrap();
