@@ -27,6 +27,9 @@ struct Inner {
     caught_up: std::sync::atomic::AtomicBool,
     /// Whether heartbeats count (the stream read past the server's end at its start).
     armed: std::sync::atomic::AtomicBool,
+    /// Set while the dispatcher reads back what the broker stored, before it hands a batch on:
+    /// the reader reads on meanwhile, so the time read up to says nothing of that batch's rows.
+    sweeps_held: std::sync::atomic::AtomicBool,
 }
 
 fn unix_now() -> u64 {
@@ -57,6 +60,19 @@ impl StreamClock {
         }
         self.0.read_up_to.fetch_max(unix_now(), Ordering::Relaxed);
         self.0.caught_up.store(true, Ordering::Relaxed);
+    }
+
+    /// Holds the sweeper beside the stream off (`true`) or lets it go on (`false`): while the
+    /// dispatcher holds a batch it has not handed on (reading back a topic's tail, see
+    /// `pipeline::dispatch::CatchUp`), sweeping by the time read could take that batch's rows
+    /// and send them twice.
+    pub fn hold_sweeps(&self, held: bool) {
+        self.0.sweeps_held.store(held, Ordering::SeqCst);
+    }
+
+    /// Whether the sweeper beside the stream is held off ([`Self::hold_sweeps`]).
+    pub fn sweeps_held(&self) -> bool {
+        self.0.sweeps_held.load(Ordering::SeqCst)
     }
 
     /// Unix seconds the stream has read up to, `None` before it read anything.

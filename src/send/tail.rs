@@ -38,6 +38,12 @@ impl StoredTail {
         }
     }
 
+    /// Adds what `other` (another queue's read) found and read.
+    pub fn merge(&mut self, other: StoredTail) {
+        self.messages += other.messages;
+        self.found.extend(other.found);
+    }
+
     /// The stored message id of event `event_id` of key `biz_key`, if the tail holds it.
     pub fn msg_id(&self, event_id: &str, biz_key: &str) -> Option<&str> {
         // One allocation per look-up only while catching up, for the events not yet recorded.

@@ -15,7 +15,9 @@
 //!   meanwhile would send them twice (and fail the same way while the broker is down). Events
 //!   the stream's key-order guard holds back ([`HeldForOrder`]) do not count as a stall: they
 //!   wait for this sweeper (for older rows of their keys), so closing the gate for them would
-//!   make every other row the sweeper owns wait for the slowest of those keys.
+//!   make every other row the sweeper owns wait for the slowest of those keys. Never while the
+//!   dispatcher holds a batch back to read the broker's tails ([`StreamClock::hold_sweeps`]): the
+//!   reader reads on meanwhile, so the time read says nothing of that batch's rows.
 //! - A standby: rows older than `min_age` before the time the leader's stream had read up to at
 //!   its last mirrored checkpoint (`stream_at` in `outbox_relay_state`, or `checkpoint_at`
 //!   before migration 0011). While the leader is live that is a few seconds ago; while it
@@ -94,7 +96,12 @@ impl SweepGate {
                 held,
                 seen,
             } => {
-                // Before the stream read anything, it may be about to read every PENDING row.
+                // Before the stream read anything, it may be about to read every PENDING row;
+                // while the dispatcher holds a batch back (reading back the broker's tails), the
+                // time read says nothing of that batch's rows.
+                if clock.sweeps_held() {
+                    return None;
+                }
                 let read_behind = clock.behind()?;
                 let progress = acks.progress();
                 // Rows the stream read but has not finished (a backlog after a broker stall) are
@@ -220,5 +227,21 @@ mod tests {
             None,
             "the same event on its way to the broker, no progress: stalled"
         );
+    }
+
+    #[tokio::test]
+    async fn the_gate_stays_shut_while_the_dispatcher_reads_back_the_brokers_tails() {
+        let acks = Acknowledgements::new(crate::binlog::BinlogPosition::default());
+        let clock = StreamClock::default();
+        clock.arm();
+        clock.heartbeat();
+        let mut gate = SweepGate::beside_stream(acks, clock.clone(), HeldForOrder::default());
+        let pool = Pool::new("mysql://nobody@127.0.0.1:9/none");
+        let base = Duration::from_millis(200);
+        assert!(gate.min_age(base, &pool).await.is_some(), "caught up, idle");
+        clock.hold_sweeps(true);
+        assert_eq!(gate.min_age(base, &pool).await, None, "a batch held back");
+        clock.hold_sweeps(false);
+        assert!(gate.min_age(base, &pool).await.is_some(), "handed on");
     }
 }

@@ -214,30 +214,41 @@ impl CatchUp {
     }
 
     /// The streamed events of `batch` not `in_outbox` that the broker's tail of their topic
-    /// holds, with the stored message ids. Reads each topic's tail the first time it is needed.
+    /// holds, with the stored message ids. Reads each topic's tail the first time one of its
+    /// events is not recorded, from the commit before that event (see [`since`]).
     async fn on_broker(
         &mut self,
         batch: &[BinlogItem],
         in_outbox: &HashSet<(Arc<TableName>, u64)>,
     ) -> HashMap<(Arc<TableName>, u64), String> {
-        let unrecorded: Vec<_> = batch
-            .iter()
-            .filter_map(|item| match item {
+        let first_end = batch.iter().find_map(commit_stamp);
+        let mut commit = self.last_commit;
+        let mut unrecorded = Vec::new();
+        let mut to_read: Vec<(&str, SystemTime)> = Vec::new();
+        for item in batch {
+            match item {
                 BinlogItem::Row(DecodedRow::Event(row))
                     if !in_outbox.contains(&(Arc::clone(&row.table), row.id)) =>
                 {
-                    Some(row)
+                    let topic = row.message.topic.as_str();
+                    if !self.read_tails.contains_key(topic)
+                        && !to_read.iter().any(|(t, _)| *t == topic)
+                    {
+                        to_read.push((topic, since(commit.or(first_end))));
+                    }
+                    unrecorded.push(row);
                 }
-                _ => None,
-            })
-            .collect();
-        let since = self.since(batch);
-        for row in &unrecorded {
-            if !self.read_tails.contains_key(&row.message.topic) {
-                let tail = self.read_tail(&row.message.topic, since).await;
-                self.read_tails.insert(row.message.topic.clone(), tail);
+                item => commit = commit_stamp(item).or(commit),
             }
         }
+        // The sweeper beside the stream waits meanwhile: the reader reads on, and this batch's
+        // rows are not yet on their way (see `StreamClock::hold_sweeps`).
+        self.clock.hold_sweeps(!to_read.is_empty());
+        for (topic, since) in to_read {
+            let tail = self.read_tail(topic, since).await;
+            self.read_tails.insert(topic.to_string(), tail);
+        }
+        self.clock.hold_sweeps(false);
         let mut found = HashMap::new();
         for row in unrecorded {
             let tail = self.read_tails.get(&row.message.topic).and_then(Option::as_ref);
@@ -248,26 +259,6 @@ impl CatchUp {
             }
         }
         found
-    }
-
-    /// The earliest time the batch's events can have been sent by a previous run: the commit of
-    /// the last transaction before the batch, or of the first that ends in it, less the margin.
-    /// Unknown (a first transaction longer than a batch): the beginning of time, so that only
-    /// the count bounds the read.
-    fn since(&self, batch: &[BinlogItem]) -> SystemTime {
-        let first_end = batch.iter().find_map(|item| match item {
-            BinlogItem::TxEnd(end) if end.timestamp > 0 => Some(end.timestamp),
-            BinlogItem::Prepared(prepared) if prepared.end.timestamp > 0 => {
-                Some(prepared.end.timestamp)
-            }
-            _ => None,
-        });
-        match self.last_commit.or(first_end) {
-            Some(seconds) => (UNIX_EPOCH + Duration::from_secs(u64::from(seconds)))
-                .checked_sub(CLOCK_MARGIN)
-                .unwrap_or(UNIX_EPOCH),
-            None => UNIX_EPOCH,
-        }
     }
 
     /// Reads `topic`'s tail since `since`; `None` if the sink cannot, or failed (logged).
@@ -306,11 +297,35 @@ impl CatchUp {
     }
 }
 
+/// The commit stamp (seconds) of a transaction's end, if `item` is one.
+fn commit_stamp(item: &BinlogItem) -> Option<u32> {
+    let end = match item {
+        BinlogItem::TxEnd(end) => end,
+        BinlogItem::Prepared(prepared) => &prepared.end,
+        _ => return None,
+    };
+    (end.timestamp > 0).then_some(end.timestamp)
+}
+
+/// The earliest time an event can have been sent by a previous run, given the commit stamp of
+/// the transaction before it (or, unknown, the first after it): that commit less
+/// [`CLOCK_MARGIN`]. Nothing known (a first transaction longer than a batch): the beginning of
+/// time, so that only the count bounds the read.
+fn since(commit: Option<u32>) -> SystemTime {
+    match commit {
+        Some(seconds) => (UNIX_EPOCH + Duration::from_secs(u64::from(seconds)))
+            .checked_sub(CLOCK_MARGIN)
+            .unwrap_or(UNIX_EPOCH),
+        None => UNIX_EPOCH,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::event::OutboxRow;
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
 
     fn row(id: u64, topic: &str) -> BinlogItem {
         let mut row = OutboxRow::sample(id);
@@ -382,16 +397,30 @@ mod tests {
         assert_eq!(reads.load(Ordering::SeqCst), 1);
     }
 
-    #[test]
-    fn a_tail_is_read_from_the_commit_before_the_batch_less_the_margin() {
-        let reads = Arc::new(AtomicUsize::new(0));
-        let mut catch_up = catching_up(reads);
+    #[tokio::test]
+    async fn a_tail_is_read_from_the_commit_before_the_first_unrecorded_event_less_the_margin() {
+        let bounds = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&bounds);
+        let read: ReadTail = Arc::new(move |topic: String, bound: TailBound| {
+            seen.lock().unwrap().push((topic, bound.since));
+            Box::pin(async { Ok(None) })
+        });
+        let mut catch_up = catching_up(Arc::default());
+        catch_up.tails.as_mut().unwrap().read = read;
         let at = |s: u64| UNIX_EPOCH + Duration::from_secs(s) - CLOCK_MARGIN;
-        assert_eq!(catch_up.since(&[row(1, "t")]), UNIX_EPOCH, "nothing known");
-        assert_eq!(catch_up.since(&[row(1, "t"), end(1_000)]), at(1_000));
-        if let BinlogItem::TxEnd(end) = end(900) {
-            catch_up.passed(&end);
-        }
-        assert_eq!(catch_up.since(&[row(2, "t"), end(1_000)]), at(900));
+        let recorded = HashSet::from([(Arc::clone(&OutboxRow::sample(1).table), 1)]);
+        let batch = [row(1, "t"), end(900), row(2, "t"), end(1_000), row(3, "u")];
+        catch_up.on_broker(&batch, &recorded).await;
+        catch_up.on_broker(&[row(4, "v")], &HashSet::new()).await;
+        let got = bounds.lock().unwrap().clone();
+        assert_eq!(
+            got,
+            vec![
+                ("t".to_string(), at(900)),
+                ("u".to_string(), at(1_000)),
+                ("v".to_string(), UNIX_EPOCH),
+            ],
+            "t from the commit before its first unrecorded event; v: nothing known"
+        );
     }
 }

@@ -78,9 +78,9 @@ impl RocketMqSink {
     }
 }
 
-/// Reads every queue of `topic` within `bound`. A queue that cannot be read is logged and left
-/// out with the rest of its broker group's (their stored events are sent again), as is what the
-/// deadline leaves; only a topic whose queues are unknown is an error.
+/// Reads every queue of `topic` within `bound`, all at once. A queue that cannot be read (or not
+/// within the deadline) is left out, logged once per broker group: its stored events are sent
+/// again. Only a topic whose queues are unknown is an error.
 #[allow(deprecated)]
 async fn read_topic(
     consumer: &DefaultMQPullConsumer,
@@ -97,30 +97,29 @@ async fn read_topic(
         .since
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    // Every queue at once: a read is mostly round trips, and a broker group that does not
+    // answer then costs one timeout, not one per queue, before the stream may start.
+    let reads = queues.iter().map(|queue| async move {
+        let mut part = StoredTail::default();
+        let read = read_queue(consumer, queue, since_ms, bound.per_queue, deadline, &mut part);
+        (queue, read.await, part)
+    });
     let mut tail = StoredTail::default();
-    // A broker group that failed one queue is not asked for its others: down or frozen, each
-    // would cost its own timeout before the stream may start.
     let mut failed: HashSet<String> = HashSet::new();
-    for queue in &queues {
-        let broker = queue.broker_name().to_string();
-        if failed.contains(&broker) {
-            continue;
-        }
-        let read = if Instant::now() < deadline {
-            read_queue(consumer, queue, since_ms, bound.per_queue, deadline, &mut tail).await
-        } else {
-            Err(format!("not read within {READ_DEADLINE:?}"))
-        };
+    for (queue, read, part) in futures_util::future::join_all(reads).await {
         match read {
             Ok(capped) => {
+                tail.merge(part);
                 tail.queues += 1;
                 tail.capped += usize::from(capped);
             }
             Err(e) => {
-                tracing::warn!(%topic, %broker, queue = queue.queue_id(), error = %e,
-                    "cannot read back what this broker group's queues hold: events the previous \
-                     run stored there but did not record are sent again");
-                failed.insert(broker);
+                let broker = queue.broker_name().to_string();
+                if failed.insert(broker.clone()) {
+                    tracing::warn!(%topic, %broker, queue = queue.queue_id(), error = %e,
+                        "cannot read back what this broker group's queues hold: events the \
+                         previous run stored there but did not record are sent again");
+                }
             }
         }
     }
