@@ -88,6 +88,6 @@ pub use leader::Fence;
 pub use metrics::server::{bind as bind_metrics, serve as serve_metrics};
 pub use pipeline::{RunOptions, RunSummary};
 pub use relay::{dry_run, RelayHandle};
-pub use send::{RocketMqSink, SendError, SendFailure, Sink};
+pub use send::{RocketMqSink, SendError, SendFailure, Sink, StoredTail, TailBound};
 // What business code writes (the producer crate).
 pub use producer::{EnqueueError, EventId, NewEvent, Outbox, Payload};

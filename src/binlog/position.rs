@@ -24,6 +24,20 @@ pub struct TxEnd {
     pub timestamp: u32,
 }
 
+#[cfg(test)]
+impl TxEnd {
+    /// The end of a transaction without GTID at `end_pos` of `binlog.000001`, committed at
+    /// `timestamp` (Unix seconds), for tests.
+    pub(crate) fn sample(end_pos: u64, timestamp: u32) -> Self {
+        TxEnd {
+            gtid: None,
+            file: "binlog.000001".into(),
+            end_pos,
+            timestamp,
+        }
+    }
+}
+
 /// A resumable binlog position: everything up to and including it has been handled.
 ///
 /// It keeps the GTID form (MariaDB position or MySQL set) and the file/offset form side by side;

@@ -137,7 +137,7 @@ fn spawn_reader<S: Sink>(
         config.sweeper.enabled,
         clock.clone(),
     )
-    .map(|catch_up| catch_up.reading_tails(Some(pipeline.broker_tails())));
+    .map(|catch_up| catch_up.reading_tails(pipeline.broker_tails()));
     if catch_up.is_none() {
         clock.arm(); // nothing written before the start is left to read
     }

@@ -169,14 +169,14 @@ pub async fn run(
         }
         if catch_up.as_ref().is_some_and(CatchUp::done) {
             if let Some(caught_up) = catch_up.take() {
-                let tails = caught_up.found;
+                let read_back = caught_up.read_back();
                 tracing::info!(
                     skipped = d.stats.already_recorded,
                     found_stored = d.stats.found_stored,
-                    topics_read_back = tails.topics,
-                    queues_read_back = tails.queues,
-                    messages_read_back = tails.messages,
-                    read_back_took = ?tails.took,
+                    topics_read_back = read_back.topics,
+                    queues_read_back = read_back.queues,
+                    messages_read_back = read_back.messages,
+                    read_back_took = ?read_back.took,
                     "caught up with the binlog: events already recorded SENT or FAILED (or claimed by a sweeper) were not sent again, nor those found stored on the broker"
                 );
             }

@@ -24,12 +24,7 @@ fn event(id: u64, key: &str) -> BinlogItem {
 }
 
 fn commit(end_pos: u64) -> BinlogItem {
-    BinlogItem::TxEnd(TxEnd {
-        gtid: None,
-        file: "binlog.000001".into(),
-        end_pos,
-        timestamp: 0,
-    })
+    BinlogItem::TxEnd(TxEnd::sample(end_pos, 0))
 }
 
 /// Transactions streamed, each of two events.

@@ -9,7 +9,7 @@
 //! least once).
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// The relay's messages found in one topic's tail, by event id and key.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -22,8 +22,6 @@ pub struct StoredTail {
     /// Queues whose tail since the bound's time held more than the bound allows: only their
     /// newest messages were read.
     pub capped: usize,
-    /// How long the read took.
-    pub took: Duration,
 }
 
 impl StoredTail {
@@ -39,7 +37,7 @@ impl StoredTail {
     }
 
     /// Adds what `other` (another queue's read) found and read.
-    pub fn merge(&mut self, other: StoredTail) {
+    pub(crate) fn merge(&mut self, other: StoredTail) {
         self.messages += other.messages;
         self.found.extend(other.found);
     }
@@ -72,7 +70,7 @@ pub struct TailBound {
 
 /// Where one queue's read starts: at `since`'s offset, unless more than `per_queue` messages
 /// follow it, then `per_queue` before the end; and whether the bound cut it.
-pub fn tail_start(since_offset: i64, max_offset: i64, per_queue: u64) -> (i64, bool) {
+pub(crate) fn tail_start(since_offset: i64, max_offset: i64, per_queue: u64) -> (i64, bool) {
     let floor = max_offset.saturating_sub(i64::try_from(per_queue).unwrap_or(i64::MAX));
     if since_offset < floor {
         (floor.max(0), true)

@@ -27,9 +27,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// How much earlier than the first unrecorded event's commit a topic's tail is read: the binlog
 /// stamps commits in whole seconds (up to 1 s early already), the database's and the broker's
 /// clocks may differ, and a commit may be stamped a little out of binlog order. A clock further
-/// off than this costs duplicates, never a loss. The read's cost grows with it: at 1,000 events/s,
-/// 10 s of margin read ~10,800 messages in 260–600 ms at each takeover (issue 52's run).
+/// off than this costs duplicates, never a loss. The read's cost grows with it: at 1,000 events/s
+/// a second of margin is ~1,000 more messages to read before the stream goes on.
 pub const CLOCK_MARGIN: Duration = Duration::from_secs(3);
+
+/// The most time one catch-up spends reading back, all topics together (the sink bounds each
+/// topic's read too). The stream, every topic's, and the sweeper beside it wait while a read
+/// runs, so a broker group that does not answer must not cost that wait once per topic: once
+/// this is spent, the topics not yet read are not read (their stored events are sent again).
+const READ_BACK_BUDGET: Duration = Duration::from_secs(10);
 
 /// Reads what the broker stored of a topic within a bound (the sink's
 /// [`crate::send::Sink::stored_tail`], boxed so the dispatcher needs no sink type).
@@ -64,17 +70,16 @@ pub struct CatchUp {
     read_tails: HashMap<String, Option<StoredTail>>,
     /// The commit stamp (seconds) of the last transaction passed.
     last_commit: Option<u32>,
-    /// What the broker tails held of the events caught up with, and what they read.
-    pub found: TailTally,
+    /// Time spent reading back so far, failed reads included (see [`READ_BACK_BUDGET`]).
+    spent: Duration,
 }
 
-/// What reading back the broker's tails found.
+/// What reading back the broker's tails read, for the log line at the end of a catch-up.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct TailTally {
+pub struct ReadBack {
     pub topics: usize,
     pub queues: usize,
     pub messages: u64,
-    pub capped_queues: usize,
     pub took: Duration,
 }
 
@@ -127,14 +132,25 @@ impl CatchUp {
             tails: None,
             read_tails: HashMap::new(),
             last_commit: None,
-            found: TailTally::default(),
+            spent: Duration::ZERO,
         })
     }
 
-    /// The same, reading back the broker's tails through `tails`.
-    pub fn reading_tails(mut self, tails: Option<BrokerTails>) -> Self {
-        self.tails = tails.filter(|tails| tails.per_queue > 0);
+    /// The same, reading back the broker's tails through `tails` (unless its bound is 0).
+    pub fn reading_tails(mut self, tails: BrokerTails) -> Self {
+        self.tails = (tails.per_queue > 0).then_some(tails);
         self
+    }
+
+    /// What the reads back read so far.
+    pub fn read_back(&self) -> ReadBack {
+        let tails = self.read_tails.values().flatten();
+        ReadBack {
+            topics: tails.clone().count(),
+            queues: tails.clone().map(|t| t.queues).sum(),
+            messages: tails.map(|t| t.messages).sum(),
+            took: self.spent,
+        }
     }
 
     /// The stream passed the transaction ending at `end`.
@@ -261,29 +277,35 @@ impl CatchUp {
         found
     }
 
-    /// Reads `topic`'s tail since `since`; `None` if the sink cannot, or failed (logged).
+    /// Reads `topic`'s tail since `since`; `None` if the sink cannot, failed, or the catch-up's
+    /// budget is spent (logged).
     async fn read_tail(&mut self, topic: &str, since: SystemTime) -> Option<StoredTail> {
         let tails = self.tails.as_ref()?;
+        if self.spent >= READ_BACK_BUDGET {
+            tracing::warn!(%topic, spent = ?self.spent,
+                "not read back: this catch-up spent its time for reading back already; events a \
+                 previous run stored on this topic but did not record are sent again");
+            return None;
+        }
         let bound = TailBound {
             since,
             per_queue: tails.per_queue,
         };
-        match (tails.read)(topic.to_string(), bound).await {
+        let started = tokio::time::Instant::now();
+        let read = (tails.read)(topic.to_string(), bound).await;
+        let took = started.elapsed();
+        self.spent += took;
+        crate::metrics::relay().catch_up_tail_read_seconds.inc_by(took.as_secs_f64());
+        match read {
             Ok(Some(tail)) => {
                 tracing::info!(%topic, queues = tail.queues, messages = tail.messages,
-                    relay_messages = tail.len(), capped_queues = tail.capped, took = ?tail.took,
+                    relay_messages = tail.len(), capped_queues = tail.capped, ?took,
                     "read back what the topic's queues stored since the first event to catch up with");
                 if tail.capped > 0 {
                     tracing::warn!(%topic, capped_queues = tail.capped, limit = tails.per_queue,
                         "more was stored since then than `relay.takeover_read_limit` lets the relay \
                          read back: events stored before the newest messages read are sent again");
                 }
-                self.found.topics += 1;
-                self.found.queues += tail.queues;
-                self.found.messages += tail.messages;
-                self.found.capped_queues += tail.capped;
-                self.found.took += tail.took;
-                crate::metrics::relay().catch_up_tail_read_seconds.inc_by(tail.took.as_secs_f64());
                 Some(tail)
             }
             Ok(None) => None,
@@ -334,12 +356,7 @@ mod tests {
     }
 
     fn end(timestamp: u32) -> BinlogItem {
-        BinlogItem::TxEnd(TxEnd {
-            gtid: None,
-            file: String::new(),
-            end_pos: 0,
-            timestamp,
-        })
+        BinlogItem::TxEnd(TxEnd::sample(0, timestamp))
     }
 
     /// A catch-up (no server is asked: the pool never connects) whose tails hold events `e1` and
@@ -365,10 +382,10 @@ mod tests {
         });
         CatchUp::new(pool, &BinlogPosition::default(), &until, false, StreamClock::default())
             .expect("behind")
-            .reading_tails(Some(BrokerTails {
+            .reading_tails(BrokerTails {
                 read,
                 per_queue: 100,
-            }))
+            })
     }
 
     #[tokio::test]
@@ -384,7 +401,7 @@ mod tests {
         assert!(!found.contains_key(&(Arc::clone(&table), 3)), "recorded already");
         catch_up.on_broker(&[row(4, "t")], &HashSet::new()).await;
         assert_eq!(reads.load(Ordering::SeqCst), 1, "one read per topic");
-        assert_eq!(catch_up.found.topics, 1);
+        assert_eq!(catch_up.read_back().topics, 1);
     }
 
     #[tokio::test]
@@ -422,5 +439,26 @@ mod tests {
             ],
             "t from the commit before its first unrecorded event; v: nothing known"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_the_budget_is_spent_no_further_topic_is_read_back() {
+        let reads = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&reads);
+        let read: ReadTail = Arc::new(move |topic: String, _bound| {
+            seen.lock().unwrap().push(topic);
+            Box::pin(async {
+                // A broker group that does not answer: the sink's own deadline ends the read.
+                tokio::time::sleep(READ_BACK_BUDGET).await;
+                Err(SendError::Retryable("no answer".into()))
+            })
+        });
+        let mut catch_up = catching_up(Arc::default());
+        catch_up.tails.as_mut().unwrap().read = read;
+        catch_up.on_broker(&[row(1, "a")], &HashSet::new()).await;
+        catch_up.on_broker(&[row(2, "b")], &HashSet::new()).await;
+        assert_eq!(*reads.lock().unwrap(), vec!["a".to_string()], "b is not read");
+        assert_eq!(catch_up.read_back().took, READ_BACK_BUDGET);
+        assert!(!catch_up.clock.sweeps_held(), "the sweeper goes on");
     }
 }

@@ -36,12 +36,7 @@ fn outputs(shard: mpsc::Sender<ShardEvent>, completions: mpsc::Sender<Completion
 }
 
 fn end(pos: u64) -> BinlogItem {
-    BinlogItem::TxEnd(TxEnd {
-        gtid: None,
-        file: "binlog.000001".into(),
-        end_pos: pos,
-        timestamp: 0,
-    })
+    BinlogItem::TxEnd(TxEnd::sample(pos, 0))
 }
 
 #[tokio::test]

@@ -21,7 +21,7 @@ use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::MessageConst;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 /// Messages asked for per pull (the broker may return fewer).
 const PULL_BATCH: i32 = 64;
@@ -98,7 +98,6 @@ async fn read_topic(
     bound: TailBound,
     deadline: tokio::time::Instant,
 ) -> Result<StoredTail, SendError> {
-    let started = Instant::now();
     let queues = tokio::time::timeout_at(deadline, consumer.fetch_subscribe_message_queues(topic))
         .await
         .map_err(|_| SendError::Retryable(format!("no route of {topic} within {READ_DEADLINE:?}")))?
@@ -138,7 +137,6 @@ async fn read_topic(
             }
         }
     }
-    tail.took = started.elapsed();
     Ok(tail)
 }
 
