@@ -336,14 +336,17 @@ fn take_ready(batch: &mut Vec<BinlogItem>, items: &mut mpsc::Receiver<BinlogItem
     }
 }
 
-/// The streamed rows of `batch` not already recorded: handed on now, or parked (the key-order
-/// guard counts those as read, asking nothing about their keys).
+/// The streamed rows of `batch` not already recorded in the outbox: handed on now (to a shard,
+/// or to the marker: a bad row, an event found stored on the broker), or parked. The key-order
+/// guard counts those as the stream's own: a row found stored is still PENDING until the marker
+/// records it, and taken for a row waiting elsewhere the guard would have the sweeper send it
+/// again.
 fn batch_rows<'a>(
     batch: &'a [BinlogItem],
     recorded: &'a Recorded,
 ) -> impl Iterator<Item = &'a DecodedRow> + 'a {
     batch.iter().filter_map(move |item| match item {
-        BinlogItem::Row(DecodedRow::Event(row)) if recorded.contains(&row.table, row.id) => None,
+        BinlogItem::Row(DecodedRow::Event(row)) if recorded.in_outbox(&row.table, row.id) => None,
         BinlogItem::Row(row) => Some(row),
         _ => None,
     })
@@ -446,11 +449,16 @@ impl Dispatcher {
         recorded: &Recorded,
         read_again: bool,
     ) -> bool {
+        let stored = match &row {
+            DecodedRow::Event(row) => recorded.stored(&row.table, row.id).map(str::to_string),
+            _ => None,
+        };
         match row {
-            DecodedRow::Event(row) if recorded.contains(&row.table, row.id) => {
-                if let Some(msg_id) = recorded.stored(&row.table, row.id) {
-                    return self.record_stored(seq, row, msg_id.to_string()).await;
-                }
+            DecodedRow::Event(row) if stored.is_some() => {
+                let msg_id = stored.unwrap_or_default();
+                return self.record_stored(seq, row, msg_id).await;
+            }
+            DecodedRow::Event(row) if recorded.in_outbox(&row.table, row.id) => {
                 self.stats.already_recorded += 1;
             }
             DecodedRow::Event(row) if read_again && self.handed_on.already(&row.table, row.id) => {

@@ -93,13 +93,14 @@ pub struct Recorded {
 }
 
 impl Recorded {
-    /// Whether row `id` of `table` is done (in the outbox or on the broker).
-    pub fn contains(&self, table: &Arc<TableName>, id: u64) -> bool {
-        if self.in_outbox.is_empty() && self.on_broker.is_empty() {
+    /// Whether row `id` of `table` is recorded SENT or FAILED (or claimed) in the outbox: skipped,
+    /// and no longer the stream's. (A row found [`Self::stored`] is still the stream's until the
+    /// marker records it.)
+    pub fn in_outbox(&self, table: &Arc<TableName>, id: u64) -> bool {
+        if self.in_outbox.is_empty() {
             return false;
         }
-        let key = (Arc::clone(table), id);
-        self.in_outbox.contains(&key) || self.on_broker.contains_key(&key)
+        self.in_outbox.contains(&(Arc::clone(table), id))
     }
 
     /// The message id the broker stored row `id` of `table` under, if it is stored but not

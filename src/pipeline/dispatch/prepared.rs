@@ -24,7 +24,7 @@ impl Dispatcher {
             .rows
             .into_iter()
             .filter(|row| match row {
-                DecodedRow::Event(row) => !recorded.contains(&row.table, row.id),
+                DecodedRow::Event(row) => !recorded.in_outbox(&row.table, row.id),
                 _ => true,
             })
             .collect();
